@@ -1,0 +1,321 @@
+"""Every error agentdb raises, and the catalogue that ties database objects to guarantees.
+
+Database errors are recognised by SQLSTATE and constraint name only, never by
+message text (messages are localised and change between versions). Constraint,
+trigger, index and policy names are public API: :data:`CONSTRAINTS` lists each
+one with the guarantee (G1...G17, see the README) it enforces, and a test
+checks that this catalogue and the migrated schema agree exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import ClassVar, Final
+
+__all__ = [
+    "CONSTRAINTS",
+    "SQLSTATES",
+    "AgentDBError",
+    "AppendOnlyViolation",
+    "ConfigurationError",
+    "DatabaseUnavailable",
+    "ImmutableColumn",
+    "InvalidTransition",
+    "InvariantViolation",
+    "LeaseTokenRegression",
+    "MigrationError",
+    "MissingEvent",
+    "StaleVersion",
+    "TenantScopeMissing",
+]
+
+
+class AgentDBError(Exception):
+    """Base class of every error agentdb raises."""
+
+
+class ConfigurationError(AgentDBError):
+    """Bad input from the caller: a malformed DSN, schema name or option."""
+
+
+class DatabaseUnavailable(AgentDBError):
+    """The database could not be reached or refused the login."""
+
+
+class MigrationError(AgentDBError):
+    """A migration could not be applied or rolled back, or the database is ahead of this code."""
+
+
+class InvariantViolation(AgentDBError):
+    """Postgres refused a write because it would break a guarantee.
+
+    Attributes:
+        guarantee: the guarantee id (``"G6"``...) the refusing object enforces.
+        sqlstate: the SQLSTATE Postgres reported.
+        constraint: the constraint, trigger or index name Postgres reported.
+    """
+
+    guarantee: ClassVar[str] = ""
+    sqlstate_code: ClassVar[str] = ""
+
+    def __init__(self, message: str, *, sqlstate: str = "", constraint: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate or self.sqlstate_code
+        self.constraint = constraint
+
+
+class InvalidTransition(InvariantViolation):
+    """G6: the lifecycle move is not an edge of ``agent_transitions`` (SQLSTATE AG001)."""
+
+    guarantee = "G6"
+    sqlstate_code = "AG001"
+
+
+class StaleVersion(InvariantViolation):
+    """G7: ``state_version`` did not move by exactly +1 (SQLSTATE AG002)."""
+
+    guarantee = "G7"
+    sqlstate_code = "AG002"
+
+
+class AppendOnlyViolation(InvariantViolation):
+    """G8: an UPDATE, DELETE or TRUNCATE of the audit log was refused (SQLSTATE AG003)."""
+
+    guarantee = "G8"
+    sqlstate_code = "AG003"
+
+
+class ImmutableColumn(InvariantViolation):
+    """G2: ``tenant_id``, ``id`` or ``created_at`` of a versioned row changed (SQLSTATE AG004)."""
+
+    guarantee = "G2"
+    sqlstate_code = "AG004"
+
+
+class LeaseTokenRegression(InvariantViolation):
+    """G12: a lease was granted without a new, larger token (SQLSTATE AG005)."""
+
+    guarantee = "G12"
+    sqlstate_code = "AG005"
+
+
+class MissingEvent(InvariantViolation):
+    """G8: a state change reached COMMIT without its audit event (SQLSTATE AG006)."""
+
+    guarantee = "G8"
+    sqlstate_code = "AG006"
+
+
+class TenantScopeMissing(InvariantViolation):
+    """G15: the session is not pinned or scoped to a tenant (SQLSTATE AG007)."""
+
+    guarantee = "G15"
+    sqlstate_code = "AG007"
+
+
+#: agentdb's own SQLSTATEs (class AG), raised by the guard triggers and functions.
+SQLSTATES: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
+    {
+        cls.sqlstate_code: cls
+        for cls in (
+            InvalidTransition,
+            StaleVersion,
+            AppendOnlyViolation,
+            ImmutableColumn,
+            LeaseTokenRegression,
+            MissingEvent,
+            TenantScopeMissing,
+        )
+    }
+)
+
+
+def _named(guarantee: str, *names: str) -> dict[str, str]:
+    return dict.fromkeys(names, guarantee)
+
+
+#: Every named constraint, guard trigger, unique/claim index and RLS policy
+#: in the schema, mapped to the guarantee it enforces or serves.
+CONSTRAINTS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        # G1: tasks and operations are separate; G2: tenant-leading keys and
+        # composite tenant foreign keys on every child.
+        **_named(
+            "G2",
+            "agent_tenants_pkey",
+            "agent_tasks_pkey",
+            "agent_operations_pkey",
+            "agent_events_pkey",
+            "agent_outbox_pkey",
+            "agent_artifacts_pkey",
+            "agent_credential_refs_pkey",
+            "agent_principals_pkey",
+            "agent_principals_tenant_fkey",
+            "agent_tasks_tenant_fkey",
+            "agent_operations_task_fkey",
+            "agent_events_task_fkey",
+            "agent_events_operation_fkey",
+            "agent_outbox_tenant_fkey",
+            "agent_outbox_task_fkey",
+            "agent_inbox_tenant_fkey",
+            "agent_artifacts_tenant_fkey",
+            "agent_artifacts_task_fkey",
+            "agent_artifacts_operation_fkey",
+            "agent_credential_refs_tenant_fkey",
+            "agent_operations_task_idx",
+            "agent_events_task_idx",
+            "agent_outbox_task_idx",
+            "agent_artifacts_task_idx",
+            "agent_artifacts_operation_idx",
+        ),
+        # G3: one logical operation / task per key per tenant.
+        **_named("G3", "agent_tasks_dedupe_key", "agent_operations_idempotency_key"),
+        # G4: keys come with the hash of the request they answered.
+        **_named(
+            "G4",
+            "agent_tasks_dedupe_has_hash",
+            "agent_tasks_input_hash_format",
+            "agent_operations_input_hash_format",
+        ),
+        # G5: valid states, owners, counters and lengths.
+        **_named(
+            "G5",
+            "agent_tenants_state_valid",
+            "agent_tenants_name_valid",
+            "agent_principals_role_name_valid",
+            "agent_tasks_state_valid",
+            "agent_tasks_task_type_valid",
+            "agent_tasks_workflow_version_valid",
+            "agent_tasks_current_step_valid",
+            "agent_tasks_due_has_wake_at",
+            "agent_tasks_attempts_valid",
+            "agent_tasks_last_error_valid",
+            "agent_tasks_dedupe_key_valid",
+            "agent_operations_state_valid",
+            "agent_operations_idempotency_key_valid",
+            "agent_operations_action_valid",
+            "agent_operations_attempts_valid",
+            "agent_operations_provider_reference_valid",
+            "agent_operations_error_valid",
+            "agent_operations_succeeded_has_no_error",
+            "agent_events_event_type_valid",
+            "agent_events_actor_id_valid",
+            "agent_events_policy_version_valid",
+            "agent_events_state_valid",
+            "agent_events_operation_version_has_operation",
+            "agent_outbox_topic_valid",
+            "agent_outbox_attempts_valid",
+            "agent_outbox_last_error_valid",
+            "agent_inbox_consumer_valid",
+            "agent_artifacts_kind_valid",
+            "agent_artifacts_uri_valid",
+            "agent_artifacts_sha256_format",
+            "agent_artifacts_size_valid",
+            "agent_artifacts_content_type_valid",
+            "agent_credential_refs_name_key",
+            "agent_credential_refs_name_valid",
+            "agent_credential_refs_provider_valid",
+        ),
+        # G6: lifecycle edges.
+        **_named(
+            "G6",
+            "agent_transitions_pkey",
+            "agent_transitions_entity_valid",
+            "agent_transitions_no_self_loop",
+            "agent_tasks_transition_guard",
+            "agent_operations_transition_guard",
+            "agent_outbox_transition_guard",
+        ),
+        # G7: versioned writes (the guard also keeps tenant_id immutable).
+        **_named(
+            "G7",
+            "agent_tasks_state_version_valid",
+            "agent_operations_state_version_valid",
+            "agent_tasks_version_guard",
+            "agent_operations_version_guard",
+        ),
+        # G8: append-only audit, one event per state change.
+        **_named(
+            "G8",
+            "agent_events_append_only",
+            "agent_events_no_truncate",
+            "agent_tasks_event_required",
+            "agent_operations_event_required",
+            "agent_events_task_version_key",
+            "agent_events_operation_version_key",
+        ),
+        # G9: bounded, redacted payloads and their retention.
+        **_named(
+            "G9",
+            "agent_tasks_params_valid",
+            "agent_operations_result_valid",
+            "agent_events_payload_size",
+            "agent_events_payload_no_secrets",
+            "agent_events_retention_order",
+            "agent_events_retain_until_idx",
+            "agent_events_payload_expiry_idx",
+            "agent_outbox_payload_size",
+        ),
+        # G10: outbox delivery state.
+        **_named(
+            "G10",
+            "agent_outbox_state_valid",
+            "agent_outbox_delivered_at_valid",
+            "agent_outbox_lease_owner_valid",
+            "agent_outbox_lease_token_valid",
+            "agent_outbox_pending_idx",
+            "agent_outbox_delivered_idx",
+        ),
+        # G11: consumer-side dedupe.
+        **_named("G11", "agent_inbox_pkey", "agent_inbox_processed_at_idx"),
+        # G12: leases and fencing tokens.
+        **_named(
+            "G12",
+            "agent_tasks_lease_complete",
+            "agent_tasks_lease_window",
+            "agent_tasks_running_is_leased",
+            "agent_tasks_lease_owner_valid",
+            "agent_tasks_lease_token_valid",
+            "agent_tasks_lease_ttl_valid",
+            "agent_tasks_due_idx",
+            "agent_tasks_lease_expiry_idx",
+        ),
+        # G13: operations that still need reconciling are found by index.
+        **_named("G13", "agent_operations_unsettled_idx"),
+        # G15: row-level security.
+        **_named(
+            "G15",
+            "agentdb_tenant_scope",
+            *(
+                f"agent_{table}_{policy}"
+                for table in (
+                    "tenants",
+                    "tasks",
+                    "operations",
+                    "events",
+                    "outbox",
+                    "inbox",
+                    "artifacts",
+                    "credential_refs",
+                )
+                for policy in ("owner_all", "runtime_all")
+            ),
+            *(
+                f"agent_{table}_agent_scope"
+                for table in ("tenants", "tasks", "operations", "events", "artifacts")
+            ),
+        ),
+        # G16: W3C trace-context ids.
+        **_named(
+            "G16",
+            *(
+                f"agent_{table}_{column}_format"
+                for table in ("tasks", "operations", "events", "outbox")
+                for column in ("trace_id", "span_id")
+            ),
+        ),
+        # G17: credentials are references, never secrets.
+        **_named("G17", "agent_credential_refs_is_reference"),
+    }
+)

@@ -1,0 +1,2 @@
+DROP TABLE agent_inbox;
+DROP TABLE agent_outbox;

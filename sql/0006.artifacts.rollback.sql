@@ -1,0 +1,2 @@
+DROP TABLE agent_credential_refs;
+DROP TABLE agent_artifacts;

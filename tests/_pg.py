@@ -1,0 +1,214 @@
+"""Where the tests get their PostgreSQL, and small helpers around it.
+
+Order (SPEC section 7): ``AGENTDB_TEST_DSN`` if set; else a testcontainers
+Postgres when a Docker engine answers; else an embedded Postgres (pgserver,
+binaries from a wheel) started for this session. If none can be had the
+session fails with instructions - database tests are never skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+TEST_PASSWORD = "agentdb-test"  # only for test roles on throwaway servers
+
+
+@dataclass(frozen=True)
+class Server:
+    """A PostgreSQL server the tests may create databases and roles on."""
+
+    admin_dsn: str
+    source: str
+
+    def url(self, dbname: str, user: str | None = None, password: str | None = None) -> str:
+        return with_db(self.admin_dsn, dbname, user=user, password=password)
+
+
+def with_db(dsn: str, dbname: str, *, user: str | None = None, password: str | None = None) -> str:
+    """Return ``dsn`` pointed at another database and, optionally, another login."""
+    parts = urlsplit(dsn)
+    netloc = parts.netloc
+    if user is not None:
+        host = netloc.rsplit("@", 1)[-1]
+        netloc = f"{user}:{password}@{host}" if password else f"{user}@{host}"
+    return urlunsplit((parts.scheme, netloc, f"/{dbname}", parts.query, parts.fragment))
+
+
+def query_args(dsn: str) -> dict[str, str]:
+    return dict(parse_qsl(urlsplit(dsn).query))
+
+
+def admin(dsn: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def pg_bin(name: str) -> str:
+    """Path of a client binary (pg_dump, psql) at least as new as any server we test.
+
+    pgserver ships PostgreSQL 16 clients, which can dump 15 and 16 servers.
+    """
+    import pgserver
+
+    path = Path(pgserver.__file__).parent / "pginstall" / "bin" / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found (install the test extra: pip install -e '.[test]')")
+    return found
+
+
+def _docker_engine_answers() -> None:
+    """Raise unless a Docker engine answers a ping."""
+    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
+        raise RuntimeError("no Docker engine (DOCKER_HOST unset, no /var/run/docker.sock)")
+    import docker
+
+    # The docker client leaks its socket when the engine does not answer;
+    # collect it here so the ResourceWarning does not land in a random test.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            client = docker.from_env(timeout=5)
+            try:
+                client.ping()
+            finally:
+                client.close()
+        finally:
+            gc.collect()
+
+
+def _docker(stack: contextlib.ExitStack) -> Server:
+    _docker_engine_answers()
+    from testcontainers.postgres import PostgresContainer
+
+    container = PostgresContainer("postgres:16-alpine", driver=None)
+    container.with_command("postgres -c fsync=off -c synchronous_commit=off -c max_connections=200")
+    stack.enter_context(container)
+    return Server(container.get_connection_url(), "testcontainers")
+
+
+def start_embedded(stack: contextlib.ExitStack) -> Server:
+    """Start a private embedded PostgreSQL in a temp dir, removed on exit."""
+    from pgserver.postgres_server import get_server
+
+    data = Path(tempfile.mkdtemp(prefix="agentdb-pg-"))
+    stack.callback(shutil.rmtree, data, ignore_errors=True)
+    server = get_server(data, cleanup_mode="stop")
+    stack.callback(server.cleanup)
+    dsn = server.get_uri()
+    with admin(dsn) as conn:
+        # A throwaway cluster: durability buys nothing here.
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = off").format(sql.Identifier(setting)))
+        conn.execute("SELECT pg_reload_conf()")
+    return Server(dsn, "embedded")
+
+
+def provision(stack: contextlib.ExitStack) -> Server:
+    dsn = os.environ.get("AGENTDB_TEST_DSN")
+    if dsn:
+        with admin(dsn):  # fail now, with the reason, if it cannot be reached
+            pass
+        return Server(dsn, "AGENTDB_TEST_DSN")
+    reasons: list[str] = []
+    try:
+        return _docker(stack)
+    except Exception as exc:
+        reasons.append(f"testcontainers: {type(exc).__name__}: {exc}")
+    try:
+        return start_embedded(stack)
+    except Exception as exc:
+        reasons.append(f"embedded pgserver: {type(exc).__name__}: {exc}")
+    raise RuntimeError(
+        "no PostgreSQL available for the tests. Set AGENTDB_TEST_DSN="
+        "postgresql://user@host:5432/postgres (a role that may CREATE DATABASE and "
+        "CREATE ROLE), start a Docker engine, or install the test extra "
+        "(pip install -e '.[test]') for the embedded server. Tried: " + "; ".join(reasons)
+    )
+
+
+def create_database(
+    server: Server, *, template: str | None = None, owner: str | None = None
+) -> str:
+    name = f"agentdb_t_{uuid.uuid4().hex[:12]}"
+    stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        stmt += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+    if owner is not None:
+        stmt += sql.SQL(" OWNER {}").format(sql.Identifier(owner))
+    with admin(server.admin_dsn) as conn:
+        conn.execute(stmt)
+    return name
+
+
+def drop_database(server: Server, name: str) -> None:
+    with admin(server.admin_dsn) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@contextlib.contextmanager
+def temp_database(server: Server, **kwargs: Any) -> Iterator[str]:
+    name = create_database(server, **kwargs)
+    try:
+        yield name
+    finally:
+        drop_database(server, name)
+
+
+def ensure_role(
+    conn: psycopg.Connection[Any], name: str, *options: str, member_of: str | None = None
+) -> None:
+    """Create a login role for tests if it is missing (roles are cluster-wide)."""
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+    if not exists:
+        stmt = sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            sql.Identifier(name), sql.Literal(TEST_PASSWORD)
+        )
+        for option in options:
+            stmt += sql.SQL(" ") + sql.SQL(option)  # options are constants in test code
+        conn.execute(stmt)
+    if member_of is not None:
+        conn.execute(
+            sql.SQL("GRANT {} TO {}").format(sql.Identifier(member_of), sql.Identifier(name))
+        )
+
+
+def schema_dump(dsn: str, *extra: str) -> str:
+    """``pg_dump --schema-only`` of ``dsn``, without yoyo's bookkeeping tables.
+
+    Lines setting the ``pg_attver`` column option are dropped: the Debian
+    PostgreSQL 15 build on our CI machine stamps that option, with a value that
+    changes on every CREATE, onto every column. It is not part of the schema
+    and no agentdb migration sets it.
+    """
+    import subprocess
+
+    args = [pg_bin("pg_dump"), "--schema-only", "--no-owner", *extra]
+    args += ["--exclude-table=*._yoyo_*", "--exclude-table=*.yoyo_lock", "--dbname", dsn]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    return "".join(line for line in out.splitlines(keepends=True) if "SET (pg_attver=" not in line)
+
+
+def psql_args(dsn: str) -> list[str]:
+    return [pg_bin("psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "--dbname", dsn]
+
+
+def encode_query(args: dict[str, str]) -> str:
+    return urlencode(args)

@@ -1,0 +1,176 @@
+"""Row factories for raw-SQL tests.
+
+Each helper writes exactly what the schema demands and nothing more: a task
+or operation row together with the event its state_version needs (G8), in one
+transaction. Column names come from test code, never from data; values are
+always bound parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+HASH = hashlib.sha256(b"input").hexdigest()
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN = "00f067aa0ba902b7"
+
+
+def _insert_sql(table: str, row: dict[str, Any], returning: str) -> str:
+    cols = ", ".join(row)
+    params = ", ".join(f"${i}" for i in range(1, len(row) + 1))
+    return f"INSERT INTO {table} ({cols}) VALUES ({params}) RETURNING {returning}"  # noqa: S608
+
+
+def _update_sql(table: str, changes: dict[str, Any], returning: str) -> str:
+    sets = ", ".join(f"{col} = ${i}" for i, col in enumerate(changes, start=3))
+    return (
+        f"UPDATE {table} SET {sets} WHERE tenant_id = $1 AND id = $2 "  # noqa: S608
+        f"RETURNING {returning}"
+    )
+
+
+# The column that identifies a row of each table (most have ``id``).
+_KEY = {"agent_inbox": "message_id", "agent_principals": "role_name", "agent_transitions": "entity"}
+
+
+async def insert(conn: asyncpg.Connection, table: str, row: dict[str, Any]) -> Any:
+    """INSERT ``row`` and return its identifying column."""
+    sql = _insert_sql(table, row, _KEY.get(table, "id"))
+    return await conn.fetchval(sql, *row.values())
+
+
+def task_row(tenant: uuid.UUID, **overrides: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "tenant_id": tenant,
+        "task_type": "summarise",
+        "workflow_version": "v1",
+    }
+    row.update(overrides)
+    return row
+
+
+async def event(
+    conn: asyncpg.Connection,
+    tenant: uuid.UUID,
+    task_id: uuid.UUID,
+    **overrides: Any,
+) -> int:
+    row: dict[str, Any] = {
+        "tenant_id": tenant,
+        "task_id": task_id,
+        "event_type": "test",
+        "actor_id": "tests",
+        "policy_version": "p1",
+    }
+    row.update(overrides)
+    return int(await insert(conn, "agent_events", row))
+
+
+async def create_task(conn: asyncpg.Connection, tenant: uuid.UUID, **overrides: Any) -> uuid.UUID:
+    """Insert a task and its creation event (task_state_version 0)."""
+    row = task_row(tenant, **overrides)
+    async with conn.transaction():
+        task_id: uuid.UUID = await insert(conn, "agent_tasks", row)
+        await event(
+            conn, tenant, task_id, task_state_version=0, to_state=row.get("state", "pending")
+        )
+    return task_id
+
+
+async def update_task(
+    conn: asyncpg.Connection, tenant: uuid.UUID, task_id: uuid.UUID, **changes: Any
+) -> int:
+    """UPDATE a task with ``changes`` and write the event for the version it reaches."""
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            _update_sql("agent_tasks", changes, "state, state_version"),
+            tenant,
+            task_id,
+            *changes.values(),
+        )
+        assert row is not None, "no such task"
+        await event(
+            conn, tenant, task_id, task_state_version=row["state_version"], to_state=row["state"]
+        )
+    return int(row["state_version"])
+
+
+async def claim_task(
+    conn: asyncpg.Connection,
+    tenant: uuid.UUID,
+    task_id: uuid.UUID,
+    *,
+    owner: str = "worker-1",
+    token: int = 1,
+    version: int = 1,
+    **extra: Any,
+) -> int:
+    """Move a due task to running under a new lease; return the version reached."""
+    now = datetime.now(UTC)
+    changes: dict[str, Any] = {
+        "state": "running",
+        "state_version": version,
+        "lease_owner": owner,
+        "lease_token": token,
+        "lease_acquired_at": now,
+        "lease_expires_at": now + timedelta(minutes=5),
+    }
+    changes.update(extra)
+    return await update_task(conn, tenant, task_id, **changes)
+
+
+def operation_row(tenant: uuid.UUID, task_id: uuid.UUID, **overrides: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "tenant_id": tenant,
+        "task_id": task_id,
+        "idempotency_key": f"op-{uuid.uuid4().hex[:8]}",
+        "action": "send_email",
+        "input_hash": HASH,
+    }
+    row.update(overrides)
+    return row
+
+
+async def create_operation(
+    conn: asyncpg.Connection, tenant: uuid.UUID, task_id: uuid.UUID, **overrides: Any
+) -> uuid.UUID:
+    """Insert a reserved operation and its event (operation_state_version 0)."""
+    row = operation_row(tenant, task_id, **overrides)
+    async with conn.transaction():
+        op_id: uuid.UUID = await insert(conn, "agent_operations", row)
+        await event(conn, tenant, task_id, operation_id=op_id, operation_state_version=0)
+    return op_id
+
+
+async def update_operation(
+    conn: asyncpg.Connection, tenant: uuid.UUID, op_id: uuid.UUID, **changes: Any
+) -> int:
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            _update_sql("agent_operations", changes, "task_id, state_version"),
+            tenant,
+            op_id,
+            *changes.values(),
+        )
+        assert row is not None, "no such operation"
+        await event(
+            conn,
+            tenant,
+            row["task_id"],
+            operation_id=op_id,
+            operation_state_version=row["state_version"],
+        )
+    return int(row["state_version"])
+
+
+async def update_row(
+    conn: asyncpg.Connection, table: str, tenant: uuid.UUID, row_id: uuid.UUID, **changes: Any
+) -> Any:
+    return await conn.fetchval(_update_sql(table, changes, "id"), tenant, row_id, *changes.values())

@@ -1,0 +1,369 @@
+"""G15: the agent role sees and writes only its own tenant, through approved paths.
+
+Also the roles story: migrating as an owner without CREATEROLE works both
+when the agentdb roles already exist and when they don't (then a DBA creates
+them and `agentdb grant` finishes the job).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+
+import asyncpg
+import psycopg
+import pytest
+
+from agentdb import migrate
+from agentdb.cli import main as cli
+from tests import _pg
+from tests import factories as F
+from tests.conftest import (
+    AGENT_A,
+    AGENT_B,
+    AGENT_UNPINNED,
+    STRANGER,
+    Database,
+    Tenants,
+)
+
+AGENT_SCOPED = ("agent_tasks", "agent_operations", "agent_events", "agent_artifacts")
+TENANT_TABLES = (
+    "agent_tenants",
+    "agent_tasks",
+    "agent_operations",
+    "agent_events",
+    "agent_outbox",
+    "agent_inbox",
+    "agent_artifacts",
+    "agent_credential_refs",
+)
+# Table names below come from the constants above, never from data.
+_COUNT = (
+    "SELECT count(*) FILTER (WHERE {col} = $1), count(*) FILTER (WHERE {col} <> $1) FROM {table}"
+)
+
+
+def _count_sql(table: str) -> str:
+    col = "id" if table == "agent_tenants" else "tenant_id"
+    return _COUNT.format(col=col, table=table)
+
+
+async def _seed(conn: asyncpg.Connection, tenant: uuid.UUID) -> None:
+    """One row of every tenant-owned kind for ``tenant``."""
+    task_id = await F.create_task(conn, tenant)
+    op_id = await F.create_operation(conn, tenant, task_id)
+    await F.insert(conn, "agent_outbox", {"tenant_id": tenant, "topic": "t", "task_id": task_id})
+    await F.insert(
+        conn, "agent_inbox", {"tenant_id": tenant, "consumer": "c", "message_id": uuid.uuid4()}
+    )
+    await F.insert(
+        conn,
+        "agent_artifacts",
+        {
+            "tenant_id": tenant,
+            "kind": "k",
+            "uri": "s3://b/k",
+            "task_id": task_id,
+            "operation_id": op_id,
+        },
+    )
+    await F.insert(
+        conn,
+        "agent_credential_refs",
+        {"tenant_id": tenant, "name": "openai", "provider": "openai", "secret_ref": "vault://x"},
+    )
+
+
+@pytest.fixture
+async def seeded(db: Database, tenants: Tenants, admin_conn: asyncpg.Connection) -> Tenants:
+    await _seed(admin_conn, tenants.a)
+    await _seed(admin_conn, tenants.b)
+    return tenants
+
+
+async def _visible(conn: asyncpg.Connection, table: str, tenant: uuid.UUID) -> tuple[int, int]:
+    row = await conn.fetchrow(_count_sql(table), tenant)
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+async def test_G15_agent_sees_only_its_own_tenant(db: Database, seeded: Tenants) -> None:
+    for role, own in ((AGENT_A, seeded.a), (AGENT_B, seeded.b)):
+        conn = await db.connect(role)
+        try:
+            for table in (*AGENT_SCOPED, "agent_tenants"):
+                mine, others = await _visible(conn, table, own)
+                assert mine > 0, f"{role} should see its own {table} rows"
+                assert others == 0, f"{role} saw another tenant's {table} rows"
+        finally:
+            await conn.close()
+
+
+async def test_G15_pinned_agent_cannot_escape_with_setting_or_set_role(
+    db: Database, seeded: Tenants
+) -> None:
+    conn = await db.connect(AGENT_A)
+    try:
+        await conn.execute("SELECT set_config('agentdb.tenant_id', $1, false)", str(seeded.b))
+        assert await _visible(conn, "agent_tasks", seeded.b) == (0, 1)
+        # A member may SET ROLE to the group role; the pin follows the login.
+        await conn.execute("SET ROLE agentdb_agent")
+        assert await _visible(conn, "agent_tasks", seeded.b) == (0, 1)
+    finally:
+        await conn.close()
+
+
+async def test_G15_temp_table_cannot_shadow_the_principal_map(
+    db: Database, seeded: Tenants
+) -> None:
+    conn = await db.connect(AGENT_A)
+    try:
+        await conn.execute("CREATE TEMP TABLE agent_principals (role_name text, tenant_id uuid)")
+        await conn.execute("INSERT INTO agent_principals VALUES ($1, $2)", AGENT_A, seeded.b)
+        assert await _visible(conn, "agent_tasks", seeded.b) == (0, 1)
+    finally:
+        await conn.close()
+
+
+async def test_G6_temp_table_cannot_shadow_the_transition_graph(
+    db: Database, tenants: Tenants, runtime_conn: asyncpg.Connection
+) -> None:
+    await runtime_conn.execute(
+        "CREATE TEMP TABLE agent_transitions AS SELECT 'task'::text AS entity,"
+        " 'pending'::text AS from_state, 'succeeded'::text AS to_state"
+    )
+    task_id = await F.create_task(runtime_conn, tenants.a)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await F.update_task(runtime_conn, tenants.a, task_id, state="succeeded", state_version=1)
+    assert refused.value.sqlstate == "AG001"
+
+
+async def test_G15_unpinned_agent_is_scoped_per_transaction(db: Database, seeded: Tenants) -> None:
+    conn = await db.connect(AGENT_UNPINNED)
+    try:
+        assert await _visible(conn, "agent_tasks", seeded.a) == (0, 0)
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('agentdb.tenant_id', $1, true)", str(seeded.b))
+            assert await _visible(conn, "agent_tasks", seeded.b) == (1, 0)
+        # SET LOCAL ended with the transaction: a pooled connection does not leak scope.
+        assert await _visible(conn, "agent_tasks", seeded.b) == (0, 0)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO agent_tasks (tenant_id, task_type, workflow_version) VALUES ($1, 't', 'v')",
+        "UPDATE agent_tasks SET current_step = 'x' WHERE tenant_id = $1",
+        "DELETE FROM agent_tasks WHERE tenant_id = $1",
+        "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version)"
+        " SELECT $1, id, 'forged', 'me', 'p' FROM agent_tasks LIMIT 1",
+        "SELECT count(*) FROM agent_outbox WHERE tenant_id = $1",
+        "SELECT count(*) FROM agent_inbox WHERE tenant_id = $1",
+        "SELECT secret_ref FROM agent_credential_refs WHERE tenant_id = $1",
+        "UPDATE agent_operations SET state = 'succeeded' WHERE tenant_id = $1",
+    ],
+)
+async def test_G15_agent_has_no_direct_writes_or_hidden_tables(
+    db: Database, seeded: Tenants, statement: str
+) -> None:
+    conn = await db.connect(AGENT_A)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM agent_tasks") == 1  # control
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await conn.execute(statement, seeded.a)
+        assert refused.value.sqlstate == "42501"
+    finally:
+        await conn.close()
+
+
+async def test_G15_request_task_writes_only_into_the_callers_tenant(
+    db: Database, seeded: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    conn = await db.connect(AGENT_A)
+    try:
+        task_id = await conn.fetchval("SELECT agentdb_request_task('triage', 'v1')")
+    finally:
+        await conn.close()
+    row = await admin_conn.fetchrow(
+        "SELECT t.tenant_id, t.state, e.actor_id, e.task_state_version FROM agent_tasks t"
+        " JOIN agent_events e ON e.tenant_id = t.tenant_id AND e.task_id = t.id WHERE t.id = $1",
+        task_id,
+    )
+    assert row is not None
+    assert (row["tenant_id"], row["state"], row["actor_id"], row["task_state_version"]) == (
+        seeded.a,
+        "pending",
+        AGENT_A,
+        0,
+    )
+
+
+async def test_G15_request_task_refuses_an_unscoped_session(db: Database, seeded: Tenants) -> None:
+    conn = await db.connect(AGENT_UNPINNED)
+    try:
+        async with conn.transaction():  # control: scoped, it works
+            await conn.execute("SELECT set_config('agentdb.tenant_id', $1, true)", str(seeded.b))
+            assert await conn.fetchval("SELECT agentdb_request_task('triage', 'v1')") is not None
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await conn.fetchval("SELECT agentdb_request_task('triage', 'v1')")
+        assert refused.value.sqlstate == "AG007"
+        assert refused.value.constraint_name == "agentdb_tenant_scope"
+    finally:
+        await conn.close()
+
+
+async def test_G15_runtime_policies_span_tenants_but_grant_no_delete(
+    db: Database, seeded: Tenants, runtime_conn: asyncpg.Connection
+) -> None:
+    for table in TENANT_TABLES:
+        mine, others = await _visible(runtime_conn, table, seeded.a)
+        assert mine > 0, table
+        assert others > 0, table
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await runtime_conn.execute(
+                f"DELETE FROM {table} WHERE false"  # noqa: S608 - table from constant list
+            )
+        assert refused.value.sqlstate == "42501", table
+
+
+async def test_G15_policies_open_nothing_to_other_roles(db: Database, seeded: Tenants) -> None:
+    """A role holding SELECT but named in no policy sees no rows (RLS is enabled and forced)."""
+    conn = await db.connect(STRANGER)
+    try:
+        for table in ("agent_tasks", "agent_events"):
+            assert await _visible(conn, table, seeded.a) == (0, 0), table
+    finally:
+        await conn.close()
+
+
+async def test_G15_every_tenant_table_forces_rls(admin_conn: asyncpg.Connection) -> None:
+    rows = await admin_conn.fetch(
+        "SELECT relname, relrowsecurity, relforcerowsecurity FROM pg_class"
+        " WHERE relname = ANY($1::text[]) AND relkind = 'r'",
+        list(TENANT_TABLES),
+    )
+    assert {r["relname"] for r in rows} == set(TENANT_TABLES)
+    assert all(r["relrowsecurity"] and r["relforcerowsecurity"] for r in rows)
+
+
+# ---- owners without CREATEROLE --------------------------------------------------------
+
+OWNER = "agentdb_test_owner"
+
+
+async def _owner_round_trip(dsn: str) -> None:
+    """As the (non-superuser) owner, write and read a row in every tenant table under FORCE RLS."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        tenant = uuid.uuid4()
+        await conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, 'own')", tenant)
+        await _seed(conn, tenant)
+        for table in TENANT_TABLES:
+            mine, others = await _visible(conn, table, tenant)
+            assert mine > 0, table
+            assert others == 0, table
+    finally:
+        await conn.close()
+
+
+def _privileges(dsn: str, role: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT has_table_privilege(%s, 'agent_tasks', 'UPDATE')"
+            " AND has_table_privilege(%s, 'agent_events', 'INSERT')"
+            " AND NOT has_table_privilege(%s, 'agent_events', 'UPDATE')",
+            (role, role, role),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+async def test_G15_owner_without_createrole_uses_existing_roles(
+    pg_server: _pg.Server, template_db: str
+) -> None:
+    with _pg.admin(pg_server.admin_dsn) as conn:
+        _pg.ensure_role(conn, OWNER, "NOCREATEROLE")
+    with _pg.temp_database(pg_server, owner=OWNER) as name:
+        dsn = pg_server.url(name, user=OWNER, password=_pg.TEST_PASSWORD)
+        assert migrate.migrate(dsn)[-1] == "0007.access"
+        assert _privileges(dsn, "agentdb_runtime")
+        await _owner_round_trip(dsn)
+
+
+@pytest.fixture(scope="module")
+def bare_server() -> Iterator[_pg.Server]:
+    """A private embedded cluster where the agentdb roles do not exist (yet)."""
+    with contextlib.ExitStack() as stack:
+        yield _pg.start_embedded(stack)
+
+
+async def test_G15_owner_without_createrole_and_no_roles_then_grant(
+    bare_server: _pg.Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _pg.admin(bare_server.admin_dsn) as conn:
+        _pg.ensure_role(conn, OWNER, "NOCREATEROLE")
+    with _pg.temp_database(bare_server, owner=OWNER) as name:
+        dsn = bare_server.url(name, user=OWNER, password=_pg.TEST_PASSWORD)
+        assert migrate.migrate(dsn)[-1] == "0007.access"
+        with _pg.admin(bare_server.admin_dsn) as conn:
+            missing = conn.execute(
+                "SELECT count(*) FROM pg_roles"
+                " WHERE rolname IN ('agentdb_runtime', 'agentdb_agent')"
+            ).fetchone()
+            assert missing == (0,)
+        await _owner_round_trip(dsn)  # the schema works for its owner meanwhile
+
+        assert cli(["grant", "--dsn", dsn]) == 0
+        assert "agentdb_runtime is missing" in capsys.readouterr().out
+
+        with _pg.admin(bare_server.admin_dsn) as conn:  # the DBA step
+            for stmt in migrate.role_ddl().strip().splitlines():
+                conn.execute(stmt.encode())
+        assert cli(["grant", "--dsn", dsn]) == 0
+        assert "missing" not in capsys.readouterr().out
+        assert _privileges(dsn, "agentdb_runtime")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            policies = conn.execute(
+                "SELECT count(*) FROM pg_policy WHERE polname LIKE '%runtime_all'"
+                " OR polname LIKE '%agent_scope'"
+            ).fetchone()
+        assert policies == (13,)
+
+
+def test_cli_wrong_password_is_one_line(
+    bare_server: _pg.Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with _pg.admin(bare_server.admin_dsn) as conn:
+        _pg.ensure_role(conn, "agentdb_pw_user")
+        hba = conn.execute("SHOW hba_file").fetchone()
+        assert hba is not None
+        path = str(hba[0])
+    with open(path, encoding="utf-8") as f:
+        original = f.read()
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("local all agentdb_pw_user scram-sha-256\n" + original)
+        with _pg.admin(bare_server.admin_dsn) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        dsn = bare_server.url("postgres", user="agentdb_pw_user", password="wrong")
+        assert cli(["status", "--dsn", dsn]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("agentdb: cannot connect to ")
+        assert err.count("\n") == 1
+        assert "wrong" not in err
+    finally:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(original)
+        with _pg.admin(bare_server.admin_dsn) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+
+
+POLICY_NAMES = {
+    *(f"{t}_owner_all" for t in TENANT_TABLES),
+    *(f"{t}_runtime_all" for t in TENANT_TABLES),
+    *(f"{t}_agent_scope" for t in (*AGENT_SCOPED, "agent_tenants")),
+    "agentdb_tenant_scope",
+}

@@ -1,0 +1,942 @@
+"""Raw-SQL attacks on every constraint and guard trigger (G2-G17).
+
+Each case pairs a positive control (a valid write that must be accepted, so
+the attack cannot pass vacuously) with an attack that Postgres must refuse
+with the expected SQLSTATE and the attacked object's name. Attacks run as the
+role that would make them: the runtime login for ordinary writes; the
+superuser for owner-only tables and for CHECKs that a guard trigger would
+otherwise refuse first (with session_replication_role = replica, so the CHECK
+is shown to hold even when triggers are switched off).
+
+test_every_constraint_is_attacked ties this list to the schema: a new
+constraint without an attack fails the suite.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from agentdb.errors import CONSTRAINTS
+from tests import factories as F
+from tests.conftest import Database, Tenants
+
+NOW = datetime.now(UTC)
+PAST = NOW - timedelta(days=1)
+LONG = "x" * 4001
+
+
+@dataclass(frozen=True)
+class Ctx:
+    a: uuid.UUID
+    b: uuid.UUID
+    task_a: uuid.UUID
+    task_b: uuid.UUID
+    op_a: uuid.UUID
+    op_b: uuid.UUID
+
+
+Step = Callable[[asyncpg.Connection, Ctx], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    sqlstate: str
+    good: Step
+    bad: Step
+    role: str = "runtime"  # runtime | admin | replica
+    label: str = ""
+    constraint: str | None = field(default=None)
+
+    @property
+    def id(self) -> str:
+        suffix = f"-{self.label}" if self.label else ""
+        return f"{CONSTRAINTS[self.name]}-{self.name}{suffix}"
+
+
+def _resolve(ctx: Ctx, kw: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v(ctx) if callable(v) else v) for k, v in kw.items()}
+
+
+def task(tenant: str = "a", **kw: Any) -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        return await F.create_task(conn, getattr(ctx, tenant), **_resolve(ctx, kw))
+
+    return step
+
+
+def raw_task(**kw: Any) -> Step:
+    """Insert a task row alone (for replica-mode attacks, where no event is needed)."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        return await F.insert(conn, "agent_tasks", F.task_row(ctx.a, **_resolve(ctx, kw)))
+
+    return step
+
+
+def op(tenant: str = "a", **kw: Any) -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        kw2 = _resolve(ctx, kw)
+        task_id = kw2.pop("task_id", getattr(ctx, f"task_{tenant}"))
+        return await F.create_operation(conn, getattr(ctx, tenant), task_id, **kw2)
+
+    return step
+
+
+def raw_op(**kw: Any) -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        row = F.operation_row(ctx.a, ctx.task_a, **_resolve(ctx, kw))
+        return await F.insert(conn, "agent_operations", row)
+
+    return step
+
+
+def row(table: str, base: Callable[[Ctx], dict[str, Any]], **kw: Any) -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        return await F.insert(conn, table, {**base(ctx), **_resolve(ctx, kw)})
+
+    return step
+
+
+def ev(**kw: Any) -> Step:
+    return row(
+        "agent_events",
+        lambda c: {
+            "tenant_id": c.a,
+            "task_id": c.task_a,
+            "event_type": "note",
+            "actor_id": "tests",
+            "policy_version": "p1",
+        },
+        **kw,
+    )
+
+
+def outbox(**kw: Any) -> Step:
+    return row("agent_outbox", lambda c: {"tenant_id": c.a, "topic": "task.done"}, **kw)
+
+
+def inbox(**kw: Any) -> Step:
+    return row(
+        "agent_inbox",
+        lambda c: {"tenant_id": c.a, "consumer": "billing", "message_id": uuid.uuid4()},
+        **kw,
+    )
+
+
+def artifact(**kw: Any) -> Step:
+    return row(
+        "agent_artifacts",
+        lambda c: {"tenant_id": c.a, "kind": "report", "uri": "s3://bucket/key"},
+        **kw,
+    )
+
+
+def cred(**kw: Any) -> Step:
+    return row(
+        "agent_credential_refs",
+        lambda c: {
+            "tenant_id": c.a,
+            "name": f"cred-{uuid.uuid4().hex[:6]}",
+            "provider": "openai",
+            "secret_ref": "vault://kv/acme/openai",
+        },
+        **kw,
+    )
+
+
+def tenant(**kw: Any) -> Step:
+    return row("agent_tenants", lambda c: {"id": uuid.uuid4(), "name": "t"}, **kw)
+
+
+def principal(**kw: Any) -> Step:
+    return row(
+        "agent_principals",
+        lambda c: {"role_name": f"r{uuid.uuid4().hex[:8]}", "tenant_id": c.a},
+        **kw,
+    )
+
+
+def edge(**kw: Any) -> Step:
+    return row(
+        "agent_transitions",
+        lambda c: {"entity": "task", "from_state": "pending", "to_state": "dead"},
+        **kw,
+    )
+
+
+def task_change(*, claim: bool = False, **changes: Any) -> Step:
+    """Create a fresh task in tenant a (optionally claimed), then update it with its event."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        tid = await F.create_task(conn, ctx.a)
+        version = 1
+        if claim:
+            await F.claim_task(conn, ctx.a, tid)
+            version = 2
+        values = _resolve(ctx, changes)
+        values.setdefault("state_version", version)
+        return await F.update_task(conn, ctx.a, tid, **values)
+
+    return step
+
+
+def op_change(*path: dict[str, Any]) -> Step:
+    """Create a fresh operation, then apply each change in turn (each with its event)."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        oid = await F.create_operation(conn, ctx.a, ctx.task_a)
+        for version, changes in enumerate(path, start=1):
+            values = _resolve(ctx, changes)
+            values.setdefault("state_version", version)
+            await F.update_operation(conn, ctx.a, oid, **values)
+        return oid
+
+    return step
+
+
+def outbox_change(*path: dict[str, Any]) -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        mid = await F.insert(conn, "agent_outbox", {"tenant_id": ctx.a, "topic": "t"})
+        for changes in path:
+            await F.update_row(conn, "agent_outbox", ctx.a, mid, **changes)
+        return mid
+
+    return step
+
+
+def seq(*steps: Step) -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        for one in steps:
+            await one(conn, ctx)
+
+    return step
+
+
+def sql(statement: str, *args: Callable[[Ctx], Any]) -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        return await conn.execute(statement, *(a(ctx) for a in args))
+
+    return step
+
+
+async def _state_change_without_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = await F.create_task(conn, ctx.a)
+    async with conn.transaction():
+        await conn.execute(
+            "UPDATE agent_tasks SET current_step = 'fetch', state_version = 1"
+            " WHERE tenant_id = $1 AND id = $2",
+            ctx.a,
+            tid,
+        )
+
+
+async def _op_change_without_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    oid = await F.create_operation(conn, ctx.a, ctx.task_a)
+    async with conn.transaction():
+        await conn.execute(
+            "UPDATE agent_operations SET state = 'in_flight', state_version = 1"
+            " WHERE tenant_id = $1 AND id = $2",
+            ctx.a,
+            oid,
+        )
+
+
+async def _heartbeat(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = await F.create_task(conn, ctx.a)
+    await F.claim_task(conn, ctx.a, tid)
+    # A renewal moves only lease_expires_at: no version bump, no event needed.
+    await conn.execute(
+        "UPDATE agent_tasks SET lease_expires_at = lease_expires_at + interval '1 minute'"
+        " WHERE tenant_id = $1 AND id = $2",
+        ctx.a,
+        tid,
+    )
+
+
+async def _regrant_same_token(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = await F.create_task(conn, ctx.a)
+    await F.claim_task(conn, ctx.a, tid, owner="worker-1", token=1)
+    await F.update_task(conn, ctx.a, tid, state_version=2, lease_owner="worker-2", lease_token=1)
+
+
+async def _regrant_new_token(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = await F.create_task(conn, ctx.a)
+    await F.claim_task(conn, ctx.a, tid, owner="worker-1", token=1)
+    await F.update_task(conn, ctx.a, tid, state_version=2, lease_owner="worker-2", lease_token=2)
+
+
+async def _token_backwards(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = await F.create_task(conn, ctx.a)
+    await F.claim_task(conn, ctx.a, tid, token=5)
+    await F.update_task(conn, ctx.a, tid, state_version=2, lease_token=4)
+
+
+def _expired_event(conn: asyncpg.Connection, ctx: Ctx) -> Awaitable[Any]:
+    return F.event(conn, ctx.a, ctx.task_a, payload_expires_at=PAST, retain_until=PAST)
+
+
+async def _delete_expired_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    eid = await _expired_event(conn, ctx)
+    status = await conn.execute(
+        "DELETE FROM agent_events WHERE tenant_id = $1 AND id = $2", ctx.a, eid
+    )
+    assert status == "DELETE 1"
+
+
+async def _delete_retained_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    eid = await F.event(conn, ctx.a, ctx.task_a)
+    await conn.execute("DELETE FROM agent_events WHERE tenant_id = $1 AND id = $2", ctx.a, eid)
+
+
+async def _erase_payload(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    eid = await F.event(conn, ctx.a, ctx.task_a, payload='{"k": 1}')
+    status = await conn.execute(
+        "UPDATE agent_events SET payload = NULL WHERE tenant_id = $1 AND id = $2", ctx.a, eid
+    )
+    assert status == "UPDATE 1"
+
+
+async def _rewrite_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    eid = await F.event(conn, ctx.a, ctx.task_a)
+    await conn.execute(
+        "UPDATE agent_events SET actor_id = 'someone-else' WHERE tenant_id = $1 AND id = $2",
+        ctx.a,
+        eid,
+    )
+
+
+async def _erase_and_rewrite(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    eid = await F.event(conn, ctx.a, ctx.task_a, payload='{"k": 1}')
+    await conn.execute(
+        "UPDATE agent_events SET payload = NULL, event_type = 'forged'"
+        " WHERE tenant_id = $1 AND id = $2",
+        ctx.a,
+        eid,
+    )
+
+
+async def _count_events(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    assert await conn.fetchval("SELECT count(*) FROM agent_events") > 0
+
+
+async def _runtime_rewrites_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    await conn.execute("UPDATE agent_events SET actor_id = 'x' WHERE tenant_id = $1", ctx.a)
+
+
+async def _runtime_deletes_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    await conn.execute("DELETE FROM agent_events WHERE tenant_id = $1", ctx.a)
+
+
+async def _runtime_appends_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    await F.event(conn, ctx.a, ctx.task_a)
+
+
+FIXED = uuid.UUID("00000000-0000-4000-8000-000000000001")
+BIG = '{"blob": "' + "y" * 70000 + '"}'
+BIG_EVENT = '{"blob": "' + "y" * 9000 + '"}'
+H = F.HASH
+LEASE: dict[str, Any] = {"lease_owner": "w", "lease_token": 1, "lease_acquired_at": NOW}
+
+CASES: list[Case] = [
+    # ---- tenants, principals, transitions: owner-managed ------------------------------
+    Case("agent_tenants_pkey", "23505", tenant(id=FIXED), tenant(id=FIXED), role="admin"),
+    Case(
+        "agent_tenants_state_valid",
+        "23514",
+        tenant(state="deleting"),
+        tenant(state="gone"),
+        role="admin",
+    ),
+    Case("agent_tenants_name_valid", "23514", tenant(name="acme"), tenant(name=""), role="admin"),
+    Case(
+        "agent_principals_pkey",
+        "23505",
+        principal(role_name="bot"),
+        principal(role_name="bot"),
+        role="admin",
+    ),
+    Case(
+        "agent_principals_tenant_fkey",
+        "23503",
+        principal(),
+        principal(tenant_id=uuid.uuid4()),
+        role="admin",
+    ),
+    Case(
+        "agent_principals_role_name_valid",
+        "23514",
+        principal(),
+        principal(role_name=""),
+        role="admin",
+    ),
+    Case("agent_transitions_pkey", "23505", edge(), edge(), role="admin"),
+    Case(
+        "agent_transitions_pkey",
+        "42501",
+        sql("SELECT count(*) FROM agent_transitions"),
+        edge(to_state="succeeded"),
+        label="runtime-cannot-extend-graph",
+        constraint="",
+    ),
+    Case("agent_transitions_entity_valid", "23514", edge(), edge(entity="job"), role="admin"),
+    Case("agent_transitions_no_self_loop", "23514", edge(), edge(to_state="pending"), role="admin"),
+    # ---- tasks ------------------------------------------------------------------------
+    Case("agent_tasks_pkey", "23505", task(id=FIXED), task(id=FIXED)),
+    Case(
+        "agent_tasks_tenant_fkey",
+        "23503",
+        task(),
+        row("agent_tasks", lambda c: F.task_row(uuid.uuid4())),
+    ),
+    Case(
+        "agent_tasks_dedupe_key",
+        "23505",
+        seq(task(dedupe_key="k1", input_hash=H), task(tenant="b", dedupe_key="k1", input_hash=H)),
+        task(dedupe_key="k1", input_hash=H),
+    ),
+    Case(
+        "agent_tasks_state_valid",
+        "23514",
+        raw_task(state="dead"),
+        raw_task(state="archived"),
+        role="replica",
+    ),
+    Case(
+        "agent_tasks_state_version_valid",
+        "23514",
+        raw_task(state_version=3),
+        raw_task(state_version=-1),
+        role="replica",
+    ),
+    Case("agent_tasks_task_type_valid", "23514", task(task_type="t"), task(task_type="")),
+    Case(
+        "agent_tasks_workflow_version_valid",
+        "23514",
+        task(workflow_version="v2"),
+        task(workflow_version=""),
+    ),
+    Case(
+        "agent_tasks_current_step_valid", "23514", task(current_step="fetch"), task(current_step="")
+    ),
+    Case(
+        "agent_tasks_due_has_wake_at",
+        "23514",
+        task(wake_at=datetime.max.replace(tzinfo=UTC)),
+        task(wake_at=None),
+    ),
+    Case(
+        "agent_tasks_attempts_valid",
+        "23514",
+        task(attempts=3, max_attempts=3),
+        task(attempts=4, max_attempts=3),
+    ),
+    Case("agent_tasks_last_error_valid", "23514", task(last_error="boom"), task(last_error=LONG)),
+    Case(
+        "agent_tasks_dedupe_has_hash",
+        "23514",
+        task(dedupe_key="k", input_hash=H),
+        task(dedupe_key="k"),
+    ),
+    Case(
+        "agent_tasks_dedupe_key_valid",
+        "23514",
+        task(dedupe_key="k", input_hash=H),
+        task(dedupe_key="", input_hash=H),
+    ),
+    Case(
+        "agent_tasks_input_hash_format",
+        "23514",
+        task(dedupe_key="k", input_hash=H),
+        task(dedupe_key="k", input_hash=H.upper()),
+    ),
+    Case("agent_tasks_params_valid", "23514", task(params='{"n": 1}'), task(params="[1, 2]")),
+    Case(
+        "agent_tasks_params_valid",
+        "23514",
+        task(params='{"n": 1}'),
+        task(params=BIG),
+        label="too-large",
+    ),
+    Case(
+        "agent_tasks_lease_complete",
+        "23514",
+        task_change(state="running", lease_expires_at=NOW + timedelta(minutes=1), **LEASE),
+        task_change(state="running", lease_expires_at=None, **LEASE),
+    ),
+    Case(
+        "agent_tasks_lease_window",
+        "23514",
+        task_change(state="running", lease_expires_at=NOW + timedelta(seconds=1), **LEASE),
+        task_change(state="running", lease_expires_at=NOW, **LEASE),
+    ),
+    Case(
+        "agent_tasks_running_is_leased",
+        "23514",
+        task_change(state="running", lease_expires_at=NOW + timedelta(minutes=1), **LEASE),
+        task_change(state="running"),
+    ),
+    Case(
+        "agent_tasks_lease_owner_valid",
+        "23514",
+        task_change(state="running", lease_expires_at=NOW + timedelta(minutes=1), **LEASE),
+        task_change(
+            state="running",
+            lease_expires_at=NOW + timedelta(minutes=1),
+            **{**LEASE, "lease_owner": ""},
+        ),
+    ),
+    Case("agent_tasks_lease_token_valid", "23514", task(lease_token=0), task(lease_token=-1)),
+    Case(
+        "agent_tasks_lease_ttl_valid",
+        "23514",
+        task(lease_ttl=timedelta(hours=2)),
+        task(lease_ttl=timedelta(0)),
+    ),
+    Case("agent_tasks_trace_id_format", "23514", task(trace_id=F.TRACE), task(trace_id="0" * 32)),
+    Case(
+        "agent_tasks_trace_id_format",
+        "23514",
+        task(trace_id=F.TRACE),
+        task(trace_id="not-hex"),
+        label="not-hex",
+    ),
+    Case("agent_tasks_span_id_format", "23514", task(span_id=F.SPAN), task(span_id=F.SPAN.upper())),
+    Case(
+        "agent_tasks_transition_guard",
+        "AG001",
+        task_change(
+            claim=True,
+            state="succeeded",
+            lease_owner=None,
+            lease_acquired_at=None,
+            lease_expires_at=None,
+        ),
+        task_change(state="succeeded"),
+    ),
+    Case(
+        "agent_tasks_transition_guard",
+        "AG001",
+        task(state="waiting"),
+        task(state="succeeded"),
+        label="born-finished",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG002",
+        task_change(current_step="a"),
+        task_change(current_step="a", state_version=2),
+        label="skip-a-version",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG002",
+        task_change(current_step="a"),
+        task_change(current_step="a", state_version=0),
+        label="write-without-bump",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG002",
+        task(state_version=0),
+        task(state_version=7),
+        label="born-late",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG002",
+        _heartbeat,
+        task_change(
+            claim=True,
+            state_version=1,
+            lease_expires_at=NOW + timedelta(hours=1),
+            current_step="sneaky",
+        ),
+        label="heartbeat-smuggles-a-write",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG004",
+        task_change(current_step="a"),
+        task_change(tenant_id=lambda c: c.b),
+        label="tenant-is-immutable",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG005",
+        _regrant_new_token,
+        _regrant_same_token,
+        label="regrant-needs-new-token",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG005",
+        _regrant_new_token,
+        _token_backwards,
+        label="token-never-goes-back",
+    ),
+    Case(
+        "agent_tasks_event_required",
+        "AG006",
+        task_change(current_step="a"),
+        _state_change_without_event,
+    ),
+    # ---- operations -------------------------------------------------------------------
+    Case("agent_operations_pkey", "23505", op(id=FIXED), op(id=FIXED)),
+    # G2: the article's attack - an operation of tenant b pointing at tenant a's task.
+    Case(
+        "agent_operations_task_fkey",
+        "23503",
+        op(tenant="b"),
+        op(tenant="b", task_id=lambda c: c.task_a),
+    ),
+    Case(
+        "agent_operations_idempotency_key",
+        "23505",
+        seq(op(idempotency_key="charge-1"), op(tenant="b", idempotency_key="charge-1")),
+        op(idempotency_key="charge-1"),
+    ),
+    Case(
+        "agent_operations_state_valid",
+        "23514",
+        raw_op(state="unknown"),
+        raw_op(state="maybe"),
+        role="replica",
+    ),
+    Case(
+        "agent_operations_state_version_valid",
+        "23514",
+        raw_op(state_version=2),
+        raw_op(state_version=-1),
+        role="replica",
+    ),
+    Case(
+        "agent_operations_idempotency_key_valid",
+        "23514",
+        op(idempotency_key="k"),
+        op(idempotency_key=""),
+    ),
+    Case("agent_operations_action_valid", "23514", op(action="a"), op(action="")),
+    Case("agent_operations_input_hash_format", "23514", op(input_hash=H), op(input_hash="abc")),
+    Case("agent_operations_attempts_valid", "23514", op(attempts=2), op(attempts=0)),
+    Case(
+        "agent_operations_provider_reference_valid",
+        "23514",
+        op(provider_reference="ch_1"),
+        op(provider_reference=""),
+    ),
+    Case("agent_operations_error_valid", "23514", op(error="timeout"), op(error=LONG)),
+    Case(
+        "agent_operations_succeeded_has_no_error",
+        "23514",
+        op_change({"state": "failed", "error": "card declined"}),
+        op_change({"state": "succeeded", "error": "but also failed"}),
+    ),
+    Case("agent_operations_result_valid", "23514", op(result='{"id": "ch_1"}'), op(result=BIG)),
+    Case("agent_operations_trace_id_format", "23514", op(trace_id=F.TRACE), op(trace_id="abc")),
+    Case("agent_operations_span_id_format", "23514", op(span_id=F.SPAN), op(span_id="0" * 16)),
+    Case(
+        "agent_operations_transition_guard",
+        "AG001",
+        op_change({"state": "in_flight"}, {"state": "unknown"}, {"state": "succeeded"}),
+        op_change({"state": "succeeded"}, {"state": "in_flight"}),
+    ),
+    Case(
+        "agent_operations_transition_guard",
+        "AG001",
+        op(state="reserved"),
+        op(state="succeeded"),
+        label="born-finished",
+    ),
+    Case(
+        "agent_operations_version_guard",
+        "AG002",
+        op_change({"state": "in_flight"}),
+        op_change({"state": "in_flight", "state_version": 3}),
+    ),
+    Case(
+        "agent_operations_version_guard",
+        "AG004",
+        op_change({"state": "in_flight"}),
+        op_change({"tenant_id": lambda c: c.b}),
+        label="tenant-is-immutable",
+    ),
+    Case(
+        "agent_operations_event_required",
+        "AG006",
+        op_change({"state": "in_flight"}),
+        _op_change_without_event,
+    ),
+    # ---- events -----------------------------------------------------------------------
+    Case("agent_events_pkey", "23505", ev(id=10**12), ev(id=10**12)),
+    Case("agent_events_task_fkey", "23503", ev(), ev(tenant_id=lambda c: c.b)),
+    Case(
+        "agent_events_operation_fkey",
+        "23503",
+        ev(operation_id=lambda c: c.op_a),
+        ev(operation_id=lambda c: c.op_b),
+    ),
+    Case("agent_events_event_type_valid", "23514", ev(event_type="x"), ev(event_type="")),
+    Case("agent_events_actor_id_valid", "23514", ev(actor_id="x"), ev(actor_id="")),
+    Case(
+        "agent_events_policy_version_valid", "23514", ev(policy_version="x"), ev(policy_version="")
+    ),
+    Case("agent_events_state_valid", "23514", ev(from_state="pending"), ev(from_state="s" * 51)),
+    Case(
+        "agent_events_operation_version_has_operation",
+        "23514",
+        ev(operation_id=lambda c: c.op_a, operation_state_version=None),
+        ev(operation_state_version=7),
+    ),
+    Case("agent_events_payload_size", "23514", ev(payload='{"ok": true}'), ev(payload=BIG_EVENT)),
+    Case(
+        "agent_events_payload_size",
+        "23514",
+        ev(payload='{"ok": true}'),
+        ev(payload='"text"'),
+        label="not-an-object",
+    ),
+    Case(
+        "agent_events_payload_no_secrets",
+        "23514",
+        ev(payload='{"tokens_used": 512}'),
+        ev(payload='{"request": {"headers": [{"Authorization": "x"}]}}'),
+        label="secret-key",
+    ),
+    Case(
+        "agent_events_payload_no_secrets",
+        "23514",
+        ev(payload='{"model": "gpt-x"}'),
+        ev(payload='{"note": "used sk-abcdefghijklmnopqrstuvwx"}'),
+        label="secret-value",
+    ),
+    Case(
+        "agent_events_retention_order",
+        "23514",
+        ev(payload_expires_at=NOW, retain_until=NOW),
+        ev(payload_expires_at=NOW + timedelta(days=2), retain_until=NOW),
+    ),
+    Case("agent_events_trace_id_format", "23514", ev(trace_id=F.TRACE), ev(trace_id="xyz")),
+    Case("agent_events_span_id_format", "23514", ev(span_id=F.SPAN), ev(span_id="xyz")),
+    Case(
+        "agent_events_task_version_key",
+        "23505",
+        ev(task_state_version=None),
+        ev(task_state_version=0),
+    ),
+    Case(
+        "agent_events_operation_version_key",
+        "23505",
+        ev(operation_id=lambda c: c.op_a, operation_state_version=None),
+        ev(operation_id=lambda c: c.op_a, operation_state_version=0),
+    ),
+    Case(
+        "agent_events_append_only",
+        "AG003",
+        _erase_payload,
+        _rewrite_event,
+        role="admin",
+        label="update-refused",
+    ),
+    Case(
+        "agent_events_append_only",
+        "AG003",
+        _erase_payload,
+        _erase_and_rewrite,
+        role="admin",
+        label="erasure-cannot-smuggle",
+    ),
+    Case(
+        "agent_events_append_only",
+        "AG003",
+        _delete_expired_event,
+        _delete_retained_event,
+        role="admin",
+        label="delete-before-retention",
+    ),
+    Case(
+        "agent_events_append_only",
+        "42501",
+        _runtime_appends_event,
+        _runtime_rewrites_event,
+        label="runtime-has-no-update",
+        constraint="",
+    ),
+    Case(
+        "agent_events_append_only",
+        "42501",
+        _runtime_appends_event,
+        _runtime_deletes_event,
+        label="runtime-has-no-delete",
+        constraint="",
+    ),
+    Case(
+        "agent_events_no_truncate",
+        "AG003",
+        _count_events,
+        sql("TRUNCATE agent_events CASCADE"),
+        role="admin",
+    ),
+    # ---- outbox and inbox -------------------------------------------------------------
+    Case("agent_outbox_pkey", "23505", outbox(id=FIXED), outbox(id=FIXED)),
+    Case("agent_outbox_tenant_fkey", "23503", outbox(), outbox(tenant_id=uuid.uuid4())),
+    Case(
+        "agent_outbox_task_fkey",
+        "23503",
+        outbox(task_id=lambda c: c.task_a),
+        outbox(task_id=lambda c: c.task_b),
+    ),
+    Case(
+        "agent_outbox_state_valid",
+        "23514",
+        outbox(state="dead"),
+        outbox(state="lost"),
+        role="replica",
+    ),
+    Case("agent_outbox_topic_valid", "23514", outbox(topic="t"), outbox(topic="")),
+    Case("agent_outbox_attempts_valid", "23514", outbox(attempts=0), outbox(attempts=-1)),
+    Case(
+        "agent_outbox_delivered_at_valid",
+        "23514",
+        outbox_change({"state": "delivered", "delivered_at": NOW}),
+        outbox_change({"state": "delivered"}),
+    ),
+    Case(
+        "agent_outbox_lease_owner_valid",
+        "23514",
+        outbox(lease_owner="relay-1"),
+        outbox(lease_owner=""),
+    ),
+    Case("agent_outbox_lease_token_valid", "23514", outbox(lease_token=3), outbox(lease_token=-3)),
+    Case(
+        "agent_outbox_last_error_valid", "23514", outbox(last_error="503"), outbox(last_error=LONG)
+    ),
+    Case("agent_outbox_payload_size", "23514", outbox(payload='{"a": 1}'), outbox(payload=BIG)),
+    Case("agent_outbox_trace_id_format", "23514", outbox(trace_id=F.TRACE), outbox(trace_id="1")),
+    Case("agent_outbox_span_id_format", "23514", outbox(span_id=F.SPAN), outbox(span_id="1")),
+    Case(
+        "agent_outbox_transition_guard",
+        "AG001",
+        outbox_change({"state": "dead"}, {"state": "pending"}),
+        outbox_change(
+            {"state": "delivered", "delivered_at": NOW}, {"state": "pending", "delivered_at": None}
+        ),
+    ),
+    Case("agent_inbox_pkey", "23505", inbox(message_id=FIXED), inbox(message_id=FIXED)),
+    Case("agent_inbox_tenant_fkey", "23503", inbox(), inbox(tenant_id=uuid.uuid4())),
+    Case("agent_inbox_consumer_valid", "23514", inbox(consumer="c"), inbox(consumer="")),
+    # ---- artifacts and credential references ------------------------------------------
+    Case("agent_artifacts_pkey", "23505", artifact(id=FIXED), artifact(id=FIXED)),
+    Case("agent_artifacts_tenant_fkey", "23503", artifact(), artifact(tenant_id=uuid.uuid4())),
+    Case(
+        "agent_artifacts_task_fkey",
+        "23503",
+        artifact(task_id=lambda c: c.task_a),
+        artifact(task_id=lambda c: c.task_b),
+    ),
+    Case(
+        "agent_artifacts_operation_fkey",
+        "23503",
+        artifact(operation_id=lambda c: c.op_a),
+        artifact(operation_id=lambda c: c.op_b),
+    ),
+    Case("agent_artifacts_kind_valid", "23514", artifact(kind="k"), artifact(kind="")),
+    Case(
+        "agent_artifacts_uri_valid", "23514", artifact(uri="gs://b/o"), artifact(uri="/etc/passwd")
+    ),
+    Case("agent_artifacts_sha256_format", "23514", artifact(sha256=H), artifact(sha256="12")),
+    Case("agent_artifacts_size_valid", "23514", artifact(size_bytes=0), artifact(size_bytes=-1)),
+    Case(
+        "agent_artifacts_content_type_valid",
+        "23514",
+        artifact(content_type="text/plain"),
+        artifact(content_type=""),
+    ),
+    # Credential references are managed by the owner; the runtime may only read them.
+    Case("agent_credential_refs_pkey", "23505", cred(id=FIXED), cred(id=FIXED), role="admin"),
+    Case(
+        "agent_credential_refs_name_key",
+        "23505",
+        cred(name="openai"),
+        cred(name="openai"),
+        role="admin",
+    ),
+    Case(
+        "agent_credential_refs_tenant_fkey",
+        "23503",
+        cred(),
+        cred(tenant_id=uuid.uuid4()),
+        role="admin",
+    ),
+    Case("agent_credential_refs_name_valid", "23514", cred(name="n"), cred(name=""), role="admin"),
+    Case(
+        "agent_credential_refs_provider_valid",
+        "23514",
+        cred(provider="p"),
+        cred(provider=""),
+        role="admin",
+    ),
+    Case(
+        "agent_credential_refs_is_reference",
+        "23514",
+        cred(secret_ref="env://OPENAI_API_KEY"),
+        cred(secret_ref="sk-live-abcdefghijklmnopqrstuvwxyz"),
+        role="admin",
+        label="raw-secret",
+    ),
+    Case(
+        "agent_credential_refs_is_reference",
+        "23514",
+        cred(secret_ref="aws-sm://prod/openai"),
+        cred(secret_ref="vault://x?token=sk-abcdefghijklmnopqrstuvwx"),
+        role="admin",
+        label="secret-in-uri",
+    ),
+    Case(
+        "agent_credential_refs_runtime_all",
+        "42501",
+        sql("SELECT count(*) FROM agent_credential_refs"),
+        cred(),
+        label="runtime-cannot-write-credentials",
+        constraint="",
+    ),
+]
+
+
+@pytest.fixture
+async def ctx(db: Database, tenants: Tenants, runtime_conn: asyncpg.Connection) -> Ctx:
+    conn = runtime_conn
+    task_a = await F.create_task(conn, tenants.a)
+    task_b = await F.create_task(conn, tenants.b)
+    op_a = await F.create_operation(conn, tenants.a, task_a)
+    op_b = await F.create_operation(conn, tenants.b, task_b)
+    return Ctx(tenants.a, tenants.b, task_a, task_b, op_a, op_b)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+async def test_attack_is_refused(
+    case: Case, ctx: Ctx, runtime_conn: asyncpg.Connection, admin_conn: asyncpg.Connection
+) -> None:
+    conn = runtime_conn if case.role == "runtime" else admin_conn
+    if case.role == "replica":
+        # Switches off triggers (guards and FK checks alike) for this session:
+        # what remains is the CHECK itself.
+        await conn.execute("SET session_replication_role = replica")
+    await case.good(conn, ctx)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await case.bad(conn, ctx)
+    assert refused.value.sqlstate == case.sqlstate, refused.value
+    expected = case.name if case.constraint is None else case.constraint
+    if expected:
+        assert refused.value.constraint_name == expected, refused.value
+
+
+def attacked_names() -> set[str]:
+    return {c.name for c in CASES}

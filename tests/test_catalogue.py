@@ -1,0 +1,72 @@
+"""The error catalogue, the schema and the attack suite name the same objects.
+
+Constraint, trigger, index and policy names are public API (errors map on
+them). These tests fail when one of the three drifts from the others: a
+constraint added without a catalogue entry or without an attack, or a
+catalogue entry naming something the schema does not have.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from agentdb.errors import CONSTRAINTS, SQLSTATES
+from tests import test_access, test_attacks, test_indexes
+
+# Objects Postgres names for us; everything agentdb names itself is below.
+_SCHEMA_NAMES = """
+SELECT c.conname FROM pg_constraint c
+  JOIN pg_class r ON r.oid = c.conrelid
+ WHERE r.relname LIKE 'agent\\_%' AND c.contype IN ('c', 'f', 'p', 'u', 't')
+UNION
+SELECT t.tgname FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid
+ WHERE r.relname LIKE 'agent\\_%' AND (NOT t.tgisinternal OR t.tgconstraint <> 0)
+   AND t.tgname NOT LIKE 'RI\\_ConstraintTrigger%'
+UNION
+SELECT i.relname FROM pg_index x
+  JOIN pg_class i ON i.oid = x.indexrelid
+  JOIN pg_class r ON r.oid = x.indrelid
+ WHERE r.relname LIKE 'agent\\_%'
+   AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid)
+UNION
+SELECT p.polname FROM pg_policy p
+"""
+
+# Raised by name from PL/pgSQL (RAISE ... USING CONSTRAINT), not a catalog object.
+_RAISED_NAMES = {"agentdb_tenant_scope"}
+
+
+async def test_catalogue_matches_the_migrated_schema(admin_conn: asyncpg.Connection) -> None:
+    in_schema = {r[0] for r in await admin_conn.fetch(_SCHEMA_NAMES)}
+    assert set(CONSTRAINTS) - _RAISED_NAMES == in_schema
+
+
+async def test_raised_names_appear_in_function_bodies(admin_conn: asyncpg.Connection) -> None:
+    for name in _RAISED_NAMES:
+        found = await admin_conn.fetchval(
+            "SELECT count(*) FROM pg_proc WHERE proname LIKE 'agentdb\\_%' AND prosrc LIKE $1",
+            f"%'{name}'%",
+        )
+        assert found >= 1, name
+
+
+async def test_agentdb_sqlstates_are_raised_by_the_schema(admin_conn: asyncpg.Connection) -> None:
+    bodies = " ".join(
+        r[0]
+        for r in await admin_conn.fetch(
+            "SELECT prosrc FROM pg_proc WHERE proname LIKE 'agentdb\\_%'"
+        )
+    )
+    for code in SQLSTATES:
+        assert f"'{code}'" in bodies, code
+
+
+def test_every_constraint_is_attacked() -> None:
+    covered = (
+        test_attacks.attacked_names() | test_access.POLICY_NAMES | set(test_indexes.INDEX_QUERIES)
+    )
+    assert covered == set(CONSTRAINTS)
+
+
+def test_every_guarantee_in_the_catalogue_is_known() -> None:
+    assert set(CONSTRAINTS.values()) <= {f"G{i}" for i in range(1, 18)}

@@ -1,0 +1,93 @@
+"""Each non-unique index serves the path it was built for (claim, relay, retention, lookups).
+
+Sequential scans are switched off so the planner's choice on tiny tables
+shows which index can answer the query at all; the claim path at 10k and 1M
+rows is measured by the benchmark, not here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import pytest
+
+from agentdb.errors import CONSTRAINTS
+
+# A fixed tenant/task id; the plan, not the data, is what is checked.
+INDEX_QUERIES: dict[str, str] = {
+    "agent_tasks_due_idx": (
+        "SELECT id FROM agent_tasks WHERE state IN ('pending', 'waiting') AND wake_at <= now()"
+        " ORDER BY wake_at LIMIT 10 FOR UPDATE SKIP LOCKED"
+    ),
+    "agent_tasks_lease_expiry_idx": (
+        "SELECT id FROM agent_tasks WHERE state = 'running' AND lease_expires_at < now()"
+        " ORDER BY lease_expires_at LIMIT 10"
+    ),
+    "agent_operations_task_idx": (
+        "SELECT id FROM agent_operations"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND task_id = '00000000-0000-4000-8000-000000000001'"
+    ),
+    "agent_operations_unsettled_idx": (
+        "SELECT id FROM agent_operations"
+        " WHERE state IN ('reserved', 'in_flight', 'unknown') AND updated_at < now()"
+    ),
+    "agent_events_task_idx": (
+        "SELECT id FROM agent_events"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND task_id = '00000000-0000-4000-8000-000000000001' ORDER BY id"
+    ),
+    "agent_events_retain_until_idx": (
+        "SELECT id FROM agent_events WHERE retain_until < now() LIMIT 100"
+    ),
+    "agent_events_payload_expiry_idx": (
+        "SELECT id FROM agent_events WHERE payload IS NOT NULL AND payload_expires_at < now()"
+        " LIMIT 100"
+    ),
+    "agent_outbox_pending_idx": (
+        "SELECT id FROM agent_outbox WHERE state = 'pending' AND next_attempt_at <= now()"
+        " ORDER BY next_attempt_at LIMIT 10 FOR UPDATE SKIP LOCKED"
+    ),
+    "agent_outbox_delivered_idx": (
+        "SELECT id FROM agent_outbox WHERE state = 'delivered' AND delivered_at < now() LIMIT 100"
+    ),
+    "agent_outbox_task_idx": (
+        "SELECT id FROM agent_outbox"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND task_id = '00000000-0000-4000-8000-000000000001'"
+    ),
+    "agent_inbox_processed_at_idx": (
+        "SELECT message_id FROM agent_inbox WHERE processed_at < now() LIMIT 100"
+    ),
+    "agent_artifacts_task_idx": (
+        "SELECT id FROM agent_artifacts"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND task_id = '00000000-0000-4000-8000-000000000001'"
+    ),
+    "agent_artifacts_operation_idx": (
+        "SELECT id FROM agent_artifacts"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND operation_id = '00000000-0000-4000-8000-000000000001'"
+    ),
+}
+
+
+def _index_names(plan: object) -> set[str]:
+    found: set[str] = set()
+    if isinstance(plan, dict):
+        if "Index Name" in plan:
+            found.add(str(plan["Index Name"]))
+        for value in plan.values():
+            found |= _index_names(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            found |= _index_names(value)
+    return found
+
+
+@pytest.mark.parametrize("index", sorted(INDEX_QUERIES), ids=lambda n: f"{CONSTRAINTS[n]}-{n}")
+async def test_index_serves_its_path(index: str, admin_conn: asyncpg.Connection) -> None:
+    await admin_conn.execute("SET enable_seqscan = off")
+    raw = await admin_conn.fetchval("EXPLAIN (FORMAT JSON) " + INDEX_QUERIES[index])
+    assert index in _index_names(json.loads(raw))
