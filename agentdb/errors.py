@@ -5,10 +5,29 @@ message text (messages are localised and change between versions). Constraint,
 trigger, index and policy names are public API: :data:`CONSTRAINTS` lists each
 one with the guarantee (G1...G17, see the README) it enforces, and a test
 checks that this catalogue and the migrated schema agree exactly.
+
+The tree::
+
+    AgentDBError
+    +-- ConfigurationError        bad input from the caller
+    +-- DatabaseUnavailable       cannot connect / login refused
+    +-- MigrationError            migrations failed or the database is ahead
+    +-- TransientError            safe to retry: serialization failure, deadlock,
+    |                             lock not available, lost connection
+    +-- InvariantViolation        Postgres refused the write (named object)
+    |   +-- InvalidTransition, VersionRuleViolation, AppendOnlyViolation,
+    |   |   ImmutableColumn, LeaseTokenRegression, MissingEvent,
+    |   |   TenantScopeMissing          (agentdb's own SQLSTATEs AG001-AG007)
+    |   +-- TenantMismatch, DuplicateKey, PayloadTooLarge, SecretInPayload
+    +-- StaleWrite                the statement matched no row
+    |   +-- NotFound, StaleVersion, LeaseLost
+    +-- IdempotencyConflict       same key, different input (G4)
+    +-- OperationInFlight         same key, first attempt not settled (G4, G13)
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import ClassVar, Final
@@ -20,14 +39,25 @@ __all__ = [
     "AppendOnlyViolation",
     "ConfigurationError",
     "DatabaseUnavailable",
+    "DuplicateKey",
+    "IdempotencyConflict",
     "ImmutableColumn",
     "InvalidTransition",
     "InvariantViolation",
+    "LeaseLost",
     "LeaseTokenRegression",
     "MigrationError",
     "MissingEvent",
+    "NotFound",
+    "OperationInFlight",
+    "PayloadTooLarge",
+    "SecretInPayload",
     "StaleVersion",
+    "StaleWrite",
+    "TenantMismatch",
     "TenantScopeMissing",
+    "TransientError",
+    "VersionRuleViolation",
 ]
 
 
@@ -36,7 +66,7 @@ class AgentDBError(Exception):
 
 
 class ConfigurationError(AgentDBError):
-    """Bad input from the caller: a malformed DSN, schema name or option."""
+    """Bad input from the caller: a malformed DSN, schema name, option or argument."""
 
 
 class DatabaseUnavailable(AgentDBError):
@@ -45,6 +75,21 @@ class DatabaseUnavailable(AgentDBError):
 
 class MigrationError(AgentDBError):
     """A migration could not be applied or rolled back, or the database is ahead of this code."""
+
+
+class TransientError(AgentDBError):
+    """A failure that says nothing about the data: retrying the whole transaction is safe.
+
+    Serialization failure (40001), deadlock (40P01), lock not available (55P03),
+    a cached plan invalidated by a migration, or a lost connection.
+
+    Attributes:
+        sqlstate: the SQLSTATE, or ``""`` for a lost connection.
+    """
+
+    def __init__(self, message: str, *, sqlstate: str = "") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 class InvariantViolation(AgentDBError):
@@ -56,13 +101,15 @@ class InvariantViolation(AgentDBError):
         constraint: the constraint, trigger or index name Postgres reported.
     """
 
-    guarantee: ClassVar[str] = ""
+    guarantee: str = ""
     sqlstate_code: ClassVar[str] = ""
 
     def __init__(self, message: str, *, sqlstate: str = "", constraint: str | None = None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate or self.sqlstate_code
         self.constraint = constraint
+        if constraint is not None and constraint in CONSTRAINTS and not self.guarantee:
+            self.guarantee = CONSTRAINTS[constraint]
 
 
 class InvalidTransition(InvariantViolation):
@@ -72,8 +119,8 @@ class InvalidTransition(InvariantViolation):
     sqlstate_code = "AG001"
 
 
-class StaleVersion(InvariantViolation):
-    """G7: ``state_version`` did not move by exactly +1 (SQLSTATE AG002)."""
+class VersionRuleViolation(InvariantViolation):
+    """G7: a raw UPDATE did not move ``state_version`` by exactly +1 (SQLSTATE AG002)."""
 
     guarantee = "G7"
     sqlstate_code = "AG002"
@@ -87,7 +134,7 @@ class AppendOnlyViolation(InvariantViolation):
 
 
 class ImmutableColumn(InvariantViolation):
-    """G2: ``tenant_id``, ``id`` or ``created_at`` of a versioned row changed (SQLSTATE AG004)."""
+    """G2/G4: a tenant id, id or key/hash column of a versioned row changed (SQLSTATE AG004)."""
 
     guarantee = "G2"
     sqlstate_code = "AG004"
@@ -114,13 +161,155 @@ class TenantScopeMissing(InvariantViolation):
     sqlstate_code = "AG007"
 
 
+class TenantMismatch(InvariantViolation):
+    """G2: a row referenced a parent that does not exist in its own tenant (SQLSTATE 23503)."""
+
+    guarantee = "G2"
+    sqlstate_code = "23503"
+
+
+class DuplicateKey(InvariantViolation):
+    """G3 and friends: a unique key is already taken (SQLSTATE 23505)."""
+
+    sqlstate_code = "23505"
+
+
+class PayloadTooLarge(InvariantViolation):
+    """G9: a payload, params or result document is over its cap (or not a JSON object).
+
+    Raised by the write path before anything is sent, and mapped from the
+    size CHECKs (SQLSTATE 23514) when Postgres refuses it.
+    """
+
+    guarantee = "G9"
+    sqlstate_code = "23514"
+
+
+class SecretInPayload(InvariantViolation):
+    """G9: an event payload carried a secret-looking key or value (SQLSTATE 23514)."""
+
+    guarantee = "G9"
+    sqlstate_code = "23514"
+
+
+class StaleWrite(AgentDBError):
+    """A guarded statement matched no row. Reload before deciding anything.
+
+    Attributes:
+        entity: ``"task"``, ``"operation"`` or ``"outbox"``.
+        tenant_id, id: the row the caller addressed.
+    """
+
+    def __init__(self, message: str, *, entity: str, tenant_id: uuid.UUID, id: uuid.UUID) -> None:
+        super().__init__(message)
+        self.entity = entity
+        self.tenant_id = tenant_id
+        self.id = id
+
+
+class NotFound(StaleWrite):
+    """The row does not exist in this tenant."""
+
+
+class StaleVersion(StaleWrite):
+    """G7: another writer moved the row on; ``expected`` is what the caller had, ``actual`` is now.
+
+    Also raised when an operation is no longer in a state the write starts from
+    (``expected_state`` / ``actual_state``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        entity: str,
+        tenant_id: uuid.UUID,
+        id: uuid.UUID,
+        expected: int,
+        actual: int,
+        actual_state: str | None = None,
+    ) -> None:
+        super().__init__(message, entity=entity, tenant_id=tenant_id, id=id)
+        self.expected = expected
+        self.actual = actual
+        self.actual_state = actual_state
+
+
+class LeaseLost(StaleWrite):
+    """G12: the caller's lease was taken over (or the task left 'running'); nothing was written.
+
+    Attributes:
+        owner, token: the lease the caller presented.
+        current_owner, current_token: the lease on the row now (``None`` if none).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        entity: str,
+        tenant_id: uuid.UUID,
+        id: uuid.UUID,
+        owner: str,
+        token: int,
+        current_owner: str | None,
+        current_token: int | None,
+    ) -> None:
+        super().__init__(message, entity=entity, tenant_id=tenant_id, id=id)
+        self.owner = owner
+        self.token = token
+        self.current_owner = current_owner
+        self.current_token = current_token
+
+
+class IdempotencyConflict(AgentDBError):
+    """G4: the key was already used for a different input; the stored result is never returned.
+
+    Attributes:
+        tenant_id, key: the key reused.
+        stored_hash, given_hash: input hashes of the first request and this one.
+    """
+
+    guarantee: ClassVar[str] = "G4"
+
+    def __init__(
+        self, message: str, *, tenant_id: uuid.UUID, key: str, stored_hash: str, given_hash: str
+    ) -> None:
+        super().__init__(message)
+        self.tenant_id = tenant_id
+        self.key = key
+        self.stored_hash = stored_hash
+        self.given_hash = given_hash
+
+
+class OperationInFlight(AgentDBError):
+    """G4/G13: the key's first attempt has not settled (reserved, in flight or unknown).
+
+    Do not call the provider again: wait, or reconcile the operation first.
+
+    Attributes:
+        tenant_id, key, operation_id, state: the operation holding the key.
+    """
+
+    guarantee: ClassVar[str] = "G4"
+
+    def __init__(
+        self, message: str, *, tenant_id: uuid.UUID, key: str, operation_id: uuid.UUID, state: str
+    ) -> None:
+        super().__init__(message)
+        self.tenant_id = tenant_id
+        self.key = key
+        self.operation_id = operation_id
+        self.state = state
+
+
 #: agentdb's own SQLSTATEs (class AG), raised by the guard triggers and functions.
 SQLSTATES: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
     {
         cls.sqlstate_code: cls
         for cls in (
             InvalidTransition,
-            StaleVersion,
+            VersionRuleViolation,
             AppendOnlyViolation,
             ImmutableColumn,
             LeaseTokenRegression,

@@ -126,11 +126,17 @@ BEGIN
 END
 $$;
 
--- G7 + G2 + G12: versioned rows. Every UPDATE moves state_version by exactly
--- +1, except a lease heartbeat that changes nothing but lease_expires_at and
--- updated_at (so renewing does not invalidate other writers' expectations).
--- tenant_id, id and created_at never change (Citus cannot update tenant_id).
--- Lease tokens never go backwards and every new lease grant takes a new token.
+-- G7 + G2 + G4 + G12: versioned rows. TG_ARGV[0] is 'task' or 'operation'.
+-- Every UPDATE moves state_version by exactly +1, except a lease heartbeat
+-- that changes nothing but lease_expires_at and updated_at (so renewing does
+-- not invalidate other writers' expectations). Identity never changes:
+-- tenant_id (Citus cannot update it), id, created_at, and what a key was
+-- issued for (a task's type, dedupe key and input hash; an operation's task,
+-- idempotency key, action and input hash) - otherwise a stored result could
+-- be re-pointed at a different request (G4). Lease tokens never go backwards
+-- and every new lease grant takes a new token (G12).
+-- Table-specific checks are nested IFs: PL/pgSQL resolves every NEW.column in
+-- an expression, so a column the other table lacks must not be reached.
 CREATE FUNCTION agentdb_guard_version() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
@@ -145,11 +151,17 @@ BEGIN
         RETURN NEW;
     END IF;
     IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id OR NEW.id IS DISTINCT FROM OLD.id
-       OR NEW.created_at IS DISTINCT FROM OLD.created_at THEN
-        RAISE EXCEPTION 'agentdb: tenant_id, id and created_at of % are immutable', TG_TABLE_NAME
+       OR NEW.created_at IS DISTINCT FROM OLD.created_at
+       OR NEW.input_hash IS DISTINCT FROM OLD.input_hash THEN
+        RAISE EXCEPTION 'agentdb: the identity columns of % are immutable', TG_TABLE_NAME
             USING ERRCODE = 'AG004', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
     END IF;
-    IF TG_ARGV[0] = 'leased' THEN
+    IF TG_ARGV[0] = 'task' THEN
+        IF NEW.task_type IS DISTINCT FROM OLD.task_type
+           OR NEW.dedupe_key IS DISTINCT FROM OLD.dedupe_key THEN
+            RAISE EXCEPTION 'agentdb: the identity columns of % are immutable', TG_TABLE_NAME
+                USING ERRCODE = 'AG004', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+        END IF;
         IF NEW.lease_token < OLD.lease_token
            OR (NEW.lease_owner IS NOT NULL
                AND (OLD.lease_owner IS NULL
@@ -160,13 +172,18 @@ BEGIN
                     TG_TABLE_NAME, OLD.lease_token, NEW.lease_token
                 USING ERRCODE = 'AG005', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
         END IF;
+    ELSE
+        IF NEW.task_id IS DISTINCT FROM OLD.task_id
+           OR NEW.idempotency_key IS DISTINCT FROM OLD.idempotency_key
+           OR NEW.action IS DISTINCT FROM OLD.action THEN
+            RAISE EXCEPTION 'agentdb: the identity columns of % are immutable', TG_TABLE_NAME
+                USING ERRCODE = 'AG004', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+        END IF;
     END IF;
     IF NEW.state_version = OLD.state_version + 1 THEN
         RETURN NEW;
     END IF;
-    -- Nested, not AND-ed: PL/pgSQL would resolve NEW.lease_expires_at even
-    -- for tables that have no such column.
-    IF NEW.state_version = OLD.state_version AND TG_ARGV[0] = 'leased' THEN
+    IF NEW.state_version = OLD.state_version AND TG_ARGV[0] = 'task' THEN
         IF NEW.lease_expires_at IS DISTINCT FROM OLD.lease_expires_at THEN
             probe := NEW;
             probe.lease_expires_at := OLD.lease_expires_at;

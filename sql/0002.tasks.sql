@@ -90,4 +90,4 @@ CREATE TRIGGER agent_tasks_transition_guard
 -- G7, G2, G12
 CREATE TRIGGER agent_tasks_version_guard
     BEFORE INSERT OR UPDATE ON agent_tasks
-    FOR EACH ROW EXECUTE FUNCTION agentdb_guard_version('leased');
+    FOR EACH ROW EXECUTE FUNCTION agentdb_guard_version('task');

@@ -65,4 +65,4 @@ CREATE TRIGGER agent_operations_transition_guard
 -- G7, G2
 CREATE TRIGGER agent_operations_version_guard
     BEFORE INSERT OR UPDATE ON agent_operations
-    FOR EACH ROW EXECUTE FUNCTION agentdb_guard_version('unleased');
+    FOR EACH ROW EXECUTE FUNCTION agentdb_guard_version('operation');

@@ -12,7 +12,6 @@ import contextlib
 import gc
 import os
 import shutil
-import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -104,19 +103,9 @@ def _docker(stack: contextlib.ExitStack) -> Server:
 
 def start_embedded(stack: contextlib.ExitStack) -> Server:
     """Start a private embedded PostgreSQL in a temp dir, removed on exit."""
-    from pgserver.postgres_server import get_server
+    from agentdb.embedded import embedded_postgres
 
-    data = Path(tempfile.mkdtemp(prefix="agentdb-pg-"))
-    stack.callback(shutil.rmtree, data, ignore_errors=True)
-    server = get_server(data, cleanup_mode="stop")
-    stack.callback(server.cleanup)
-    dsn = server.get_uri()
-    with admin(dsn) as conn:
-        # A throwaway cluster: durability buys nothing here.
-        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
-            conn.execute(sql.SQL("ALTER SYSTEM SET {} = off").format(sql.Identifier(setting)))
-        conn.execute("SELECT pg_reload_conf()")
-    return Server(dsn, "embedded")
+    return Server(stack.enter_context(embedded_postgres(migrate=False)), "embedded")
 
 
 def provision(stack: contextlib.ExitStack) -> Server:

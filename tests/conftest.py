@@ -135,3 +135,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if reporter is not None:
             reporter.write_line(f"agentdb: {skipped} test(s) skipped - that is a failure here")
+
+
+@pytest.fixture
+async def pool(db: Database) -> AsyncIterator[asyncpg.Pool]:
+    """A pool logged in as the runtime role - what workers use."""
+    p = await asyncpg.create_pool(db.url(RUNTIME), min_size=1, max_size=4)
+    yield p
+    await p.close()

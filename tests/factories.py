@@ -174,3 +174,12 @@ async def update_row(
     conn: asyncpg.Connection, table: str, tenant: uuid.UUID, row_id: uuid.UUID, **changes: Any
 ) -> Any:
     return await conn.fetchval(_update_sql(table, changes, "id"), tenant, row_id, *changes.values())
+
+
+async def expire_lease(admin: asyncpg.Connection, task_id: uuid.UUID) -> None:
+    """Make a task's lease run out now (a heartbeat-shaped write: no version bump, no event)."""
+    await admin.execute(
+        "UPDATE agent_tasks SET lease_expires_at = lease_acquired_at + interval '1 millisecond'"
+        " WHERE id = $1",
+        task_id,
+    )

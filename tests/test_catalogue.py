@@ -8,6 +8,9 @@ catalogue entry naming something the schema does not have.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import asyncpg
 
 from agentdb.errors import CONSTRAINTS, SQLSTATES
@@ -70,3 +73,38 @@ def test_every_constraint_is_attacked() -> None:
 
 def test_every_guarantee_in_the_catalogue_is_known() -> None:
     assert set(CONSTRAINTS.values()) <= {f"G{i}" for i in range(1, 18)}
+
+
+_PACKAGE = Path(__file__).resolve().parent.parent / "agentdb"
+
+
+def _quoted_names(package: Path) -> set[str]:
+    return {
+        name
+        for path in package.glob("*.py")
+        for name in re.findall(r"[\"'](agent(?:db)?_[a-z0-9_]+)[\"']", path.read_text())
+    }
+
+
+async def test_every_name_the_code_refers_to_exists(admin_conn: asyncpg.Connection) -> None:
+    """Quoted agent_* names in the package are tables or catalogue entries - never stale."""
+    tables = {
+        r[0]
+        for r in await admin_conn.fetch(
+            "SELECT relname FROM pg_class WHERE relname LIKE 'agent\\_%' AND relkind IN ('r', 'S')"
+        )
+    }
+    referenced = _quoted_names(_PACKAGE)
+    roles = {"agentdb_runtime", "agentdb_agent"}
+    unknown = referenced - tables - set(CONSTRAINTS) - roles
+    assert not unknown
+    assert "agent_events_payload_no_secrets" in referenced  # the scan sees the code
+
+
+def test_public_api_is_small_and_explicit() -> None:
+    import agentdb
+
+    assert sorted(agentdb.__all__) == agentdb.__all__
+    for name in agentdb.__all__:
+        assert hasattr(agentdb, name), name
+    assert not [n for n in agentdb.__all__ if n.startswith("_") and n != "__version__"]

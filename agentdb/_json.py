@@ -1,0 +1,42 @@
+"""JSON documents bound for jsonb columns, checked against their caps before sending."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from agentdb.errors import ConfigurationError, PayloadTooLarge
+
+__all__ = ["EVENT_PAYLOAD_CAP", "OBJECT_CAP", "document"]
+
+#: agent_events_payload_size (G9).
+EVENT_PAYLOAD_CAP = 8192
+#: agent_tasks_params_valid, agent_operations_result_valid, agent_outbox_payload_size.
+OBJECT_CAP = 65536
+
+
+def document(value: Mapping[str, Any] | None, *, cap: int, what: str) -> str | None:
+    """Encode ``value`` as JSON text for a jsonb parameter.
+
+    Raises:
+        PayloadTooLarge: the encoding is over ``cap`` bytes.
+        ConfigurationError: ``value`` is not a mapping or not JSON-serialisable.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"{what} must be a JSON object (a mapping), not {type(value).__name__}"
+        )
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{what} is not JSON-serialisable: {exc}") from exc
+    # The CHECKs measure jsonb's own rendering, which puts a space after every
+    # ',' and ':'; measure the same way. The CHECK stays the final guard.
+    rendered = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), allow_nan=False)
+    size = len(rendered.encode("utf-8"))
+    if size > cap:
+        raise PayloadTooLarge(f"{what} is {size} bytes; the cap is {cap}")
+    return text

@@ -1,0 +1,141 @@
+"""Load the runtime statements from ``agentdb/queries/*.sql``.
+
+Each statement starts with a header, sqlc-style::
+
+    -- name: task_get :one
+    -- Free text: what it does and why.
+    -- guarantee: G7
+    -- zero rows: what it means when nothing comes back.
+    -- params: $1 tenant_id uuid, $2 id uuid
+
+Cardinality is ``:one`` (exactly one row expected; zero is a typed error,
+more is a bug), ``:many`` (any number), ``:execrows`` (no result set; the
+command status gives the row count). The loader refuses at import: a missing
+or unknown tag, a duplicate name, a ``params`` list that does not match the
+highest ``$n`` in the SQL, a ``:one``/``:execrows`` statement without a
+``zero rows`` line. The SQL text is static; nothing is interpolated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import LiteralString
+
+__all__ = ["CARDINALITIES", "Param", "Query", "QueryFileError", "load", "parse"]
+
+CARDINALITIES = frozenset({":one", ":many", ":execrows"})
+
+_NAME = re.compile(r"^-- name: ([a-z][a-z0-9_]*) (:[a-z]+)\s*$")
+_FIELD = re.compile(r"^-- (guarantee|zero rows|params): (.*)$")
+_PARAM = re.compile(r"^\$(\d+) ([a-z_][a-z0-9_]*) ([a-z0-9_\[\]]+)$")
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+class QueryFileError(ValueError):
+    """A statement file is malformed (raised at import time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    position: int
+    name: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One static statement with its declared contract."""
+
+    name: str
+    cardinality: str
+    sql: LiteralString
+    params: tuple[Param, ...]
+    guarantee: str
+    zero_rows: str
+    doc: str
+    source: str
+
+
+def _parse_params(text: str, where: str) -> tuple[Param, ...]:
+    if text.strip() == "none":
+        return ()
+    params: list[Param] = []
+    for i, chunk in enumerate(text.split(","), start=1):
+        m = _PARAM.match(chunk.strip())
+        if m is None or int(m.group(1)) != i:
+            raise QueryFileError(f"{where}: malformed params entry {chunk.strip()!r}")
+        params.append(Param(i, m.group(2), m.group(3)))
+    return tuple(params)
+
+
+def _one(block: list[str], source: str) -> Query:
+    m = _NAME.match(block[0])
+    if m is None:
+        raise QueryFileError(f"{source}: expected '-- name: <name> <:tag>', got {block[0]!r}")
+    name, tag = m.groups()
+    where = f"{source}:{name}"
+    if tag not in CARDINALITIES:
+        raise QueryFileError(f"{where}: unknown cardinality {tag}")
+    fields: dict[str, str] = {}
+    doc: list[str] = []
+    body_start = len(block)
+    for i, line in enumerate(block[1:], start=1):
+        if not line.startswith("--"):
+            body_start = i
+            break
+        f = _FIELD.match(line)
+        if f is not None:
+            key = f.group(1)
+            fields[key] = (fields[key] + " " + f.group(2)) if key in fields else f.group(2)
+        else:
+            doc.append(line[2:].strip())
+    sql = "\n".join(block[body_start:]).strip().rstrip(";").strip()
+    if not sql:
+        raise QueryFileError(f"{where}: no SQL after the header")
+    if "params" not in fields:
+        raise QueryFileError(f"{where}: missing '-- params:' line (write 'none' if there are none)")
+    if "guarantee" not in fields or not re.fullmatch(r"G\d+(, G\d+)*", fields["guarantee"]):
+        raise QueryFileError(f"{where}: missing or malformed '-- guarantee: G<n>' line")
+    if tag in (":one", ":execrows") and "zero rows" not in fields:
+        raise QueryFileError(f"{where}: {tag} statements must say what zero rows means")
+    params = _parse_params(fields["params"], where)
+    highest = max((int(n) for n in _PLACEHOLDER.findall(sql)), default=0)
+    if highest != len(params):
+        raise QueryFileError(f"{where}: SQL uses ${highest} but params declares {len(params)}")
+    return Query(
+        name=name,
+        cardinality=tag,
+        # Static text from a file shipped with the package, never built from values.
+        sql=sql,
+        params=params,
+        guarantee=fields["guarantee"],
+        zero_rows=fields.get("zero rows", ""),
+        doc=" ".join(doc).strip(),
+        source=source,
+    )
+
+
+def parse(text: str, source: str) -> list[Query]:
+    """Parse one statement file into queries."""
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("-- name:"):
+            blocks.append([line])
+        elif blocks:
+            blocks[-1].append(line)
+        elif line.strip() and not line.startswith("--"):
+            raise QueryFileError(f"{source}: SQL before the first '-- name:' header")
+    return [_one(block, source) for block in blocks]
+
+
+def load(folder: Path) -> dict[str, Query]:
+    """Load every ``*.sql`` file in ``folder``; names must be unique across files."""
+    queries: dict[str, Query] = {}
+    for path in sorted(folder.glob("*.sql")):
+        for q in parse(path.read_text(encoding="utf-8"), path.name):
+            if q.name in queries:
+                raise QueryFileError(f"{path.name}: duplicate statement name {q.name}")
+            queries[q.name] = q
+    return queries

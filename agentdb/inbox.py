@@ -1,0 +1,53 @@
+"""Inbox: process each delivered message at most once per consumer (G11).
+
+The relay delivers at least once. A consumer records the message id in
+``agent_inbox`` in the same transaction as its own effect; a redelivery finds
+the id already there and skips the effect.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from agentdb import _exec
+
+__all__ = ["process_once", "record"]
+
+T = TypeVar("T")
+_Q = _exec.QUERIES
+
+
+async def record(
+    conn: _exec.Conn, tenant_id: uuid.UUID, consumer: str, message_id: uuid.UUID
+) -> bool:
+    """Record ``message_id`` for ``consumer`` in the caller's transaction.
+
+    Returns true the first time (go ahead), false for a redelivery (skip).
+    """
+    return await _exec.execute_rows(conn, _Q["inbox_record"], tenant_id, consumer, message_id) == 1
+
+
+async def process_once(
+    db: _exec.Executor,
+    tenant_id: uuid.UUID,
+    consumer: str,
+    message_id: uuid.UUID,
+    handler: Callable[[_exec.Conn], Awaitable[T]],
+) -> tuple[bool, T | None]:
+    """Run ``handler(conn)`` once per (consumer, message) in one transaction with the inbox row.
+
+    Returns ``(True, handler's result)`` the first time and ``(False, None)``
+    for a redelivery. If the handler raises, nothing is recorded and the
+    message can be processed again.
+    """
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            return await process_once(conn, tenant_id, consumer, message_id, handler)
+    async with db.transaction():
+        if not await record(db, tenant_id, consumer, message_id):
+            return False, None
+        return True, await handler(db)

@@ -1,0 +1,117 @@
+"""Leases: claim due tasks, renew while working, release (G12).
+
+A lease is (owner, token). Claiming takes a new, larger token; every write a
+holder makes names its token, so a worker whose lease expired and was taken
+over changes nothing - it gets :class:`~agentdb.errors.LeaseLost` instead.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from agentdb import _exec
+from agentdb.errors import AgentDBError, ConfigurationError
+from agentdb.models import Lease, Task
+from agentdb.tasks import explain_stale_task
+
+__all__ = ["Release", "bury_exhausted", "claim", "release", "renew"]
+
+_Q = _exec.QUERIES
+
+
+async def claim(
+    db: _exec.Executor,
+    owner: str,
+    *,
+    batch: int = 1,
+    lease_ttl: timedelta | None = None,
+    task_types: Sequence[str] | None = None,
+) -> list[Task]:
+    """Lease up to ``batch`` due tasks to ``owner``; return them, each with its lease.
+
+    Due: pending or waiting with ``wake_at`` passed, or running with an expired
+    lease (taken over: the old holder is fenced out). ``lease_ttl`` overrides
+    each task's own ``lease_ttl``. Each claim counts an attempt and writes an
+    event. The statement is replaceable: on Citus use a per-tenant claim.
+
+    Raises:
+        ConfigurationError: ``batch`` is not positive.
+    """
+    if batch < 1:
+        raise ConfigurationError("batch must be at least 1")
+    types = list(task_types) if task_types is not None else None
+    rows = await _exec.fetch_many(db, _Q["task_claim"], owner, batch, lease_ttl, types)
+    return [Task.from_record(r) for r in rows]
+
+
+async def renew(db: _exec.Executor, lease: Lease, *, lease_ttl: timedelta | None = None) -> Lease:
+    """Extend ``lease`` by ``lease_ttl`` (default: the task's own) from now.
+
+    Raises:
+        LeaseLost: another worker took the task over, or it left 'running';
+            stop working on it - nothing you write will land.
+        NotFound: no such task.
+    """
+
+    async def lost() -> AgentDBError:
+        return await explain_stale_task(db, lease.tenant_id, lease.task_id, None, lease)
+
+    row = await _exec.fetch_one(
+        db, _Q["lease_renew"], lease.tenant_id, lease.task_id, lease.owner, lease.token, lease_ttl,
+        on_zero=lost,
+    )  # fmt: skip
+    return Lease(lease.tenant_id, lease.task_id, lease.owner, lease.token, row["lease_expires_at"])
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Where a released task went: ``state`` is 'pending' (due at ``wake_at``) or 'dead'."""
+
+    state: str
+    state_version: int
+    wake_at: datetime
+    attempts: int
+
+
+async def release(
+    db: _exec.Executor,
+    lease: Lease,
+    *,
+    wake_at: datetime | None = None,
+    refund_attempt: bool = False,
+    error: str | None = None,
+    event_type: str = "task.released",
+) -> Release:
+    """Give the task back: pending again (due at ``wake_at``, default now).
+
+    A task that has used all its attempts goes to 'dead' instead - unless
+    ``refund_attempt`` (a graceful shutdown: this attempt did not really run),
+    which also gives the attempt back.
+
+    Raises:
+        LeaseLost: the lease was already taken over; nothing changed.
+        NotFound: no such task.
+    """
+
+    async def lost() -> AgentDBError:
+        return await explain_stale_task(db, lease.tenant_id, lease.task_id, None, lease)
+
+    row = await _exec.fetch_one(
+        db, _Q["lease_release"], lease.tenant_id, lease.task_id, lease.owner, lease.token,
+        wake_at, refund_attempt, error, event_type, on_zero=lost,
+    )  # fmt: skip
+    return Release(row["state"], row["state_version"], row["wake_at"], row["attempts"])
+
+
+async def bury_exhausted(
+    db: _exec.Executor, *, actor: str = "agentdb", batch: int = 100
+) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """Move tasks that used up their attempts (and hold no live lease) to 'dead'.
+
+    Returns the (tenant_id, task_id) pairs buried.
+    """
+    rows = await _exec.fetch_many(db, _Q["task_bury_exhausted"], actor, batch)
+    return [(r["tenant_id"], r["id"]) for r in rows]

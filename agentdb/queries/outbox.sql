@@ -1,0 +1,83 @@
+-- Outbox (G10) and inbox (G11). Rows are enqueued in the caller's own
+-- transaction; the relay claims them under a lease, publishes outside any
+-- transaction, then marks them - fenced by the lease token, because a relay
+-- that stalled past its visibility timeout may have lost the row to another.
+
+-- name: outbox_enqueue :one
+-- Add a message in the caller's transaction, so it commits (or not) with the
+-- business rows it announces.
+-- guarantee: G10
+-- zero rows: never (an INSERT without ON CONFLICT returns its row or raises).
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_id uuid, $4 topic text, $5 payload jsonb, $6 max_attempts int4, $7 trace_id text, $8 span_id text
+INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, max_attempts, trace_id, span_id)
+VALUES ($2, $1, $3, $4, $5, $6, $7, $8)
+RETURNING id, created_at;
+
+-- name: outbox_claim :many
+-- Lease up to $2 due pending messages to relay $1 for $3: each gets a new
+-- lease token, counts a delivery attempt and becomes invisible to other
+-- relays until $3 passes. SKIP LOCKED keeps concurrent relays disjoint.
+-- guarantee: G10
+-- params: $1 lease_owner text, $2 batch int8, $3 visibility interval
+WITH due AS (
+    SELECT tenant_id, id
+    FROM agent_outbox
+    WHERE state = 'pending' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_outbox o
+SET lease_owner = $1, lease_token = o.lease_token + 1, attempts = o.attempts + 1,
+    next_attempt_at = now() + $3
+FROM due
+WHERE o.tenant_id = due.tenant_id AND o.id = due.id
+RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
+          o.lease_token, o.trace_id, o.span_id, o.created_at;
+
+-- name: outbox_mark_delivered :many
+-- Mark a batch of claimed messages delivered. Each element is fenced by its
+-- lease token; the rows returned are the ones this relay still held.
+-- guarantee: G10, G11
+-- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 lease_tokens int8[]
+UPDATE agent_outbox o
+SET state = 'delivered', delivered_at = now(), last_error = NULL
+FROM unnest($1::uuid[], $2::uuid[], $3::int8[]) AS m (tenant_id, id, lease_token)
+WHERE o.tenant_id = m.tenant_id AND o.id = m.id AND o.lease_token = m.lease_token
+  AND o.state = 'pending'
+RETURNING o.tenant_id, o.id;
+
+-- name: outbox_mark_failed :one
+-- Record a failed publish: back to pending, due again after $4, or 'dead'
+-- once the message used its attempts.
+-- guarantee: G10
+-- zero rows: this relay no longer holds the message (its lease token moved on, or it was already marked).
+-- params: $1 tenant_id uuid, $2 id uuid, $3 lease_token int8, $4 backoff interval, $5 last_error text
+UPDATE agent_outbox o
+SET state = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
+    next_attempt_at = now() + $4,
+    last_error = $5
+WHERE o.tenant_id = $1 AND o.id = $2 AND o.lease_token = $3 AND o.state = 'pending'
+RETURNING o.state, o.attempts, o.next_attempt_at;
+
+-- name: outbox_get :one
+-- Read one message's delivery state.
+-- guarantee: G10
+-- zero rows: no such message in this tenant.
+-- params: $1 tenant_id uuid, $2 id uuid
+SELECT id, tenant_id, task_id, topic, payload, state, attempts, max_attempts,
+       next_attempt_at, lease_owner, lease_token, delivered_at, last_error, trace_id,
+       span_id, created_at
+FROM agent_outbox
+WHERE tenant_id = $1 AND id = $2;
+
+-- name: inbox_record :execrows
+-- Record that consumer $2 processed message $3, in the consumer's own
+-- transaction. One row: first delivery, go ahead. Zero rows: a redelivery,
+-- already processed - skip the effect.
+-- guarantee: G11
+-- zero rows: the message was already processed by this consumer.
+-- params: $1 tenant_id uuid, $2 consumer text, $3 message_id uuid
+INSERT INTO agent_inbox (tenant_id, consumer, message_id)
+VALUES ($1, $2, $3)
+ON CONFLICT (tenant_id, consumer, message_id) DO NOTHING;

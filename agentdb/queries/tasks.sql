@@ -1,0 +1,203 @@
+-- Tasks: the user-level workflow (G1). Every state write is versioned (G7),
+-- fenced by the lease when a holder makes it (G12), and writes its event in
+-- the same statement (G8).
+
+-- name: task_create :one
+-- Insert a task and its creation event. A retried request with the same
+-- dedupe key inserts nothing and returns the existing task (created = false);
+-- the caller compares input_hash and refuses a different request (G4).
+-- guarantee: G3
+-- zero rows: a concurrent request committed the same dedupe key after this statement's snapshot was taken; run it again.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 actor_id text
+WITH ins AS (
+    INSERT INTO agent_tasks (id, tenant_id, task_type, workflow_version, state, params,
+                             dedupe_key, input_hash, wake_at, max_attempts, lease_ttl,
+                             trace_id, span_id)
+    VALUES ($2, $1, $3, $4, $5, $6, $7, $8,
+            coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
+            $10, $11, $12, $13)
+    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
+    RETURNING id, tenant_id, task_type, workflow_version, state, state_version, current_step,
+              wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+              lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+              trace_id, span_id, created_at, updated_at
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                              to_state, task_state_version, trace_id, span_id)
+    SELECT tenant_id, id, 'task.created', $14, workflow_version, state, state_version,
+           trace_id, span_id
+    FROM ins
+)
+SELECT true AS created, id, tenant_id, task_type, workflow_version, state, state_version,
+       current_step, wake_at, dedupe_key, input_hash, params, attempts, max_attempts,
+       last_error, lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       trace_id, span_id, created_at, updated_at
+FROM ins
+UNION ALL
+SELECT false, t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+       t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+       t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+       t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+       t.updated_at
+FROM agent_tasks t
+WHERE t.tenant_id = $1 AND t.dedupe_key = $7 AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: task_get :one
+-- Read one task of one tenant.
+-- guarantee: G2
+-- zero rows: no such task in this tenant (it may exist in another; that is not visible here).
+-- params: $1 tenant_id uuid, $2 id uuid
+SELECT id, tenant_id, task_type, workflow_version, state, state_version, current_step,
+       wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       trace_id, span_id, created_at, updated_at
+FROM agent_tasks
+WHERE tenant_id = $1 AND id = $2;
+
+-- name: task_transition :one
+-- Move a task to a new state (or record a step without a state change) if
+-- it is still at the expected state_version and, for a lease holder, still
+-- under the caller's lease; write the event and any outbox messages in the
+-- same statement. Leaving 'running' drops the lease; moving to pending or
+-- waiting sets wake_at (now / infinity unless given).
+-- guarantee: G7, G12, G8, G10
+-- zero rows: the task is gone, another writer moved state_version on, or the caller's lease was taken over; reload before deciding anything.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 event_type text, $12 actor_id text, $13 payload jsonb, $14 outbox_ids uuid[], $15 outbox_topics text[], $16 outbox_payloads jsonb[], $17 trace_id text, $18 span_id text
+WITH prior AS (
+    SELECT state FROM agent_tasks WHERE tenant_id = $1 AND id = $2
+), upd AS (
+    UPDATE agent_tasks t
+    SET state = $4,
+        state_version = t.state_version + 1,
+        current_step = CASE WHEN $5 THEN $6 ELSE t.current_step END,
+        wake_at = CASE
+            WHEN $4 IN ('pending', 'waiting')
+                THEN coalesce($7, CASE WHEN $4 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END)
+            ELSE t.wake_at END,
+        last_error = coalesce($8, t.last_error),
+        lease_owner = CASE WHEN $4 = 'running' THEN t.lease_owner END,
+        lease_acquired_at = CASE WHEN $4 = 'running' THEN t.lease_acquired_at END,
+        lease_expires_at = CASE WHEN $4 = 'running' THEN t.lease_expires_at END,
+        updated_at = now()
+    FROM prior
+    WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3
+      AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))
+    RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+              t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+              t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+              t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+              t.updated_at, prior.state AS from_state
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                              from_state, to_state, task_state_version, payload, trace_id,
+                              span_id)
+    SELECT tenant_id, id, $11, $12, workflow_version, from_state, state, state_version,
+           $13, coalesce($17, trace_id), coalesce($18, span_id)
+    FROM upd
+), ob AS (
+    INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
+    SELECT m.id, u.tenant_id, u.id, m.topic, m.payload, coalesce($17, u.trace_id),
+           coalesce($18, u.span_id)
+    FROM upd u, unnest($14::uuid[], $15::text[], $16::jsonb[]) AS m (id, topic, payload)
+)
+SELECT id, tenant_id, task_type, workflow_version, state, state_version, current_step,
+       wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       trace_id, span_id, created_at, updated_at
+FROM upd;
+
+-- name: task_claim :many
+-- Lease up to $2 due tasks to worker $1: pending/waiting tasks whose wake_at
+-- has passed, and running tasks whose lease expired (recovery). Each claim
+-- takes a new lease token, counts an attempt and writes its event. SKIP
+-- LOCKED lets concurrent workers claim disjoint rows. Tasks that used up
+-- their attempts are left to task_bury_exhausted. On Citus replace this
+-- statement by a per-tenant claim (row locks need a single-shard filter).
+-- guarantee: G12, G7, G8
+-- params: $1 lease_owner text, $2 batch int8, $3 lease_ttl interval, $4 task_types text[]
+WITH due AS (
+    SELECT tenant_id, id, state AS from_state
+    FROM agent_tasks
+    WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND attempts < max_attempts
+      AND ($4::text[] IS NULL OR task_type = ANY ($4))
+    ORDER BY wake_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT tenant_id, id, state AS from_state
+    FROM agent_tasks
+    WHERE state = 'running' AND lease_expires_at <= now() AND attempts < max_attempts
+      AND ($4::text[] IS NULL OR task_type = ANY ($4))
+    ORDER BY lease_expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT tenant_id, id, from_state FROM expired
+    UNION ALL
+    SELECT tenant_id, id, from_state FROM due
+    LIMIT $2
+), claimed AS (
+    UPDATE agent_tasks t
+    SET state = 'running',
+        state_version = t.state_version + 1,
+        lease_owner = $1,
+        lease_token = t.lease_token + 1,
+        lease_acquired_at = now(),
+        lease_expires_at = now() + coalesce($3, t.lease_ttl),
+        attempts = t.attempts + 1,
+        updated_at = now()
+    FROM picked p
+    WHERE t.tenant_id = p.tenant_id AND t.id = p.id
+    RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+              t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+              t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+              t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+              t.updated_at, p.from_state
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                              from_state, to_state, task_state_version, payload, trace_id,
+                              span_id)
+    SELECT tenant_id, id,
+           CASE WHEN from_state = 'running' THEN 'task.reclaimed' ELSE 'task.claimed' END,
+           lease_owner, workflow_version, from_state, state, state_version,
+           jsonb_build_object('lease_token', lease_token, 'attempt', attempts),
+           trace_id, span_id
+    FROM claimed
+)
+SELECT id, tenant_id, task_type, workflow_version, state, state_version, current_step,
+       wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       trace_id, span_id, created_at, updated_at
+FROM claimed;
+
+-- name: task_bury_exhausted :many
+-- Move tasks that used up their attempts and are not held by a live lease to
+-- 'dead', with their event. Running tasks qualify only once their lease
+-- expired, so a worker still inside its last attempt is never buried.
+-- guarantee: G6, G8
+-- params: $1 actor_id text, $2 batch int8
+WITH victims AS (
+    SELECT tenant_id, id, state AS from_state
+    FROM agent_tasks
+    WHERE attempts >= max_attempts
+      AND ((state = 'running' AND lease_expires_at <= now())
+           OR (state IN ('pending', 'waiting') AND wake_at <= now()))
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), buried AS (
+    UPDATE agent_tasks t
+    SET state = 'dead', state_version = t.state_version + 1, lease_owner = NULL,
+        lease_acquired_at = NULL, lease_expires_at = NULL, updated_at = now()
+    FROM victims v
+    WHERE t.tenant_id = v.tenant_id AND t.id = v.id
+    RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.attempts,
+              t.trace_id, t.span_id, v.from_state
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                              from_state, to_state, task_state_version, payload, trace_id,
+                              span_id)
+    SELECT tenant_id, id, 'task.dead', $1, workflow_version, from_state, state,
+           state_version, jsonb_build_object('attempts', attempts), trace_id, span_id
+    FROM buried
+)
+SELECT tenant_id, id FROM buried;

@@ -1,0 +1,159 @@
+"""Leases (G12): claim with SKIP LOCKED, renew, release, and fencing of a taken-over holder."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from agentdb import leases, operations, tasks
+from agentdb.errors import ConfigurationError, LeaseLost
+from tests import factories as F
+from tests.conftest import Database, Tenants
+
+
+async def test_G12_claim_takes_a_lease_counts_an_attempt_and_writes_an_event(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t", lease_ttl=timedelta(minutes=7))
+    [claimed] = await leases.claim(pool, "w1")
+    assert claimed.id == task.id
+    assert (claimed.state, claimed.state_version, claimed.lease_token, claimed.attempts) == (
+        "running",
+        1,
+        1,
+        1,
+    )
+    assert claimed.lease is not None
+    assert claimed.lease_expires_at is not None
+    assert claimed.lease_acquired_at is not None
+    assert claimed.lease_expires_at - claimed.lease_acquired_at == timedelta(minutes=7)
+    ev = await admin_conn.fetchrow(
+        "SELECT event_type, actor_id FROM agent_events"
+        " WHERE task_id = $1 AND task_state_version = 1",
+        task.id,
+    )
+    assert ev is not None
+    assert (ev["event_type"], ev["actor_id"]) == ("task.claimed", "w1")
+
+
+async def test_G12_concurrent_claimers_get_disjoint_tasks(db: Database, tenants: Tenants) -> None:
+    seed = await db.connect("agentdb_test_runtime")
+    try:
+        for _ in range(20):
+            await tasks.create(seed, tenants.a, "t")
+    finally:
+        await seed.close()
+    conns = [await db.connect("agentdb_test_runtime") for _ in range(4)]
+    try:
+        batches = await asyncio.gather(
+            *(leases.claim(c, f"w{i}", batch=5) for i, c in enumerate(conns))
+        )
+    finally:
+        for c in conns:
+            await c.close()
+    ids = [t.id for batch in batches for t in batch]
+    assert len(ids) == 20
+    assert len(set(ids)) == 20
+
+
+async def test_G12_claim_respects_task_types_and_batch(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    for kind in ("a", "b", "a"):
+        await tasks.create(pool, tenants.a, kind)
+    got = await leases.claim(pool, "w", batch=5, task_types=["a"])
+    assert sorted(t.task_type for t in got) == ["a", "a"]
+    with pytest.raises(ConfigurationError):
+        await leases.claim(pool, "w", batch=0)
+
+
+async def test_G12_renew_extends_without_a_version_bump(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    await tasks.create(pool, tenants.a, "t")
+    [claimed] = await leases.claim(pool, "w1", lease_ttl=timedelta(seconds=30))
+    assert claimed.lease is not None
+    renewed = await leases.renew(pool, claimed.lease, lease_ttl=timedelta(minutes=10))
+    assert renewed.expires_at > claimed.lease.expires_at
+    now = await tasks.get(pool, tenants.a, claimed.id)
+    assert (now.state_version, now.lease_token) == (claimed.state_version, claimed.lease_token)
+
+
+async def test_G12_fenced_out_holder_changes_nothing(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The article's 'two workers on the same task': the stale one is refused everywhere."""
+    task = await tasks.create(pool, tenants.a, "t")
+    [first] = await leases.claim(pool, "w1")
+    res = await operations.reserve(
+        pool, tenants.a, task.id, "k1", "send", {"x": 1}, lease=first.lease
+    )
+    await F.expire_lease(admin_conn, task.id)
+    [second] = await leases.claim(pool, "w2")
+    assert (second.id, second.lease_token, second.attempts) == (task.id, 2, 2)
+    before = await admin_conn.fetchrow("SELECT * FROM agent_tasks WHERE id = $1", task.id)
+    events_before = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_events WHERE task_id = $1", task.id
+    )
+
+    assert first.lease is not None
+    with pytest.raises(LeaseLost):
+        await leases.renew(pool, first.lease)
+    with pytest.raises(LeaseLost):
+        await leases.release(pool, first.lease)
+    with pytest.raises(LeaseLost):
+        await tasks.transition(
+            pool, tenants.a, task.id, expected_version=second.state_version, to_state="succeeded",
+            lease=first.lease,
+        )  # fmt: skip
+    with pytest.raises(LeaseLost):
+        await operations.complete(pool, res.operation, result={"ok": True}, lease=first.lease)
+    with pytest.raises(LeaseLost):
+        await operations.reserve(
+            pool, tenants.a, task.id, "k2", "send", {"x": 2}, lease=first.lease
+        )
+
+    assert await admin_conn.fetchrow("SELECT * FROM agent_tasks WHERE id = $1", task.id) == before
+    assert (
+        await admin_conn.fetchval("SELECT count(*) FROM agent_events WHERE task_id = $1", task.id)
+        == events_before
+    )
+    assert (await operations.get(pool, tenants.a, res.operation.id)).state == "reserved"
+    # The current holder's writes still land.
+    assert second.lease is not None
+    done = await operations.complete(pool, res.operation, result={"ok": True}, lease=second.lease)
+    assert done.state == "succeeded"
+
+
+async def test_G12_release_makes_the_task_due_again_and_refund_keeps_attempts(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    [claimed] = await leases.claim(pool, "w1")
+    assert claimed.lease is not None
+    back = await leases.release(pool, claimed.lease, refund_attempt=True)
+    assert (back.state, back.attempts) == ("pending", 0)
+    [again] = await leases.claim(pool, "w2")
+    assert (again.id, again.attempts, again.lease_token) == (task.id, 1, 2)
+
+
+async def test_G12_release_after_the_last_attempt_is_dead_and_exhausted_expired_tasks_are_buried(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    one = await tasks.create(pool, tenants.a, "t", max_attempts=1)
+    [claimed] = await leases.claim(pool, "w1")
+    assert claimed.lease is not None
+    assert (await leases.release(pool, claimed.lease, error="boom")).state == "dead"
+
+    two = await tasks.create(pool, tenants.a, "t", max_attempts=1)
+    [held] = await leases.claim(pool, "w1")
+    assert held.id == two.id
+    assert await leases.bury_exhausted(pool) == []  # the lease is live: never bury a working task
+    await F.expire_lease(admin_conn, two.id)
+    assert await leases.claim(pool, "w2") == []  # no attempts left: not reclaimed
+    assert await leases.bury_exhausted(pool) == [(tenants.a, two.id)]
+    assert (await tasks.get(pool, tenants.a, two.id)).state == "dead"
+    assert one.id != two.id

@@ -1,0 +1,188 @@
+"""Operations (G4, G13): reserve, call, complete; replay, conflict, in flight, unknown."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from agentdb import leases, operations, tasks
+from agentdb.errors import (
+    ConfigurationError,
+    IdempotencyConflict,
+    NotFound,
+    OperationInFlight,
+    PayloadTooLarge,
+    StaleVersion,
+    TenantMismatch,
+)
+from tests.conftest import Database, Tenants
+
+
+async def _task(pool: asyncpg.Pool, tenant: uuid.UUID) -> uuid.UUID:
+    return (await tasks.create(pool, tenant, "t")).id
+
+
+async def test_G4_same_key_same_input_returns_the_stored_result(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await _task(pool, tenants.a)
+    first = await operations.reserve(
+        pool, tenants.a, task, "charge-1", "charge", {"amount": 5, "cur": "EUR"}
+    )
+    assert first.fresh
+    await operations.complete(
+        pool, first.operation, result={"charge": "ch_1"}, provider_reference="ch_1"
+    )
+    again = await operations.reserve(
+        pool, tenants.a, task, "charge-1", "charge", {"cur": "EUR", "amount": 5.0}
+    )
+    assert not again.fresh
+    assert again.operation.id == first.operation.id
+    assert again.operation.result == {"charge": "ch_1"}
+
+
+async def test_G4_same_key_different_input_is_a_conflict_never_a_replay(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await _task(pool, tenants.a)
+    first = await operations.reserve(pool, tenants.a, task, "charge-2", "charge", {"amount": 5})
+    await operations.complete(pool, first.operation, result={"charge": "ch_2"})
+    with pytest.raises(IdempotencyConflict) as refused:
+        await operations.reserve(pool, tenants.a, task, "charge-2", "charge", {"amount": 500})
+    assert refused.value.stored_hash == first.operation.input_hash
+    with pytest.raises(IdempotencyConflict):
+        await operations.reserve(pool, tenants.a, task, "charge-2", "refund", {"amount": 5})
+
+
+async def test_G4_same_key_while_in_flight_is_operation_in_flight(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await _task(pool, tenants.a)
+    first = await operations.reserve(pool, tenants.a, task, "mail-1", "send", {"to": "a"})
+    with pytest.raises(OperationInFlight) as busy:
+        await operations.reserve(pool, tenants.a, task, "mail-1", "send", {"to": "a"})
+    assert (busy.value.operation_id, busy.value.state) == (first.operation.id, "reserved")
+    started = await operations.start(pool, first.operation)
+    with pytest.raises(OperationInFlight):
+        await operations.reserve(pool, tenants.a, task, "mail-1", "send", {"to": "a"})
+    assert started.state == "in_flight"
+
+
+async def test_G13_unknown_outcome_blocks_reuse_until_reconciled(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "wire-1", "wire", {"eur": 10})
+    unknown = await operations.mark_unknown(pool, res.operation, error="timeout after 30s")
+    with pytest.raises(OperationInFlight) as busy:
+        await operations.reserve(pool, tenants.a, task, "wire-1", "wire", {"eur": 10})
+    assert busy.value.state == "unknown"
+    assert [o.id for o in await operations.list_unsettled(pool)] == [res.operation.id]
+    with pytest.raises(ConfigurationError):
+        await operations.reconcile(pool, unknown, succeeded=True, provider_reference="")
+    settled = await operations.reconcile(
+        pool, unknown, succeeded=True, provider_reference="wire_77"
+    )
+    assert (settled.state, settled.provider_reference, settled.error) == (
+        "succeeded",
+        "wire_77",
+        None,
+    )
+    replay = await operations.reserve(pool, tenants.a, task, "wire-1", "wire", {"eur": 10})
+    assert not replay.fresh
+    assert await operations.list_unsettled(pool) == []
+
+
+async def test_G1_a_failed_operation_is_rearmed_for_another_attempt(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "sms-1", "sms", {"n": 1})
+    await operations.fail(pool, res.operation, "provider said 503")
+    kept = await operations.reserve(
+        pool, tenants.a, task, "sms-1", "sms", {"n": 1}, retry_failed=False
+    )
+    assert (kept.fresh, kept.operation.state, kept.operation.error) == (
+        False,
+        "failed",
+        "provider said 503",
+    )
+    again = await operations.reserve(pool, tenants.a, task, "sms-1", "sms", {"n": 1})
+    assert (again.fresh, again.operation.state, again.operation.attempts) == (True, "reserved", 2)
+    assert again.operation.id == res.operation.id
+
+
+async def test_G7_settling_twice_is_stale(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "k", "a", {})
+    await operations.complete(pool, res.operation, result={"v": 1})
+    with pytest.raises(StaleVersion) as stale:
+        await operations.fail(pool, res.operation, "late")
+    assert (stale.value.expected, stale.value.actual, stale.value.actual_state) == (
+        0,
+        1,
+        "succeeded",
+    )
+
+
+async def test_G3_two_connections_reserving_one_key_get_one_reservation(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool
+) -> None:
+    task = await _task(pool, tenants.a)
+    c1 = await db.connect("agentdb_test_runtime")
+    c2 = await db.connect("agentdb_test_runtime")
+    try:
+        # c1 inserts the key inside an open transaction; c2's insert of the same
+        # key must wait on c1's uncommitted index entry, then see it.
+        tx = c1.transaction()
+        await tx.start()
+        mine = await operations.reserve(c1, tenants.a, task, "dup", "a", {"v": 1})
+        theirs = asyncio.ensure_future(
+            operations.reserve(c2, tenants.a, task, "dup", "a", {"v": 1})
+        )
+        await asyncio.sleep(0.2)
+        assert not theirs.done()
+        await tx.commit()
+        with pytest.raises(OperationInFlight):
+            await theirs
+    finally:
+        await c1.close()
+        await c2.close()
+    assert mine.fresh
+
+
+async def test_G2_reserving_against_another_tenants_task_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task_b = await _task(pool, tenants.b)
+    with pytest.raises(TenantMismatch) as refused:
+        await operations.reserve(pool, tenants.a, task_b, "x", "a", {})
+    assert refused.value.constraint == "agent_operations_task_fkey"
+
+
+async def test_G9_oversized_results_are_refused_before_sending(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "big", "a", {})
+    with pytest.raises(PayloadTooLarge):
+        await operations.complete(pool, res.operation, result={"body": "x" * 70000})
+    assert (await operations.get(pool, tenants.a, res.operation.id)).state == "reserved"
+
+
+async def test_get_unknown_operation_is_not_found(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    with pytest.raises(NotFound):
+        await operations.get(pool, tenants.a, uuid.uuid4())
+
+
+async def test_G13_unsettled_list_skips_operations_whose_task_holds_a_live_lease(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    await tasks.create(pool, tenants.a, "t")
+    [claimed] = await leases.claim(pool, "w1", lease_ttl=timedelta(minutes=5))
+    await operations.reserve(pool, tenants.a, claimed.id, "k", "a", {}, lease=claimed.lease)
+    assert await operations.list_unsettled(pool) == []  # its worker is alive and on it

@@ -1,0 +1,95 @@
+"""Outbox (G10) in the caller's transaction, relay marks fenced by token; inbox (G11)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from agentdb import inbox, outbox
+from agentdb.errors import LeaseLost
+from tests.conftest import Database, Tenants
+
+
+async def test_G10_enqueue_commits_and_rolls_back_with_the_callers_transaction(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await outbox.enqueue(conn, tenants.a, "invoice.sent", {"n": 1})
+        await tx.rollback()  # the business write failed
+        async with conn.transaction():
+            kept = await outbox.enqueue(conn, tenants.a, "invoice.sent", {"n": 2})
+    claimed = await outbox.claim(pool, "relay-1")
+    assert [m.id for m in claimed] == [kept]
+    assert claimed[0].payload == {"n": 2}
+
+
+async def test_G10_claim_mark_delivered_and_failure_backoff_then_dead(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    async with pool.acquire() as conn:
+        ok = await outbox.enqueue(conn, tenants.a, "t", {})
+        bad = await outbox.enqueue(conn, tenants.a, "t", {}, max_attempts=2)
+    msgs = {m.id: m for m in await outbox.claim(pool, "relay-1", batch=10)}
+    assert await outbox.claim(pool, "relay-2", batch=10) == []  # invisible while leased
+    assert await outbox.mark_delivered(pool, [msgs[ok]]) == {ok}
+    first = await outbox.mark_failed(pool, msgs[bad], "503", backoff=timedelta(0))
+    assert (first.state, first.attempts) == ("pending", 1)
+    [retry] = await outbox.claim(pool, "relay-1")
+    final = await outbox.mark_failed(pool, retry, "503 again", backoff=timedelta(0))
+    assert (final.state, final.attempts) == ("dead", 2)
+    states = {
+        r["id"]: r["state"] for r in await admin_conn.fetch("SELECT id, state FROM agent_outbox")
+    }
+    assert states == {ok: "delivered", bad: "dead"}
+
+
+async def test_G10_a_relay_that_lost_its_claim_marks_nothing(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    async with pool.acquire() as conn:
+        mid = await outbox.enqueue(conn, tenants.a, "t", {})
+    [slow] = await outbox.claim(pool, "relay-1", visibility=timedelta(milliseconds=1))
+    await admin_conn.execute("SELECT pg_sleep(0.01)")
+    [fast] = await outbox.claim(pool, "relay-2")
+    assert fast.lease_token == slow.lease_token + 1
+    assert await outbox.mark_delivered(pool, [slow]) == set()
+    with pytest.raises(LeaseLost):
+        await outbox.mark_failed(pool, slow, "x", backoff=timedelta(0))
+    assert await outbox.mark_delivered(pool, [fast]) == {mid}
+
+
+async def test_G11_inbox_processes_a_redelivered_message_once(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    message = uuid.uuid4()
+    effects: list[int] = []
+
+    async def handler(conn: object) -> int:
+        effects.append(1)
+        return len(effects)
+
+    assert await inbox.process_once(pool, tenants.a, "billing", message, handler) == (True, 1)
+    assert await inbox.process_once(pool, tenants.a, "billing", message, handler) == (False, None)
+    assert await inbox.process_once(pool, tenants.a, "audit", message, handler) == (True, 2)
+    assert effects == [1, 1]
+
+
+async def test_G11_a_failed_handler_leaves_the_message_unprocessed(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    message = uuid.uuid4()
+
+    async def broken(conn: object) -> None:
+        raise ValueError("downstream down")
+
+    async def fine(conn: object) -> str:
+        return "done"
+
+    with pytest.raises(ValueError, match="downstream down"):
+        await inbox.process_once(pool, tenants.a, "c", message, broken)
+    assert await inbox.process_once(pool, tenants.a, "c", message, fine) == (True, "done")

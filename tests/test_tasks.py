@@ -1,0 +1,249 @@
+"""Tasks via the runtime: create (G3/G4), transition (G6/G7/G8/G10), every zero-row path typed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from agentdb import leases, tasks
+from agentdb.errors import (
+    IdempotencyConflict,
+    InvalidTransition,
+    LeaseLost,
+    NotFound,
+    PayloadTooLarge,
+    SecretInPayload,
+    StaleVersion,
+    TenantMismatch,
+)
+from agentdb.models import Message
+from tests import factories as F
+from tests.conftest import Database, Tenants
+
+
+async def _events(admin: asyncpg.Connection, task_id: uuid.UUID) -> list[asyncpg.Record]:
+    return await admin.fetch(
+        "SELECT event_type, from_state, to_state, task_state_version, actor_id, payload"
+        " FROM agent_events WHERE task_id = $1 AND task_state_version IS NOT NULL ORDER BY id",
+        task_id,
+    )
+
+
+async def test_G8_create_writes_the_task_and_its_event(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.a, "summarise", params={"doc": 7}, actor="api")
+    assert (task.state, task.state_version, task.created, task.params) == (
+        "pending",
+        0,
+        True,
+        {"doc": 7},
+    )
+    [ev] = await _events(admin_conn, task.id)
+    assert (ev["event_type"], ev["to_state"], ev["task_state_version"], ev["actor_id"]) == (
+        "task.created", "pending", 0, "api",
+    )  # fmt: skip
+
+
+async def test_G3_G4_create_with_the_same_dedupe_key_and_params_returns_the_first_task(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    first = await tasks.create(
+        pool, tenants.a, "t", params={"a": 1, "b": [1.0, "x"]}, dedupe_key="req-1"
+    )
+    again = await tasks.create(
+        pool, tenants.a, "t", params={"b": [1, "x"], "a": 1}, dedupe_key="req-1"
+    )
+    assert first.created
+    assert not again.created
+    assert again.id == first.id
+    other_tenant = await tasks.create(pool, tenants.b, "t", params={"a": 1}, dedupe_key="req-1")
+    assert other_tenant.created  # keys are scoped to the tenant
+
+
+async def test_G4_create_with_the_same_dedupe_key_and_other_params_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    await tasks.create(pool, tenants.a, "t", params={"amount": 5}, dedupe_key="req-2")
+    with pytest.raises(IdempotencyConflict) as refused:
+        await tasks.create(pool, tenants.a, "t", params={"amount": 500}, dedupe_key="req-2")
+    assert refused.value.key == "req-2"
+    assert refused.value.stored_hash != refused.value.given_hash
+
+
+async def test_G3_concurrent_creates_with_one_dedupe_key_make_one_task(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    conns = [await db.connect("agentdb_test_runtime") for _ in range(4)]
+    try:
+        made = await asyncio.gather(
+            *(tasks.create(c, tenants.a, "t", params={"n": 1}, dedupe_key="burst") for c in conns)
+        )
+    finally:
+        for c in conns:
+            await c.close()
+    assert len({t.id for t in made}) == 1
+    assert sum(t.created for t in made) == 1
+    assert (
+        await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE dedupe_key = 'burst'")
+        == 1
+    )
+
+
+async def test_G2_create_for_an_unknown_tenant_is_a_tenant_mismatch(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    with pytest.raises(TenantMismatch) as refused:
+        await tasks.create(pool, uuid.uuid4(), "t")
+    assert refused.value.constraint == "agent_tasks_tenant_fkey"
+
+
+async def test_get_unknown_task_raises_not_found(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    with pytest.raises(NotFound):
+        await tasks.get(pool, tenants.b, task.id)  # exists, but not in this tenant
+    assert (await tasks.get(pool, tenants.a, task.id)).id == task.id
+
+
+async def test_G8_G10_transition_writes_event_and_outbox_in_one_statement(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    [claimed] = await leases.claim(pool, "w1")
+    done = await tasks.transition(
+        pool, tenants.a, task.id, expected_version=claimed.state_version, to_state="succeeded",
+        lease=claimed.lease, payload={"summary_ref": "s3://x"},
+        outbox=[Message("task.done", {"task": str(task.id)}), Message("billing.tick")],
+    )  # fmt: skip
+    assert (done.state, done.state_version, done.lease_owner) == ("succeeded", 2, None)
+    evs = await _events(admin_conn, task.id)
+    assert [(e["event_type"], e["from_state"], e["to_state"]) for e in evs] == [
+        ("task.created", None, "pending"),
+        ("task.claimed", "pending", "running"),
+        ("task.succeeded", "running", "succeeded"),
+    ]
+    topics = await admin_conn.fetch(
+        "SELECT topic, state FROM agent_outbox WHERE task_id = $1 ORDER BY topic", task.id
+    )
+    assert [(r["topic"], r["state"]) for r in topics] == [
+        ("billing.tick", "pending"),
+        ("task.done", "pending"),
+    ]
+
+
+async def test_G7_two_connections_race_one_transition_exactly_one_wins(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    c1 = await db.connect("agentdb_test_runtime")
+    c2 = await db.connect("agentdb_test_runtime")
+    try:
+        task = await tasks.create(c1, tenants.a, "t")
+        # c1 takes the row lock first and holds it; c2's identical write queues
+        # behind it, then re-checks state_version against c1's committed row.
+        tx = c1.transaction()
+        await tx.start()
+        await tasks.transition(c1, tenants.a, task.id, expected_version=0, to_state="cancelled")
+        second = asyncio.ensure_future(
+            tasks.transition(c2, tenants.a, task.id, expected_version=0, to_state="cancelled")
+        )
+        await asyncio.sleep(0.2)
+        assert not second.done(), "c2 should be waiting for c1's row lock"
+        await tx.commit()
+        with pytest.raises(StaleVersion) as lost:
+            await second
+    finally:
+        await c1.close()
+        await c2.close()
+    assert (lost.value.expected, lost.value.actual, lost.value.actual_state) == (0, 1, "cancelled")
+    n = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_events WHERE task_id = $1 AND task_state_version = 1", task.id
+    )
+    assert n == 1
+
+
+async def test_G7_stale_version_changes_nothing(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    await tasks.transition(
+        pool, tenants.a, task.id, expected_version=0, to_state="pending", step="a"
+    )
+    with pytest.raises(StaleVersion):
+        await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    now = await tasks.get(pool, tenants.a, task.id)
+    assert (now.state, now.state_version, now.current_step) == ("pending", 1, "a")
+
+
+async def test_transition_of_unknown_task_raises_not_found(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    with pytest.raises(NotFound):
+        await tasks.transition(
+            pool, tenants.a, uuid.uuid4(), expected_version=0, to_state="cancelled"
+        )
+
+
+async def test_G6_illegal_transition_is_typed(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    with pytest.raises(InvalidTransition) as refused:
+        await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="succeeded")
+    assert refused.value.constraint == "agent_tasks_transition_guard"
+
+
+async def test_G12_transition_with_a_taken_over_lease_is_lease_lost(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    [mine] = await leases.claim(pool, "w1")
+    await F.expire_lease(admin_conn, task.id)
+    [theirs] = await leases.claim(pool, "w2")
+    with pytest.raises(LeaseLost) as lost:
+        await tasks.transition(
+            pool, tenants.a, task.id, expected_version=theirs.state_version, to_state="succeeded",
+            lease=mine.lease,
+        )  # fmt: skip
+    assert (lost.value.token, lost.value.current_token, lost.value.current_owner) == (1, 2, "w2")
+    assert (await tasks.get(pool, tenants.a, task.id)).state == "running"
+
+
+async def test_G9_event_payloads_over_the_cap_or_carrying_secrets_are_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    with pytest.raises(PayloadTooLarge):
+        await tasks.transition(
+            pool,
+            tenants.a,
+            task.id,
+            expected_version=0,
+            to_state="cancelled",
+            payload={"x": "y" * 9000},
+        )
+    with pytest.raises(SecretInPayload) as refused:
+        await tasks.transition(
+            pool, tenants.a, task.id, expected_version=0, to_state="cancelled",
+            payload={"headers": {"Authorization": "Bearer abcdefghijklmnop"}},
+        )  # fmt: skip
+    assert refused.value.constraint == "agent_events_payload_no_secrets"
+    assert (await tasks.get(pool, tenants.a, task.id)).state_version == 0
+
+
+async def test_wait_until_and_wake(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    later = datetime.now(UTC) + timedelta(hours=1)
+    asleep = await tasks.wait_until(pool, task, later)
+    assert (asleep.state, asleep.wake_at) == ("waiting", later)
+    assert await leases.claim(pool, "w1") == []  # not due
+    awake = await tasks.wake(pool, asleep)
+    assert awake.state == "pending"
+    [claimed] = await leases.claim(pool, "w1")
+    assert claimed.id == task.id
+
+
+async def test_create_waiting_for_a_signal(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    task = await tasks.create(pool, tenants.a, "t", waiting=True)
+    assert task.state == "waiting"
+    assert task.wake_at is not None
+    assert task.wake_at.year > 9000  # 'infinity'

@@ -1,0 +1,89 @@
+"""Tenant scope per transaction (G15) and transient-error classification."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from agentdb import tasks, tenancy
+from agentdb.errors import DuplicateKey, TransientError
+from tests.conftest import AGENT_UNPINNED, Database, Tenants
+
+
+async def test_G15_tenant_scope_sees_one_tenant_and_never_leaks_on_a_pooled_connection(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool
+) -> None:
+    await tasks.create(pool, tenants.a, "t")
+    await tasks.create(pool, tenants.b, "t")
+    agents = await asyncpg.create_pool(db.url(AGENT_UNPINNED), min_size=1, max_size=1)
+    try:
+        async with tenancy.tenant_scope(agents, tenants.b) as conn:
+            seen = {r[0] for r in await conn.fetch("SELECT tenant_id FROM agent_tasks")}
+        assert seen == {tenants.b}
+        # Same single pooled connection, next user: no scope left behind.
+        assert await agents.fetchval("SELECT count(*) FROM agent_tasks") == 0
+        async with agents.acquire() as conn, tenancy.tenant_scope(conn, tenants.a) as scoped:
+            seen = {r[0] for r in await scoped.fetch("SELECT tenant_id FROM agent_tasks")}
+        assert seen == {tenants.a}
+    finally:
+        await agents.close()
+
+
+async def test_create_tenant(pool: asyncpg.Pool, admin_conn: asyncpg.Connection) -> None:
+    tid = await tenancy.create_tenant(admin_conn, "acme")
+    assert await admin_conn.fetchval("SELECT name FROM agent_tenants WHERE id = $1", tid) == "acme"
+    with pytest.raises(DuplicateKey) as dup:
+        await tenancy.create_tenant(admin_conn, "acme again", tenant_id=tid)
+    assert dup.value.constraint == "agent_tenants_pkey"
+
+
+async def test_lock_timeout_is_transient(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    holder = await db.connect("agentdb_test_runtime")
+    waiter = await db.connect("agentdb_test_runtime")
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM agent_tasks WHERE id = $1 FOR UPDATE", task.id)
+        await waiter.execute("SET lock_timeout = '50ms'")
+        with pytest.raises(TransientError) as transient:
+            await tasks.transition(
+                waiter, tenants.a, task.id, expected_version=0, to_state="cancelled"
+            )
+        assert transient.value.sqlstate == "55P03"
+        await tx.rollback()
+    finally:
+        await holder.close()
+        await waiter.close()
+
+
+async def test_deadlock_is_transient(db: Database, tenants: Tenants, pool: asyncpg.Pool) -> None:
+    one = await tasks.create(pool, tenants.a, "t")
+    two = await tasks.create(pool, tenants.a, "t")
+    c1 = await db.connect("agentdb_test_runtime")
+    c2 = await db.connect("agentdb_test_runtime")
+    try:
+        t1, t2 = c1.transaction(), c2.transaction()
+        await t1.start()
+        await t2.start()
+        await tasks.transition(c1, tenants.a, one.id, expected_version=0, to_state="cancelled")
+        await tasks.transition(c2, tenants.a, two.id, expected_version=0, to_state="cancelled")
+        results = await asyncio.gather(
+            tasks.transition(
+                c1, tenants.a, two.id, expected_version=0, to_state="pending", step="x"
+            ),
+            tasks.transition(
+                c2, tenants.a, one.id, expected_version=0, to_state="pending", step="x"
+            ),
+            return_exceptions=True,
+        )
+        transient = [r for r in results if isinstance(r, TransientError)]
+        assert len(transient) == 1
+        assert transient[0].sqlstate == "40P01"
+    finally:
+        await c1.close()
+        await c2.close()
