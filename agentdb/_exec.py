@@ -117,8 +117,17 @@ def translate(exc: BaseException) -> BaseException:
     return exc
 
 
-def _reraise(exc: BaseException) -> NoReturn:
+def _reraise(exc: BaseException, db: Executor) -> NoReturn:
     mapped = translate(exc)
+    # asyncpg reports use of a connection it already saw die as a plain
+    # InterfaceError; ask the connection rather than read the message.
+    if (
+        mapped is exc
+        and isinstance(exc, asyncpg.InterfaceError)
+        and not isinstance(db, asyncpg.Pool)
+        and db.is_closed()
+    ):
+        mapped = TransientError(f"lost the database connection: {exc}")
     if mapped is exc:
         raise exc
     raise mapped from exc
@@ -129,7 +138,7 @@ async def fetch_many(db: Executor, q: Query, *args: Any) -> list[Record]:
     try:
         return await db.fetch(q.sql, *args)
     except Exception as exc:
-        _reraise(exc)
+        _reraise(exc, db)
 
 
 class Rerun(TransientError):
@@ -159,7 +168,7 @@ async def fetch_one(
         try:
             rows = await db.fetch(q.sql, *args)
         except Exception as exc:
-            _reraise(exc)
+            _reraise(exc, db)
         if len(rows) == 1:
             row: Record = rows[0]
             return row
@@ -176,5 +185,5 @@ async def execute_rows(db: Executor, q: Query, *args: Any) -> int:
     try:
         status = await db.execute(q.sql, *args)
     except Exception as exc:
-        _reraise(exc)
+        _reraise(exc, db)
     return parse_status(status)

@@ -17,10 +17,10 @@ from typing import Any
 
 from agentdb import _exec
 from agentdb._json import OBJECT_CAP, document
-from agentdb.errors import AgentDBError, ConfigurationError, LeaseLost
+from agentdb.errors import AgentDBError, ConfigurationError, LeaseLost, NotFound
 from agentdb.models import OutboxMessage
 
-__all__ = ["Failure", "claim", "enqueue", "mark_delivered", "mark_failed"]
+__all__ = ["Delivery", "Failure", "claim", "enqueue", "get", "mark_delivered", "mark_failed"]
 
 _Q = _exec.QUERIES
 
@@ -132,3 +132,40 @@ async def mark_failed(
         backoff, error[:4000], on_zero=lost,
     )  # fmt: skip
     return Failure(row["state"], row["attempts"], row["next_attempt_at"])
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The delivery state of one message (G10): queryable, not only in logs."""
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    topic: str
+    state: str
+    attempts: int
+    max_attempts: int
+    next_attempt_at: datetime
+    delivered_at: datetime | None
+    last_error: str | None
+
+
+async def get(db: _exec.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID) -> Delivery:
+    """Return a message's delivery state.
+
+    Raises:
+        NotFound: no such message in this tenant.
+    """
+
+    async def missing() -> AgentDBError:
+        return NotFound(
+            f"outbox message {message_id} not found",
+            entity="outbox",
+            tenant_id=tenant_id,
+            id=message_id,
+        )
+
+    r = await _exec.fetch_one(db, _Q["outbox_get"], tenant_id, message_id, on_zero=missing)
+    return Delivery(
+        r["id"], r["tenant_id"], r["topic"], r["state"], r["attempts"], r["max_attempts"],
+        r["next_attempt_at"], r["delivered_at"], r["last_error"],
+    )  # fmt: skip

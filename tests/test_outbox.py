@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from agentdb import inbox, outbox
-from agentdb.errors import LeaseLost
+from agentdb.errors import LeaseLost, NotFound
 from tests.conftest import Database, Tenants
 
 
@@ -93,3 +93,17 @@ async def test_G11_a_failed_handler_leaves_the_message_unprocessed(
     with pytest.raises(ValueError, match="downstream down"):
         await inbox.process_once(pool, tenants.a, "c", message, broken)
     assert await inbox.process_once(pool, tenants.a, "c", message, fine) == (True, "done")
+
+
+async def test_G10_delivery_state_is_queryable(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    async with pool.acquire() as conn:
+        mid = await outbox.enqueue(conn, tenants.a, "t", {"k": 1})
+    before = await outbox.get(pool, tenants.a, mid)
+    assert (before.state, before.attempts, before.delivered_at) == ("pending", 0, None)
+    [m] = await outbox.claim(pool, "relay-1")
+    await outbox.mark_delivered(pool, [m])
+    after = await outbox.get(pool, tenants.a, mid)
+    assert (after.state, after.attempts) == ("delivered", 1)
+    assert after.delivered_at is not None
+    with pytest.raises(NotFound):
+        await outbox.get(pool, tenants.b, mid)
