@@ -2,43 +2,56 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/pip --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .DEFAULT_GOAL := help
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-$(BIN)/agentdb: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+
+$(VENV)/.embedded: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[embedded]'
 	@touch $@
 
-install: $(BIN)/agentdb ## Create .venv and install agentdb with its test and dev tools
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[dev]'
+	@touch $@ $(VENV)/.embedded
 
-test: install ## Run the whole test suite (embedded Postgres unless AGENTDB_TEST_DSN is set)
+install: $(VENV)/.dev ## Create .venv and install agentdb with its test and dev tools
+
+demo: $(VENV)/.embedded ## Run the crash-tested multi-tenant demo on an embedded Postgres (DEMO_ARGS=...)
+	$(BIN)/agentdb demo $(DEMO_ARGS)
+
+test: $(VENV)/.dev ## Run the whole test suite (embedded Postgres unless AGENTDB_TEST_DSN is set)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-lint: install ## ruff (lint + format check) and mypy --strict
-	$(BIN)/ruff check agentdb tests
-	$(BIN)/ruff format --check agentdb tests
+lint: $(VENV)/.dev ## ruff (lint + format check) and mypy --strict
+	$(BIN)/ruff check agentdb tests examples
+	$(BIN)/ruff format --check agentdb tests examples
 	$(BIN)/mypy
 
-fmt: install ## Format the code with ruff
-	$(BIN)/ruff format agentdb tests
-	$(BIN)/ruff check --fix agentdb tests
+fmt: $(VENV)/.dev ## Format the code with ruff
+	$(BIN)/ruff format agentdb tests examples
+	$(BIN)/ruff check --fix agentdb tests examples
 
-sql: install ## Print the complete DDL (SCHEMA=name to target a schema)
+example: $(VENV)/.embedded ## Run examples/quickstart.py on an embedded Postgres
+	$(BIN)/python examples/quickstart.py
+
+sql: $(VENV)/.embedded ## Print the complete DDL (SCHEMA=name to target a schema)
 	@$(BIN)/agentdb sql $(if $(SCHEMA),--schema $(SCHEMA))
 
-migrate: install ## Apply migrations to DATABASE_URL
+migrate: $(VENV)/.embedded ## Apply migrations to DATABASE_URL
 	$(BIN)/agentdb migrate
 
-rollback: install ## Roll back the newest migration on DATABASE_URL
+rollback: $(VENV)/.embedded ## Roll back the newest migration on DATABASE_URL
 	$(BIN)/agentdb rollback
 
-status: install ## Show migration status of DATABASE_URL
+status: $(VENV)/.embedded ## Show migration status of DATABASE_URL
 	$(BIN)/agentdb status
 
 ci: lint test ## Everything CI checks
@@ -46,4 +59,4 @@ ci: lint test ## Everything CI checks
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist
 
-.PHONY: help install test lint fmt sql migrate rollback status ci clean
+.PHONY: help install demo test lint fmt example sql migrate rollback status ci clean

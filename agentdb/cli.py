@@ -7,10 +7,16 @@ non-zero exit status, never a traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib
 import json
+import logging
 import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
 
 from agentdb import __version__, migrate
 from agentdb.errors import AgentDBError, ConfigurationError
@@ -84,6 +90,165 @@ def _cmd_grant(args: argparse.Namespace) -> int:
     return 0
 
 
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    handler = logging.StreamHandler()
+    if args.log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+        )
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
+
+
+def _load(spec: str, what: str) -> Any:
+    """Import ``module:attribute`` (the current directory is importable)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"{what} must be given as MODULE:ATTRIBUTE, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot import {what} module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None
+
+
+def _handlers(target: Any, spec: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    handlers = getattr(target, "handlers", target)
+    reconcilers = getattr(target, "reconcilers", {})
+    if not isinstance(handlers, Mapping) or not handlers:
+        raise ConfigurationError(
+            f"{spec} must be a non-empty dict of task type -> async handler "
+            "(or an object with .handlers and optional .reconcilers)"
+        )
+    for name, fn in handlers.items():
+        if not (isinstance(name, str) and callable(fn)):
+            raise ConfigurationError(f"{spec}: handler for {name!r} is not callable")
+    return handlers, reconcilers
+
+
+def _pool_size(concurrency: int) -> int:
+    # One connection per running job plus heartbeats and claims.
+    return concurrency + 2
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from agentdb.worker import Worker
+
+    dsn = _dsn(args)
+    if args.concurrency < 1:
+        raise ConfigurationError("--concurrency must be at least 1")
+    if args.lease_ttl is not None and not 1 <= args.lease_ttl <= 86400:
+        raise ConfigurationError("--lease-ttl must be between 1 second and 1 day")
+    handlers, reconcilers = _handlers(_load(args.handlers, "handler"), args.handlers)
+    _setup_logging(args)
+
+    async def main() -> None:
+        pool = await _connect_pool(dsn, _pool_size(args.concurrency))
+        try:
+            worker = Worker(
+                pool,
+                handlers,
+                reconcilers=reconcilers,
+                worker_id=args.worker_id,
+                concurrency=args.concurrency,
+                lease_ttl=timedelta(seconds=args.lease_ttl) if args.lease_ttl else None,
+                poll_interval=args.poll_interval,
+                shutdown_grace=args.shutdown_grace,
+                listen_dsn=None if args.no_listen else dsn,
+                retry_base=args.retry_base,
+            )
+            await worker.run()
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
+    return 0
+
+
+def _cmd_relay(args: argparse.Namespace) -> int:
+    from agentdb.relay import Relay
+
+    dsn = _dsn(args)
+    if args.batch < 1:
+        raise ConfigurationError("--batch must be at least 1")
+    publisher = _load(args.publisher, "publisher")
+    if not callable(publisher):
+        raise ConfigurationError(
+            f"{args.publisher} is not callable (an async def publish(message))"
+        )
+    _setup_logging(args)
+
+    async def main() -> None:
+        pool = await _connect_pool(dsn, 4)
+        try:
+            relay = Relay(
+                pool,
+                publisher,
+                relay_id=args.relay_id,
+                batch=args.batch,
+                visibility=timedelta(seconds=args.visibility),
+                poll_interval=args.poll_interval,
+                listen_dsn=None if args.no_listen else dsn,
+                retry_base=args.retry_base,
+            )
+            await relay.run()
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
+    return 0
+
+
+async def _connect_pool(dsn: str, size: int) -> Any:
+    import asyncpg
+
+    from agentdb.errors import DatabaseUnavailable
+    from agentdb.migrate import redact
+
+    try:
+        return await asyncpg.create_pool(dsn, min_size=1, max_size=size, timeout=10)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise DatabaseUnavailable(f"cannot connect to {redact(dsn)}: {exc}") from exc
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from agentdb import demo
+
+    return demo.main(args)
+
+
+def _add_runtime(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dsn", help="postgresql:// URL (default: $DATABASE_URL)")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls")
+    p.add_argument("--no-listen", action="store_true", help="poll only (no LISTEN/NOTIFY)")
+    p.add_argument("--retry-base", type=float, default=1.0, help="first retry delay, seconds")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(
@@ -118,6 +283,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("grant", help="grant to agentdb roles created after migrating")
     _add_target(p)
     p.set_defaults(func=_cmd_grant)
+
+    p = sub.add_parser("worker", help="run a worker: claim due tasks and run their handlers")
+    p.add_argument("handlers", metavar="MODULE:HANDLERS", help="dict of task type -> async handler")
+    _add_runtime(p)
+    p.add_argument("--concurrency", type=int, default=4, help="jobs at a time (default 4)")
+    p.add_argument("--lease-ttl", type=float, help="lease seconds (default: each task's own)")
+    p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds jobs get on SIGTERM")
+    p.add_argument("--worker-id", help="lease owner name (default host:pid:random)")
+    p.set_defaults(func=_cmd_worker)
+
+    p = sub.add_parser("relay", help="run an outbox relay: publish pending messages")
+    p.add_argument("publisher", metavar="MODULE:PUBLISHER", help="async def publish(message)")
+    _add_runtime(p)
+    p.add_argument("--batch", type=int, default=100, help="messages per claim (default 100)")
+    p.add_argument("--visibility", type=float, default=30.0, help="claim visibility, seconds")
+    p.add_argument("--relay-id", help="lease owner name (default relay:host:pid:random)")
+    p.set_defaults(func=_cmd_relay)
+
+    p = sub.add_parser("demo", help="run a multi-tenant agent workload with crashes and report")
+    p.add_argument("--dsn", help="run against this Postgres (default: an embedded one)")
+    p.add_argument("--tasks", type=int, default=300, help="tasks to run (default 300)")
+    p.add_argument("--tenants", type=int, default=5, help="tenants (default 5)")
+    p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    p.add_argument("--relays", type=int, default=2, help="relay processes (default 2)")
+    p.add_argument(
+        "--kill-every", type=float, default=0.5, help="mean seconds between SIGKILLs (0: none)"
+    )
+    p.add_argument("--timeout", type=float, default=100.0, help="give up after this many seconds")
+    p.add_argument("--seed", type=int, help="random seed for kills and provider faults")
+    p.set_defaults(func=_cmd_demo)
     return parser
 
 

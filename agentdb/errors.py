@@ -446,9 +446,10 @@ CONSTRAINTS: Final[Mapping[str, str]] = MappingProxyType(
             "agent_events_payload_expiry_idx",
             "agent_outbox_payload_size",
         ),
-        # G10: outbox delivery state.
+        # G10: outbox delivery state (and the wake-up hint for relays).
         **_named(
             "G10",
+            "agent_outbox_notify",
             "agent_outbox_state_valid",
             "agent_outbox_delivered_at_valid",
             "agent_outbox_lease_owner_valid",
@@ -458,9 +459,10 @@ CONSTRAINTS: Final[Mapping[str, str]] = MappingProxyType(
         ),
         # G11: consumer-side dedupe.
         **_named("G11", "agent_inbox_pkey", "agent_inbox_processed_at_idx"),
-        # G12: leases and fencing tokens.
+        # G12: leases and fencing tokens (and the wake-up hint for workers).
         **_named(
             "G12",
+            "agent_tasks_notify",
             "agent_tasks_lease_complete",
             "agent_tasks_lease_window",
             "agent_tasks_running_is_leased",

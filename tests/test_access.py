@@ -83,13 +83,33 @@ async def seeded(db: Database, tenants: Tenants, admin_conn: asyncpg.Connection)
     return tenants
 
 
+_POLICY = """
+SELECT p.polcmd::text, array(SELECT r.rolname::text FROM pg_roles r WHERE r.oid = ANY (p.polroles))
+FROM pg_policy p JOIN pg_class c ON c.oid = p.polrelid
+WHERE p.polname = $1 AND c.relname = $2
+"""
+
+
+async def _assert_policy(
+    conn: asyncpg.Connection, table: str, suffix: str, role: str, cmd: str
+) -> None:
+    """The policy this test exercises exists on ``table``, for ``role``, for ``cmd`` (r or *)."""
+    row = await conn.fetchrow(_POLICY, f"{table}_{suffix}", table)
+    assert row is not None, f"{table}_{suffix} missing"
+    assert (row[0], row[1]) == (cmd, [role]), f"{table}_{suffix}"
+
+
 async def _visible(conn: asyncpg.Connection, table: str, tenant: uuid.UUID) -> tuple[int, int]:
     row = await conn.fetchrow(_count_sql(table), tenant)
     assert row is not None
     return int(row[0]), int(row[1])
 
 
-async def test_G15_agent_sees_only_its_own_tenant(db: Database, seeded: Tenants) -> None:
+async def test_G15_agent_sees_only_its_own_tenant(
+    db: Database, seeded: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    for table in (*AGENT_SCOPED, "agent_tenants"):
+        await _assert_policy(admin_conn, table, "agent_scope", "agentdb_agent", "r")
     for role, own in ((AGENT_A, seeded.a), (AGENT_B, seeded.b)):
         conn = await db.connect(role)
         try:
@@ -138,6 +158,7 @@ async def test_G6_temp_table_cannot_shadow_the_transition_graph(
     with pytest.raises(asyncpg.PostgresError) as refused:
         await F.update_task(runtime_conn, tenants.a, task_id, state="succeeded", state_version=1)
     assert refused.value.sqlstate == "AG001"
+    assert refused.value.constraint_name == "agent_tasks_transition_guard"
 
 
 async def test_G15_unpinned_agent_is_scoped_per_transaction(db: Database, seeded: Tenants) -> None:
@@ -217,9 +238,10 @@ async def test_G15_request_task_refuses_an_unscoped_session(db: Database, seeded
 
 
 async def test_G15_runtime_policies_span_tenants_but_grant_no_delete(
-    db: Database, seeded: Tenants, runtime_conn: asyncpg.Connection
+    db: Database, seeded: Tenants, runtime_conn: asyncpg.Connection, admin_conn: asyncpg.Connection
 ) -> None:
     for table in TENANT_TABLES:
+        await _assert_policy(admin_conn, table, "runtime_all", "agentdb_runtime", "*")
         mine, others = await _visible(runtime_conn, table, seeded.a)
         assert mine > 0, table
         assert others > 0, table
@@ -259,6 +281,8 @@ async def _owner_round_trip(dsn: str) -> None:
     """As the (non-superuser) owner, write and read a row in every tenant table under FORCE RLS."""
     conn = await asyncpg.connect(dsn)
     try:
+        for table in TENANT_TABLES:
+            await _assert_policy(conn, table, "owner_all", OWNER, "*")
         tenant = uuid.uuid4()
         await conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, 'own')", tenant)
         await _seed(conn, tenant)
@@ -288,7 +312,7 @@ async def test_G15_owner_without_createrole_uses_existing_roles(
         _pg.ensure_role(conn, OWNER, "NOCREATEROLE")
     with _pg.temp_database(pg_server, owner=OWNER) as name:
         dsn = pg_server.url(name, user=OWNER, password=_pg.TEST_PASSWORD)
-        assert migrate.migrate(dsn)[-1] == "0007.access"
+        assert migrate.migrate(dsn) == migrate.migration_ids()
         assert _privileges(dsn, "agentdb_runtime")
         await _owner_round_trip(dsn)
 
@@ -307,7 +331,7 @@ async def test_G15_owner_without_createrole_and_no_roles_then_grant(
         _pg.ensure_role(conn, OWNER, "NOCREATEROLE")
     with _pg.temp_database(bare_server, owner=OWNER) as name:
         dsn = bare_server.url(name, user=OWNER, password=_pg.TEST_PASSWORD)
-        assert migrate.migrate(dsn)[-1] == "0007.access"
+        assert migrate.migrate(dsn) == migrate.migration_ids()
         with _pg.admin(bare_server.admin_dsn) as conn:
             missing = conn.execute(
                 "SELECT count(*) FROM pg_roles"

@@ -273,6 +273,30 @@ async def _regrant_new_token(conn: asyncpg.Connection, ctx: Ctx) -> None:
     await F.update_task(conn, ctx.a, tid, state_version=2, lease_owner="worker-2", lease_token=2)
 
 
+async def _reacquire_same_token(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = await F.create_task(conn, ctx.a)
+    await F.claim_task(conn, ctx.a, tid, owner="worker-1", token=1)
+    await F.update_task(
+        conn, ctx.a, tid, state_version=2, lease_acquired_at=NOW + timedelta(seconds=1)
+    )
+
+
+async def _reclaim_after_release_same_token(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = await F.create_task(conn, ctx.a)
+    await F.claim_task(conn, ctx.a, tid, owner="worker-1", token=1)
+    await F.update_task(
+        conn,
+        ctx.a,
+        tid,
+        state="pending",
+        state_version=2,
+        lease_owner=None,
+        lease_acquired_at=None,
+        lease_expires_at=None,
+    )
+    await F.claim_task(conn, ctx.a, tid, owner="worker-1", token=1, version=3)
+
+
 async def _token_backwards(conn: asyncpg.Connection, ctx: Ctx) -> None:
     tid = await F.create_task(conn, ctx.a)
     await F.claim_task(conn, ctx.a, tid, token=5)
@@ -583,6 +607,34 @@ CASES: list[Case] = [
         label="token-never-goes-back",
     ),
     Case(
+        "agent_tasks_version_guard",
+        "AG005",
+        _regrant_new_token,
+        _reacquire_same_token,
+        label="reacquire-needs-new-token",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG005",
+        _regrant_new_token,
+        _reclaim_after_release_same_token,
+        label="reclaim-after-release-needs-new-token",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG004",
+        task_change(current_step="a"),
+        task_change(created_at=PAST),
+        label="created-at-is-immutable",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG004",
+        task_change(current_step="a"),
+        task_change(id=lambda c: uuid.uuid4()),
+        label="id-is-immutable",
+    ),
+    Case(
         "agent_tasks_event_required",
         "AG006",
         task_change(current_step="a"),
@@ -601,7 +653,8 @@ CASES: list[Case] = [
         "agent_operations_idempotency_key",
         "23505",
         seq(op(idempotency_key="charge-1"), op(tenant="b", idempotency_key="charge-1")),
-        op(idempotency_key="charge-1"),
+        # Another action under the same key: the key alone (per tenant) must be unique.
+        op(idempotency_key="charge-1", action="refund"),
     ),
     Case(
         "agent_operations_state_valid",
@@ -939,4 +992,5 @@ async def test_attack_is_refused(
 
 
 def attacked_names() -> set[str]:
-    return {c.name for c in CASES}
+    """Objects some case shows refusing a write by name (grant-only refusals don't count)."""
+    return {c.name for c in CASES if c.constraint != ""}

@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 
 from agentdb.errors import CONSTRAINTS, SQLSTATES
-from tests import test_access, test_attacks, test_indexes
+from tests import test_access, test_attacks, test_indexes, test_notify
 
 # Objects Postgres names for us; everything agentdb names itself is below.
 _SCHEMA_NAMES = """
@@ -66,7 +66,10 @@ async def test_agentdb_sqlstates_are_raised_by_the_schema(admin_conn: asyncpg.Co
 
 def test_every_constraint_is_attacked() -> None:
     covered = (
-        test_attacks.attacked_names() | test_access.POLICY_NAMES | set(test_indexes.INDEX_QUERIES)
+        test_attacks.attacked_names()
+        | test_access.POLICY_NAMES
+        | set(test_indexes.INDEX_QUERIES)
+        | test_notify.NOTIFY_NAMES
     )
     assert covered == set(CONSTRAINTS)
 
@@ -96,7 +99,8 @@ async def test_every_name_the_code_refers_to_exists(admin_conn: asyncpg.Connecti
     }
     referenced = _quoted_names(_PACKAGE)
     roles = {"agentdb_runtime", "agentdb_agent"}
-    unknown = referenced - tables - set(CONSTRAINTS) - roles
+    channels = {"agentdb_tasks", "agentdb_outbox"}  # NOTIFY channels of 0008.notify
+    unknown = referenced - tables - set(CONSTRAINTS) - roles - channels
     assert not unknown
     assert "agent_events_payload_no_secrets" in referenced  # the scan sees the code
 

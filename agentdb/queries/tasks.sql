@@ -201,3 +201,14 @@ WITH victims AS (
     FROM buried
 )
 SELECT tenant_id, id FROM buried;
+
+-- name: task_count_unhandled :many
+-- Due tasks of types outside $1: a worker with only these handlers never
+-- claims them, so it says so instead of letting them wait in silence.
+-- guarantee: G1
+-- params: $1 task_types text[]
+SELECT task_type, count(*) AS n
+FROM agent_tasks
+WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND task_type <> ALL ($1)
+GROUP BY task_type
+ORDER BY task_type;

@@ -1,0 +1,178 @@
+"""The outbox relay: deliver committed messages at least once (G10, G11).
+
+Claims pending rows (SKIP LOCKED, under a lease with a visibility timeout),
+publishes each through a user-supplied async publisher *outside* any
+transaction - the message id is the idempotency key to hand downstream -,
+marks the delivered ones in one statement, and backs off the failed ones
+until they go 'dead' after their last attempt. A crash between publishing
+and marking means the message is published again: consumers dedupe with
+:mod:`agentdb.inbox`. LISTEN/NOTIFY only shortens the wait; polling alone
+is enough (e.g. behind a transaction-pooling proxy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import asyncpg
+
+from agentdb import outbox
+from agentdb._listen import listen
+from agentdb.errors import AgentDBError, TransientError
+from agentdb.models import OutboxMessage
+from agentdb.worker import backoff
+
+__all__ = ["Publisher", "Relay", "RelayStats"]
+
+log = logging.getLogger("agentdb.relay")
+
+#: ``async def publish(message) -> None``; raise to report a failed delivery.
+Publisher = Callable[[OutboxMessage], Awaitable[None]]
+
+
+@dataclass
+class RelayStats:
+    claimed: int = 0
+    delivered: int = 0
+    failed_attempts: int = 0
+    dead: int = 0
+    lost_claims: int = 0
+
+
+class Relay:
+    """Moves outbox rows to ``publisher``; run one or several (they never share a row)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        publisher: Publisher,
+        *,
+        relay_id: str | None = None,
+        batch: int = 100,
+        visibility: timedelta = timedelta(seconds=30),
+        publish_concurrency: int = 16,
+        poll_interval: float = 1.0,
+        listen_dsn: str | None = None,
+        retry_base: float = 1.0,
+        retry_cap: float = 300.0,
+    ) -> None:
+        self.pool = pool
+        self.publisher = publisher
+        self.relay_id = (
+            relay_id or f"relay:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        )
+        self.batch = batch
+        self.visibility = visibility
+        self.poll_interval = poll_interval
+        self.listen_dsn = listen_dsn
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.stats = RelayStats()
+        self._limit = asyncio.Semaphore(publish_concurrency)
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    def stop(self) -> None:
+        """Stop after the batch in hand is marked."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def drain(self) -> int:
+        """Deliver until nothing is due; return how many messages were delivered."""
+        before = self.stats.delivered
+        while await self.run_once():
+            pass
+        return self.stats.delivered - before
+
+    async def run_once(self) -> int:
+        """Claim, publish and mark one batch; return how many were claimed."""
+        try:
+            claimed = await outbox.claim(
+                self.pool, self.relay_id, batch=self.batch, visibility=self.visibility
+            )
+        except (TransientError, OSError) as exc:
+            log.warning("claim failed, retrying: %s", exc)
+            return 0
+        if not claimed:
+            return 0
+        self.stats.claimed += len(claimed)
+        results = await asyncio.gather(*(self._publish(m) for m in claimed))
+        ok = [m for m, error in zip(claimed, results, strict=True) if error is None]
+        marked = await outbox.mark_delivered(self.pool, ok)
+        self.stats.delivered += len(marked)
+        self.stats.lost_claims += len(ok) - len(marked)
+        for m, error in zip(claimed, results, strict=True):
+            if error is None:
+                continue
+            self.stats.failed_attempts += 1
+            delay = backoff(m.attempts, base=self.retry_base, cap=self.retry_cap)
+            try:
+                failure = await outbox.mark_failed(self.pool, m, error, backoff=delay)
+            except AgentDBError as exc:
+                self.stats.lost_claims += 1
+                log.warning("message %s: could not record the failure: %s", m.id, exc)
+                continue
+            if failure.state == "dead":
+                self.stats.dead += 1
+                log.error(
+                    "message %s (%s) is dead after %d attempts: %s",
+                    m.id,
+                    m.topic,
+                    failure.attempts,
+                    error,
+                )
+        return len(claimed)
+
+    async def _publish(self, message: OutboxMessage) -> str | None:
+        async with self._limit:
+            try:
+                await self.publisher(message)
+            except Exception as exc:
+                log.warning(
+                    "publish of %s (%s) failed, attempt %d of %d: %s: %s",
+                    message.id,
+                    message.topic,
+                    message.attempts,
+                    message.max_attempts,
+                    type(exc).__name__,
+                    exc,
+                )
+                return f"{type(exc).__name__}: {exc}"[:4000]
+        return None
+
+    async def run(self, *, install_signals: bool = True) -> RelayStats:
+        """Run until :meth:`stop` (or SIGTERM / SIGINT when ``install_signals``)."""
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        listener = await listen(self.listen_dsn, "agentdb_outbox", self._wake, self.poll_interval)
+        log.info("relay %s started", self.relay_id)
+        try:
+            while not self._stopping.is_set():
+                if await self.run_once() >= self.batch:
+                    continue  # a full batch: more are probably due
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._wake.wait(), self.poll_interval * random.uniform(0.8, 1.2)
+                    )
+        finally:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        log.info("relay %s stopped: %s", self.relay_id, self.stats)
+        return self.stats

@@ -1,0 +1,214 @@
+"""The relay (G10, G11): at least once, consumers dedupe, LISTEN optional, failures kept."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from agentdb import inbox, outbox
+from agentdb.models import OutboxMessage
+from agentdb.relay import Relay
+from tests.conftest import Database, Tenants
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _enqueue(pool: asyncpg.Pool, tenant: uuid.UUID, n: int, **kw: object) -> list[uuid.UUID]:
+    async with pool.acquire() as conn:
+        return [await outbox.enqueue(conn, tenant, "t", {"n": i}, **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running(relay: Relay) -> AsyncIterator[None]:
+    runner = asyncio.create_task(relay.run(install_signals=False))
+    try:
+        yield
+    finally:
+        relay.stop()
+        await asyncio.wait_for(runner, 30)
+
+
+async def _drain_settled(relay: Relay, pool: asyncpg.Pool, within: float = 15.0) -> None:
+    """Drain, including retries whose short backoff has not passed yet."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        await relay.drain()
+        if not await pool.fetchval("SELECT count(*) FROM agent_outbox WHERE state = 'pending'"):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("outbox did not settle")
+
+
+async def _until(predicate: object, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+async def test_G11_at_least_once_delivery_is_absorbed_by_the_consumer_inbox(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    ids = await _enqueue(pool, tenants.a, 20)
+    effects: list[uuid.UUID] = []
+    redelivered: list[uuid.UUID] = []
+    acks_to_lose = set(ids[::3])
+
+    async def publish(message: OutboxMessage) -> None:
+        async def apply(conn: object) -> None:
+            effects.append(message.id)
+
+        first, _ = await inbox.process_once(pool, message.tenant_id, "ledger", message.id, apply)
+        if not first:
+            redelivered.append(message.id)
+        if message.id in acks_to_lose:
+            acks_to_lose.discard(message.id)
+            raise TimeoutError("ack lost after the consumer applied it")
+
+    relay = Relay(pool, publish, retry_base=0.001)
+    await _drain_settled(relay, pool)
+    assert relay.stats.delivered == 20
+    assert sorted(effects) == sorted(ids)  # every message applied exactly once
+    assert sorted(redelivered) == sorted(ids[::3])  # the relay did publish those twice
+    assert relay.stats.failed_attempts == len(ids[::3])
+
+
+async def test_G10_polling_alone_delivers(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    got: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        got.append(message.id)
+
+    relay = Relay(pool, publish, poll_interval=0.1, listen_dsn=None)
+    async with running(relay):
+        ids = await _enqueue(pool, tenants.a, 5)
+
+        async def all_in() -> bool:
+            return sorted(got) == sorted(ids)
+
+        await _until(all_in)
+
+
+async def test_G10_listen_unavailable_falls_back_to_polling(
+    pool: asyncpg.Pool, tenants: Tenants, caplog: pytest.LogCaptureFixture
+) -> None:
+    got: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        got.append(message.id)
+
+    relay = Relay(pool, publish, poll_interval=0.1, listen_dsn="postgresql://nobody@127.0.0.1:1/x")
+    with caplog.at_level(logging.WARNING, logger="agentdb.listen"):
+        async with running(relay):
+            ids = await _enqueue(pool, tenants.a, 3)
+
+            async def all_in() -> bool:
+                return sorted(got) == sorted(ids)
+
+            await _until(all_in)
+    assert any("LISTEN agentdb_outbox unavailable" in r.getMessage() for r in caplog.records)
+
+
+async def test_G10_notify_wakes_an_idle_relay(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    got: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        got.append(message.id)
+
+    relay = Relay(pool, publish, poll_interval=60, listen_dsn=db.url("agentdb_test_runtime"))
+    async with running(relay):
+        await asyncio.sleep(0.3)  # idle, waiting for a minute-long poll
+        [mid] = await _enqueue(pool, tenants.a, 1)
+
+        async def arrived() -> bool:
+            return got == [mid]
+
+        await _until(arrived, within=10)
+
+
+async def test_G10_a_raising_publisher_loses_nothing(
+    pool: asyncpg.Pool, tenants: Tenants, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def publish(message: OutboxMessage) -> None:
+        raise ConnectionError("broker down")
+
+    [mid] = await _enqueue(pool, tenants.a, 1, max_attempts=2)
+    relay = Relay(pool, publish, retry_base=0.001)
+    with caplog.at_level(logging.WARNING, logger="agentdb.relay"):
+        await _drain_settled(relay, pool)
+    state = await outbox.get(pool, tenants.a, mid)
+    assert (state.state, state.attempts) == ("dead", 2)
+    assert state.last_error == "ConnectionError: broker down"
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("failed, attempt" in line for line in lines) == 2
+    assert any("is dead after 2 attempts" in line for line in lines)
+
+
+def test_cli_relay_with_a_broken_publisher_logs_one_line_per_failure(
+    db: Database, tenants: Tenants
+) -> None:
+    import psycopg
+
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO agent_outbox (tenant_id, topic) VALUES (%s, 't')", (tenants.a,))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentdb", "relay", "tests.fixture_handlers:broken_publisher",
+         "--dsn", db.url("agentdb_test_runtime"), "--poll-interval", "0.1", "--retry-base", "60"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    failures = [line for line in err.splitlines() if "failed, attempt 1 of 20" in line]
+    assert len(failures) == 1
+    assert "ConnectionError: broker refused the connection" in failures[0]
+    with psycopg.connect(db.admin_dsn) as conn:
+        row = conn.execute("SELECT state, attempts FROM agent_outbox").fetchone()
+    assert row == ("pending", 1)  # kept for the next attempt
+
+
+def test_bad_publisher_module_is_one_line(db: Database) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentdb", "relay", "tests.fixture_handlers:NOT_A_DICT",
+         "--dsn", db.admin_dsn],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert "is not callable" in proc.stderr
+
+
+def test_demo_against_a_database_kills_workers_and_loses_nothing(db: Database) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentdb", "demo", "--dsn", db.admin_dsn, "--tasks", "60",
+         "--workers", "2", "--relays", "1", "--kill-every", "0.3", "--seed", "7"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = dict(
+        line.strip().rsplit("  ", 1) for line in proc.stdout.splitlines() if line.startswith("  ")
+    )
+    report = {k.strip(): v.strip() for k, v in report.items()}
+    assert report["duplicate effects"] == "0"
+    assert report["messages lost"] == "0"
+    assert report["tasks completed"] == "60 of 60"
+    assert int(report["worker/relay processes killed (SIGKILL)"]) >= 1

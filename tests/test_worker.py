@@ -1,0 +1,293 @@
+"""The worker (G12, G13): takeover, heartbeat, shutdown, retries, unsettled operations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import asyncpg
+
+from agentdb import leases, operations, tasks
+from agentdb.models import Operation
+from agentdb.worker import Fail, Job, Reconciled, Retry, Worker
+from tests import factories as F
+from tests.conftest import Database, Tenants
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[asyncio.Task[object]]:
+    runner: asyncio.Task[object] = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        yield runner
+    finally:
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
+
+
+async def _until(predicate: object, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+async def test_G12_a_stale_workers_late_complete_is_refused_and_counted(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        started.set()
+        await release.wait()  # a long model call; meanwhile the lease is taken over
+
+    task = await tasks.create(pool, tenants.a, "t", lease_ttl=timedelta(minutes=10))
+    stale = Worker(pool, {"t": handler}, worker_id="stale", poll_interval=0.05)
+    async with running(stale):
+        await asyncio.wait_for(started.wait(), 10)
+        await F.expire_lease(admin_conn, task.id)  # as if the worker had stalled past its TTL
+        [taken] = await leases.claim(pool, "rescuer")
+        assert taken.lease_token == 2
+        release.set()  # the stale attempt finishes and tries to complete
+        await _until(lambda: _settled(stale))
+    assert stale.stats.late_writes_refused == 1
+    assert stale.stats.succeeded == 0
+    now = await tasks.get(pool, tenants.a, task.id)
+    assert (now.state, now.lease_owner, now.lease_token) == ("running", "rescuer", 2)
+
+
+async def _settled(worker: Worker) -> bool:
+    return worker.stats.late_writes_refused + worker.stats.succeeded > 0
+
+
+async def test_G12_heartbeat_keeps_a_task_longer_than_its_ttl(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    async def handler(job: Job) -> None:
+        await asyncio.sleep(5)  # 2.5 TTLs
+
+    task = await tasks.create(pool, tenants.a, "t", lease_ttl=timedelta(seconds=2))
+    worker = Worker(pool, {"t": handler}, poll_interval=0.05)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "running"))
+        for _ in range(8):  # a rival keeps trying to take the task over
+            assert await leases.claim(pool, "rival") == []
+            await asyncio.sleep(0.5)
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "succeeded"))
+    done = await tasks.get(pool, tenants.a, task.id)
+    assert (done.lease_token, done.attempts) == (1, 1)  # never taken over
+    assert worker.stats.lease_lost == 0
+
+
+async def _state_is(pool: asyncpg.Pool, tenant: uuid.UUID, task_id: uuid.UUID, state: str) -> bool:
+    return (await tasks.get(pool, tenant, task_id)).state == state
+
+
+async def test_G12_a_renewal_that_finds_the_lease_gone_cancels_the_handler(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    cancelled = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    task = await tasks.create(pool, tenants.a, "t", lease_ttl=timedelta(seconds=1))
+    worker = Worker(pool, {"t": handler}, poll_interval=0.05)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "running"))
+        await F.expire_lease(admin_conn, task.id)
+        await leases.claim(pool, "rescuer")
+        await asyncio.wait_for(cancelled.wait(), 10)
+        await _until(lambda: _lease_lost(worker))
+    assert (await tasks.get(pool, tenants.a, task.id)).lease_owner == "rescuer"
+
+
+async def _lease_lost(worker: Worker) -> bool:
+    return worker.stats.lease_lost == 1
+
+
+async def test_retries_with_backoff_then_dead(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    calls = 0
+
+    async def flaky(job: Job) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("model returned garbage")
+
+    task = await tasks.create(pool, tenants.a, "t", max_attempts=3)
+    worker = Worker(pool, {"t": flaky}, poll_interval=0.05, retry_base=0.01)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "dead"))
+    done = await tasks.get(pool, tenants.a, task.id)
+    assert (calls, done.attempts) == (3, 3)
+    assert done.last_error is not None
+    assert "model returned garbage" in done.last_error
+
+
+async def test_outcomes_fail_and_retry(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    async def give_up(job: Job) -> Fail:
+        return Fail("customer closed the account")
+
+    seen = 0
+
+    async def later(job: Job) -> Retry | None:
+        nonlocal seen
+        seen += 1
+        return Retry("not yet", after=timedelta(milliseconds=10)) if seen == 1 else None
+
+    a = await tasks.create(pool, tenants.a, "give_up")
+    b = await tasks.create(pool, tenants.a, "later")
+    worker = Worker(pool, {"give_up": give_up, "later": later}, poll_interval=0.05)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, a.id, "failed"))
+        await _until(lambda: _state_is(pool, tenants.a, b.id, "succeeded"))
+    assert (await tasks.get(pool, tenants.a, b.id)).attempts == 2
+
+
+async def test_G13_an_operation_left_by_a_crashed_attempt_is_reconciled_not_rerun(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    provider_calls: list[str] = []
+    ledger = {"crashed-key": "ref-from-first-attempt"}
+
+    async def lookup(op: Operation) -> Reconciled | None:
+        ref = ledger.get(op.idempotency_key)
+        return Reconciled(True, ref, {"ref": ref}) if ref else None
+
+    async def handler(job: Job) -> None:
+        res = await job.reserve("crashed-key", "charge", {"amount": 5})
+        if res.fresh:
+            provider_calls.append("charge")
+            await job.complete(res.operation, result={"ref": "new"})
+
+    # Attempt 1 reserved the key, called the provider, then died (SIGKILL-like: nothing recorded).
+    task = await tasks.create(pool, tenants.a, "t")
+    [first] = await leases.claim(pool, "crashed-worker")
+    await operations.reserve(
+        pool, tenants.a, task.id, "crashed-key", "charge", {"amount": 5}, lease=first.lease
+    )
+    await F.expire_lease(admin_conn, task.id)
+
+    worker = Worker(pool, {"t": handler}, reconcilers={"charge": lookup}, poll_interval=0.05)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "succeeded"))
+    assert provider_calls == []  # the effect was found, not repeated
+    [op] = await admin_conn.fetch("SELECT state, provider_reference FROM agent_operations")
+    assert (op["state"], op["provider_reference"]) == ("succeeded", "ref-from-first-attempt")
+    assert worker.stats.reconciled == 1
+
+
+async def test_G13_without_a_reconcile_hook_the_operation_is_surfaced_as_unknown(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    calls = 0
+
+    async def handler(job: Job) -> None:
+        nonlocal calls
+        res = await job.reserve("k", "wire", {"eur": 1})
+        calls += 1 if res.fresh else 0
+
+    task = await tasks.create(pool, tenants.a, "t")
+    [first] = await leases.claim(pool, "crashed-worker")
+    await operations.reserve(pool, tenants.a, task.id, "k", "wire", {"eur": 1}, lease=first.lease)
+    await F.expire_lease(admin_conn, task.id)
+    worker = Worker(pool, {"t": handler}, poll_interval=0.05, retry_base=60)
+    async with running(worker):
+        await _until(lambda: _retried(worker))
+    assert calls == 0
+    assert await admin_conn.fetchval("SELECT state FROM agent_operations") == "unknown"
+    assert (await tasks.get(pool, tenants.a, task.id)).state == "pending"  # retried later
+
+
+async def _retried(worker: Worker) -> bool:
+    return worker.stats.retried >= 1
+
+
+# ---- processes --------------------------------------------------------------------
+
+
+def _spawn(db: Database, *args: str, marker: Path | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if marker is not None:
+        env["AGENTDB_TEST_MARKER"] = str(marker)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentdb", *args, "--dsn", db.url("agentdb_test_runtime")],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+async def test_G12_sigterm_releases_leases_so_another_worker_starts_at_once(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    task = await tasks.create(pool, tenants.a, "slow", lease_ttl=timedelta(minutes=30))
+    marker = tmp_path / "started"
+    proc = _spawn(
+        db, "worker", "tests.fixture_handlers:HANDLERS", "--poll-interval", "0.1",
+        "--shutdown-grace", "0.5", marker=marker,
+    )  # fmt: skip
+    try:
+        await _until(lambda: _exists(marker))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # Long before the 30-minute lease would expire, the task is due again.
+    [again] = await leases.claim(pool, "next-worker")
+    assert (again.id, again.lease_token, again.attempts) == (task.id, 2, 1)
+
+
+async def _exists(path: Path) -> bool:
+    return await asyncio.to_thread(path.exists)
+
+
+def test_bad_handler_module_is_one_line(db: Database) -> None:
+    for spec, fragment in [
+        ("no_such_module:HANDLERS", "cannot import handler module 'no_such_module'"),
+        ("tests.fixture_handlers:MISSING", "has no attribute 'MISSING'"),
+        ("tests.fixture_handlers:NOT_A_DICT", "must be a non-empty dict"),
+        ("nocolon", "MODULE:ATTRIBUTE"),
+    ]:
+        proc = _spawn(db, "worker", spec)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 2, err
+        assert err.startswith("agentdb: ")
+        assert err.count("\n") == 1, err
+        assert fragment in err
+
+
+async def test_unknown_task_type_is_reported_and_left_pending(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    stray = await tasks.create(pool, tenants.a, "nobody_handles_me")
+    proc = _spawn(db, "worker", "tests.fixture_handlers:HANDLERS", "--poll-interval", "0.1")
+    try:
+        await asyncio.sleep(1.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "1 due task(s) of type 'nobody_handles_me' have no handler in this worker" in err
+    assert "Traceback" not in err
+    assert (await tasks.get(pool, tenants.a, stray.id)).state == "pending"  # nothing lost
