@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+CHAOS_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -26,6 +27,12 @@ install: $(VENV)/.dev ## Create .venv and install agentdb with its test and dev 
 
 demo: $(VENV)/.embedded ## Run the crash-tested multi-tenant demo on an embedded Postgres (DEMO_ARGS=...)
 	$(BIN)/agentdb demo $(DEMO_ARGS)
+
+chaos: $(VENV)/.embedded ## Crash matrix + soak: >= 1000 SIGKILLs, 0 duplicate effects, 0 lost messages
+	$(BIN)/python -m agentdb.chaos $(CHAOS_ARGS)
+
+chaos-quick: $(VENV)/.embedded ## A small crash matrix and soak (CI smoke run)
+	$(BIN)/python -m agentdb.chaos --quick $(CHAOS_ARGS)
 
 test: $(VENV)/.dev ## Run the whole test suite (embedded Postgres unless AGENTDB_TEST_DSN is set)
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -59,4 +66,4 @@ ci: lint test ## Everything CI checks
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist
 
-.PHONY: help install demo test lint fmt example sql migrate rollback status ci clean
+.PHONY: help install demo chaos chaos-quick test lint fmt example sql migrate rollback status ci clean

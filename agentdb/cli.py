@@ -59,8 +59,46 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    states = migrate.status(_dsn(args), schema=args.schema)
-    if args.json:
+    dsn = _dsn(args)
+    states = migrate.status(dsn, schema=args.schema)
+    if args.migrations:
+        _print_migrations(states, as_json=args.json)
+        return 0
+    if args.watch is not None and args.watch <= 0:
+        raise ConfigurationError("--watch needs a positive number of seconds")
+    applied = sum(s.applied for s in states)
+    from agentdb import status
+
+    async def main() -> None:
+        pool = await _connect_pool(dsn, 2, schema=args.schema)
+        try:
+            while True:
+                snap = await status.snapshot(pool)
+                if args.json:
+                    doc = status.to_json(
+                        snap, migrations={"applied": applied, "shipped": len(states)}
+                    )
+                    print(json.dumps(doc, indent=2), flush=True)
+                else:
+                    header = (
+                        f"agentdb status at {snap.at:%Y-%m-%d %H:%M:%S} UTC"
+                        f" - schema: {applied} of {len(states)} migrations applied"
+                    )
+                    if args.watch is not None:
+                        print("\033[2J\033[H", end="")
+                    print(status.to_table(snap, header=header), flush=True)
+                if args.watch is None:
+                    return
+                await asyncio.sleep(args.watch)
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
+    return 0
+
+
+def _print_migrations(states: list[migrate.MigrationState], *, as_json: bool) -> None:
+    if as_json:
         payload = [
             {
                 "id": s.id,
@@ -70,11 +108,56 @@ def _cmd_status(args: argparse.Namespace) -> int:
             for s in states
         ]
         print(json.dumps({"migrations": payload}, indent=2))
-    else:
-        width = max(len(s.id) for s in states)
-        for s in states:
-            when = f"  {s.applied_at:%Y-%m-%d %H:%M:%S} UTC" if s.applied_at else ""
-            print(f"{s.id:<{width}}  {'applied' if s.applied else 'pending'}{when}")
+        return
+    width = max(len(s.id) for s in states)
+    for s in states:
+        when = f"  {s.applied_at:%Y-%m-%d %H:%M:%S} UTC" if s.applied_at else ""
+        print(f"{s.id:<{width}}  {'applied' if s.applied else 'pending'}{when}")
+
+
+def _cmd_purge(args: argparse.Namespace) -> int:
+    from agentdb import retention
+
+    dsn = _dsn(args)
+    ages = {}
+    for spec in args.older_than or ():
+        kind, _, days = spec.partition("=")
+        if kind not in retention.CLASSES or not days.replace(".", "", 1).isdigit():
+            raise ConfigurationError(
+                f"--older-than wants CLASS=DAYS (classes: {', '.join(retention.CLASSES)})"
+            )
+        ages[kind] = timedelta(days=float(days))
+    classes = tuple(args.only.split(",")) if args.only else retention.CLASSES
+
+    def progress(kind: str, total: int) -> None:
+        if sys.stderr.isatty():
+            print(f"\rpurging {kind}: {total} rows", end="", file=sys.stderr, flush=True)
+
+    async def main() -> Any:
+        pool = await _connect_pool(dsn, 1, schema=args.schema)
+        try:
+            return await retention.purge(
+                pool, batch=args.batch, ages=ages, classes=classes, progress=progress
+            )
+        finally:
+            await pool.close()
+
+    report = asyncio.run(main())
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if args.json:
+        print(json.dumps({
+            "removed": report.removed, "statements": report.statements,
+            "longest_statement_ms": round(report.longest_statement * 1000, 1),
+            "elapsed_s": round(report.elapsed, 3),
+        }, indent=2))  # fmt: skip
+        return 0
+    for kind, n in report.removed.items():
+        print(f"  {kind:<18} {n:>9} rows")
+    print(
+        f"{report.statements} statements in {report.elapsed:.2f}s;"
+        f" longest single statement {report.longest_statement * 1000:.1f} ms"
+    )
     return 0
 
 
@@ -222,16 +305,69 @@ def _cmd_relay(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _connect_pool(dsn: str, size: int) -> Any:
+async def _connect_pool(dsn: str, size: int, *, schema: str | None = None) -> Any:
     import asyncpg
 
     from agentdb.errors import DatabaseUnavailable
     from agentdb.migrate import redact
 
+    settings = {"search_path": schema} if schema else None
     try:
-        return await asyncpg.create_pool(dsn, min_size=1, max_size=size, timeout=10)
+        return await asyncpg.create_pool(
+            dsn, min_size=1, max_size=size, timeout=10, server_settings=settings
+        )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnavailable(f"cannot connect to {redact(dsn)}: {exc}") from exc
+
+
+def _cmd_tenant_delete(args: argparse.Namespace) -> int:
+    import uuid
+
+    from agentdb.tenancy import delete_tenant
+
+    dsn = _dsn(args)
+    try:
+        tenant_id = uuid.UUID(args.tenant_id)
+    except ValueError:
+        raise ConfigurationError(f"{args.tenant_id!r} is not a tenant id (a UUID)") from None
+    if args.dry_run == args.yes:
+        raise ConfigurationError("say --dry-run to see what would happen, or --yes to do it")
+
+    async def main() -> Any:
+        pool = await _connect_pool(dsn, 1)
+        try:
+            return await delete_tenant(pool, tenant_id, dry_run=args.dry_run, actor="agentdb-cli")
+        finally:
+            await pool.close()
+
+    report = asyncio.run(main())
+    if args.json:
+        print(json.dumps({
+            "tenant_id": str(report.tenant_id),
+            "dry_run": report.dry_run,
+            "complete": report.complete,
+            "steps": [
+                {"step": s.step, "object": s.object, "action": s.action, "rows": s.affected,
+                 "retained_until": s.retained_until.isoformat() if s.retained_until else None,
+                 "refs": list(s.refs)}
+                for s in report.steps
+            ],
+        }, indent=2))  # fmt: skip
+        return 0
+    verb = "would" if report.dry_run else "did"
+    print(f"tenant {tenant_id}: {'dry run' if report.dry_run else 'deletion'}")
+    for s in report.steps:
+        until = f" until {s.retained_until:%Y-%m-%d}" if s.retained_until else ""
+        print(f"  {s.step:>2}. {s.object:<22} {s.action:<28} {s.affected:>6} rows{until}")
+        for ref in s.refs:
+            print(f"        {ref}")
+    if report.complete:
+        tail = "the tenant is gone"
+    else:
+        until = f" until {report.retained_until:%Y-%m-%d}" if report.retained_until else ""
+        tail = f"audit events are retained{until}; run again then to finish"
+    print(f"{verb}: {tail}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -270,10 +406,25 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--count", type=int, default=1, help="how many to roll back (default 1)")
     p.set_defaults(func=_cmd_rollback)
 
-    p = sub.add_parser("status", help="show which migrations are applied")
+    p = sub.add_parser("status", help="tasks, leases, operations, outbox, inbox, purge backlog")
     _add_target(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    p.add_argument("--migrations", action="store_true", help="list migrations and whether applied")
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("purge", help="delete what is past retention, in small batches")
+    _add_target(p)
+    p.add_argument("--batch", type=int, default=1000, help="rows per statement (default 1000)")
+    p.add_argument(
+        "--older-than",
+        action="append",
+        metavar="CLASS=DAYS",
+        help="age for outbox_delivered, inbox, operations, tasks (repeatable)",
+    )
+    p.add_argument("--only", help="comma-separated classes to purge (default: all)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_purge)
 
     p = sub.add_parser("sql", help="print the complete DDL for pasting or piping into psql")
     p.add_argument("--schema", help="create and fill this schema instead of the default")
@@ -283,6 +434,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("grant", help="grant to agentdb roles created after migrating")
     _add_target(p)
     p.set_defaults(func=_cmd_grant)
+
+    from agentdb import audit
+
+    audit.register(sub)
+
+    p = sub.add_parser("tenant", help="tenant administration")
+    tenant_sub = p.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
+    p = tenant_sub.add_parser("delete", help="apply the tenant deletion policy (G17)")
+    p.add_argument("tenant_id", help="the tenant's id")
+    p.add_argument("--dsn", help="postgresql:// URL of the schema owner (default: $DATABASE_URL)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--dry-run", action="store_true", help="report what would happen, change nothing"
+    )
+    mode.add_argument("--yes", action="store_true", help="do it")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_tenant_delete)
 
     p = sub.add_parser("worker", help="run a worker: claim due tasks and run their handlers")
     p.add_argument("handlers", metavar="MODULE:HANDLERS", help="dict of task type -> async handler")

@@ -33,7 +33,7 @@ from typing import Any
 
 import asyncpg
 
-from agentdb import inbox, tasks, tenancy
+from agentdb import _faults, inbox, tasks, tenancy
 from agentdb.models import Message, Operation, OutboxMessage
 from agentdb.worker import Job, Reconciled, Succeed
 
@@ -41,10 +41,12 @@ __all__ = ["PUBLISHER", "WORKER", "main"]
 
 TASK_TYPE = "demo.invoice"
 ACTIONS = ("charge", "email")
-REFUSE_RATE = 0.06  # the provider answers 503 before doing anything
-TIMEOUT_RATE = 0.04  # the provider does it, but the answer never arrives
-BROKER_DOWN_RATE = 0.03  # the consumer is unreachable: nothing delivered
-ACK_LOST_RATE = 0.03  # the consumer processed it, but the relay never hears back
+# AGENTDB_DEMO_CALM=1 turns these off (the crash tests want exact counts).
+_CALM = os.environ.get("AGENTDB_DEMO_CALM") == "1"
+REFUSE_RATE = 0.0 if _CALM else 0.06  # the provider answers 503 before doing anything
+TIMEOUT_RATE = 0.0 if _CALM else 0.04  # the provider does it, but the answer never arrives
+BROKER_DOWN_RATE = 0.0 if _CALM else 0.03  # the consumer is unreachable: nothing delivered
+ACK_LOST_RATE = 0.0 if _CALM else 0.03  # the consumer processed it; the relay never hears back
 
 _SCHEMA = (
     "CREATE SCHEMA IF NOT EXISTS agentdb_demo",
@@ -85,29 +87,40 @@ async def _provider_pool() -> asyncpg.Pool:
 
 
 async def provider_call(key: str, action: str, task_id: uuid.UUID) -> str:
-    """Perform ``action`` once per idempotency ``key``; return the provider's reference."""
+    """Perform ``action`` once per idempotency ``key``; return the provider's reference.
+
+    Every request is logged on arrival, so the report can compare requests
+    received with effects executed.
+    """
     pool = await _provider_pool()
     await asyncio.sleep(_rng.uniform(0.005, 0.04))
+    request = await pool.fetchval(
+        "INSERT INTO agentdb_demo.provider_requests (key, action, task_id, outcome)"
+        " VALUES ($1, $2, $3, 'received') RETURNING id",
+        key,
+        action,
+        task_id,
+    )
+    _faults.point("during_call")  # the provider has the request; no effect yet
     if _rng.random() < REFUSE_RATE:
         await pool.execute(
-            "INSERT INTO agentdb_demo.provider_requests (key, action, task_id, outcome)"
-            " VALUES ($1, $2, $3, 'refused')",
-            key,
-            action,
-            task_id,
+            "UPDATE agentdb_demo.provider_requests SET outcome = 'refused' WHERE id = $1", request
         )
         raise ProviderError("503 service unavailable")
+    # Honour the idempotency key: a repeated key returns the first effect's reference.
     ref = await pool.fetchval(
-        "WITH req AS (INSERT INTO agentdb_demo.provider_requests (key, action, task_id, outcome)"
-        "             VALUES ($1, $2, $3, 'accepted')),"
-        " eff AS (INSERT INTO agentdb_demo.provider_effects (key, action, task_id, ref)"
-        "         VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING RETURNING ref)"
+        "WITH eff AS (INSERT INTO agentdb_demo.provider_effects (key, action, task_id, ref)"
+        "             VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING RETURNING ref),"
+        " req AS (UPDATE agentdb_demo.provider_requests"
+        "         SET outcome = CASE WHEN EXISTS (SELECT 1 FROM eff) THEN 'executed'"
+        "                            ELSE 'replayed' END WHERE id = $5)"
         " SELECT ref FROM eff UNION ALL"
         " SELECT ref FROM agentdb_demo.provider_effects WHERE key = $1",
         key,
         action,
         task_id,
         f"{action}_{uuid.uuid4().hex[:10]}",
+        request,
     )
     if _rng.random() < TIMEOUT_RATE:
         raise ProviderTimeout("no answer within 30s")
@@ -188,59 +201,105 @@ PUBLISHER = publish
 # ---- the orchestrator ----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Workload:
+    """One run: how much work, how many processes, and how they are made to crash."""
+
+    tasks: int = 300
+    tenants: int = 5
+    workers: int = 4
+    relays: int = 2
+    kill_every: float = 0.5  # mean seconds between external SIGKILLs; 0 for none
+    worker_faults: str = ""  # AGENTDB_FAULTS for worker processes
+    relay_faults: str = ""  # AGENTDB_FAULTS for relay processes
+    timeout: float = 100.0
+    seed: int | None = None
+    max_attempts: int = 25
+    lease_ttl: timedelta = timedelta(seconds=2)
+    progress: bool = True
+
+
+@dataclass
+class Result:
+    """What a run did, counted from the database."""
+
+    finished: bool
+    elapsed: float
+    kills: int
+    kills_by_point: dict[str, int]
+    counts: dict[str, int]
+    tasks_by_state: dict[str, int]
+    outbox_by_state: dict[str, int]
+    log_path: Path
+
+    @property
+    def stuck(self) -> int:
+        terminal = ("succeeded", "failed", "dead", "cancelled")
+        return sum(n for s, n in self.tasks_by_state.items() if s not in terminal)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.finished
+            and self.counts["duplicates"] == 0
+            and self.counts["lost"] == 0
+            and self.stuck == 0
+        )
+
+
 @dataclass
 class _Fleet:
     dsn: str
-    env: dict[str, str]
+    workload: Workload
     log: Any
+    fault_log: Path
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     relays: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    kills: int = 0
+    external_kills: int = 0
+    died: int = 0
 
-    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, faults: str, *args: str) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, DATABASE_URL=self.dsn, AGENTDB_FAULTS=faults)
+        env["AGENTDB_FAULTS_LOG"] = str(self.fault_log)
+        if self.workload.seed is not None:
+            env["AGENTDB_DEMO_SEED"] = str(self.workload.seed)
         return subprocess.Popen(
             [sys.executable, "-m", "agentdb", *args, "--dsn", self.dsn, "--log-level", "warning"],
-            env=self.env,
+            env=env,
             stdout=self.log,
             stderr=self.log,
         )
 
     def worker(self) -> subprocess.Popen[bytes]:
         return self._spawn(
-            "worker",
-            "agentdb.demo:WORKER",
-            "--concurrency",
-            "4",
-            "--poll-interval",
-            "0.2",
-            "--retry-base",
-            "0.05",
-            "--shutdown-grace",
-            "1",
-        )
+            self.workload.worker_faults,
+            "worker", "agentdb.demo:WORKER", "--concurrency", "4", "--poll-interval", "0.2",
+            "--retry-base", "0.05", "--shutdown-grace", "1",
+        )  # fmt: skip
 
     def relay(self) -> subprocess.Popen[bytes]:
         return self._spawn(
-            "relay",
-            "agentdb.demo:PUBLISHER",
-            "--batch",
-            "50",
-            "--visibility",
-            "2",
-            "--poll-interval",
-            "0.2",
-            "--retry-base",
-            "0.05",
-        )
+            self.workload.relay_faults,
+            "relay", "agentdb.demo:PUBLISHER", "--batch", "50", "--visibility", "2",
+            "--poll-interval", "0.2", "--retry-base", "0.05",
+        )  # fmt: skip
 
     def kill_one(self, rng: random.Random) -> None:
         group = self.workers if (rng.random() < 0.8 or not self.relays) else self.relays
-        i = rng.randrange(len(group))
-        victim = group[i]
-        victim.send_signal(signal.SIGKILL)
-        victim.wait()
-        self.kills += 1
-        group[i] = self.worker() if group is self.workers else self.relay()
+        victim = group[rng.randrange(len(group))]
+        if victim.poll() is None:
+            victim.send_signal(signal.SIGKILL)
+            victim.wait()
+            self.external_kills += 1
+
+    def supervise(self) -> None:
+        """Replace every process that died (killed from outside or by a fault point)."""
+        for group, make in ((self.workers, self.worker), (self.relays, self.relay)):
+            for i, proc in enumerate(group):
+                code = proc.poll()
+                if code is not None:
+                    self.died += 1
+                    group[i] = make()
 
     def stop(self) -> None:
         procs = self.workers + self.relays
@@ -262,12 +321,11 @@ _PROGRESS = (
     " FROM agent_tasks WHERE tenant_id = ANY ($1) AND task_type = 'demo.invoice'"
 )
 
-_REPORT = {
-    "tasks": "SELECT state, count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
-    " AND task_type = 'demo.invoice' GROUP BY state",
+_COUNTS = {
     "requests": "SELECT count(*) FROM agentdb_demo.provider_requests",
     "refused": "SELECT count(*) FROM agentdb_demo.provider_requests WHERE outcome = 'refused'",
     "effects": "SELECT count(*) FROM agentdb_demo.provider_effects",
+    "replayed": "SELECT count(*) FROM agentdb_demo.provider_requests WHERE outcome = 'replayed'",
     "duplicates": "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n"
     " FROM agentdb_demo.provider_effects GROUP BY task_id, action) g",
     "reconciled": "SELECT count(*) FROM agent_events WHERE tenant_id = ANY ($1)"
@@ -276,13 +334,19 @@ _REPORT = {
     " AND event_type = 'operation.unknown'",
     "reclaimed": "SELECT count(*) FROM agent_events WHERE tenant_id = ANY ($1)"
     " AND event_type = 'task.reclaimed'",
-    "outbox": "SELECT state, count(*) FROM agent_outbox WHERE tenant_id = ANY ($1) GROUP BY state",
     "consumed": "SELECT count(*) FROM agentdb_demo.consumer_ledger WHERE tenant_id = ANY ($1)",
     "redeliveries": "SELECT count(*) FROM agentdb_demo.consumer_redeliveries",
     "lost": "SELECT count(*) FROM agent_outbox o WHERE o.tenant_id = ANY ($1) AND NOT EXISTS"
     " (SELECT 1 FROM agentdb_demo.consumer_ledger c"
     "  WHERE c.tenant_id = o.tenant_id AND c.message_id = o.id)",
 }
+_TASKS_BY_STATE = (
+    "SELECT state, count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
+    " AND task_type = 'demo.invoice' GROUP BY state"
+)
+_OUTBOX_BY_STATE = (
+    "SELECT state, count(*) FROM agent_outbox WHERE tenant_id = ANY ($1) GROUP BY state"
+)
 
 
 def _bar(done: int, total: int, kills: int, elapsed: float, tty: bool) -> str:
@@ -295,138 +359,137 @@ def _bar(done: int, total: int, kills: int, elapsed: float, tty: bool) -> str:
     )
 
 
-async def _seed(
-    pool: asyncpg.Pool, args: argparse.Namespace, rng: random.Random
-) -> list[uuid.UUID]:
+async def _seed(pool: asyncpg.Pool, w: Workload, rng: random.Random) -> list[uuid.UUID]:
     async with pool.acquire() as conn:
         for statement in _SCHEMA:
             await conn.execute(statement)
-    tenants = [await tenancy.create_tenant(pool, f"demo-tenant-{i}") for i in range(args.tenants)]
-    for i in range(args.tasks):
+    run = uuid.uuid4().hex[:6]
+    tenants = [await tenancy.create_tenant(pool, f"demo-{run}-{i}") for i in range(w.tenants)]
+    for i in range(w.tasks):
         await tasks.create(
-            pool,
-            tenants[i % len(tenants)],
-            TASK_TYPE,
+            pool, tenants[i % len(tenants)], TASK_TYPE,
             params={"invoice": i, "amount": rng.randint(1, 500)},
-            dedupe_key=f"invoice-{i}",
-            max_attempts=25,
-            lease_ttl=_LEASE_TTL,
-        )
+            dedupe_key=f"invoice-{run}-{i}", max_attempts=w.max_attempts, lease_ttl=w.lease_ttl,
+        )  # fmt: skip
     return tenants
 
 
-_LEASE_TTL = timedelta(seconds=2)
+def _kills_by_point(path: Path) -> dict[str, int]:
+    found: dict[str, int] = {}
+    if path.exists():
+        for line in path.read_text().split():
+            found[line] = found.get(line, 0) + 1
+    return found
 
 
-async def _orchestrate(dsn: str, args: argparse.Namespace, log: Any, log_path: Path) -> int:
-    rng = random.Random(args.seed)
+async def run_workload(dsn: str, w: Workload, log: Any, log_path: Path) -> Result:
+    """Seed ``w.tasks`` invoice tasks, run the fleet with its crashes until done, and count."""
+    rng = random.Random(w.seed)
+    tty = w.progress and sys.stderr.isatty()
+    fault_log = log_path.with_suffix(".faults")
+    fault_log.unlink(missing_ok=True)
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
-    tty = sys.stderr.isatty()
     try:
-        tenant_ids = await _seed(pool, args, rng)
-        env = dict(os.environ, DATABASE_URL=dsn)
-        if args.seed is not None:
-            env["AGENTDB_DEMO_SEED"] = str(args.seed)
-        fleet = _Fleet(dsn, env, log)
-        fleet.workers = [fleet.worker() for _ in range(args.workers)]
-        fleet.relays = [fleet.relay() for _ in range(args.relays)]
+        tenant_ids = await _seed(pool, w, rng)
+        fleet = _Fleet(dsn, w, log, fault_log)
+        fleet.workers = [fleet.worker() for _ in range(w.workers)]
+        fleet.relays = [fleet.relay() for _ in range(w.relays)]
         start = time.monotonic()
-        next_kill = start + (rng.expovariate(1 / args.kill_every) if args.kill_every > 0 else 1e18)
-        last_line = 0.0
-        finished = False
+        next_kill = start + (rng.expovariate(1 / w.kill_every) if w.kill_every > 0 else 1e18)
+        last_line, finished, done = 0.0, False, 0
         try:
-            while time.monotonic() - start < args.timeout:
+            while time.monotonic() - start < w.timeout:
                 row = await pool.fetchrow(_PROGRESS, tenant_ids)
                 assert row is not None
                 done, pending_out = int(row[0]), int(row[1])
                 now = time.monotonic()
-                if tty or now - last_line >= 5:
-                    print(
-                        _bar(done, args.tasks, fleet.kills, now - start, tty),
-                        end="" if tty else "\n",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                if w.progress and (tty or now - last_line >= 5):
+                    bar = _bar(done, w.tasks, fleet.died, now - start, tty)
+                    print(bar, end="" if tty else "\n", file=sys.stderr, flush=True)
                     last_line = now
-                if done == args.tasks and pending_out == 0:
+                if done == w.tasks and pending_out == 0:
                     finished = True
                     break
-                if now >= next_kill and done < args.tasks:
+                if now >= next_kill and done < w.tasks:
                     fleet.kill_one(rng)
-                    next_kill = now + rng.expovariate(1 / args.kill_every)
-                await asyncio.sleep(0.2)
+                    next_kill = now + rng.expovariate(1 / w.kill_every)
+                fleet.supervise()
+                await asyncio.sleep(0.1)
         finally:
             elapsed = time.monotonic() - start
+            fleet.supervise()
             fleet.stop()
-        print(
-            _bar(args.tasks if finished else done, args.tasks, fleet.kills, elapsed, tty),
-            file=sys.stderr,
+        if w.progress:
+            print(_bar(done, w.tasks, fleet.died, elapsed, tty), file=sys.stderr)
+        counts = {}
+        for name, sql in _COUNTS.items():
+            value = await (pool.fetchval(sql, tenant_ids) if "$1" in sql else pool.fetchval(sql))
+            counts[name] = int(value or 0)
+        by_point = _kills_by_point(fault_log)
+        return Result(
+            finished=finished,
+            elapsed=elapsed,
+            kills=fleet.external_kills + sum(by_point.values()),
+            kills_by_point=by_point,
+            counts=counts,
+            tasks_by_state={r[0]: r[1] for r in await pool.fetch(_TASKS_BY_STATE, tenant_ids)},
+            outbox_by_state={r[0]: r[1] for r in await pool.fetch(_OUTBOX_BY_STATE, tenant_ids)},
+            log_path=log_path,
         )
-        return await _report(pool, tenant_ids, args, fleet.kills, elapsed, finished, log_path)
     finally:
         await pool.close()
 
 
-async def _report(
-    pool: asyncpg.Pool,
-    tenants: list[uuid.UUID],
-    args: argparse.Namespace,
-    kills: int,
-    elapsed: float,
-    finished: bool,
-    log_path: Path,
-) -> int:
-    async def one(name: str) -> int:
-        sql = _REPORT[name]
-        value = await (pool.fetchval(sql, tenants) if "$1" in sql else pool.fetchval(sql))
-        return int(value or 0)
-
-    by_state = {r[0]: r[1] for r in await pool.fetch(_REPORT["tasks"], tenants)}
-    outbox_states = {r[0]: r[1] for r in await pool.fetch(_REPORT["outbox"], tenants)}
-    succeeded = by_state.get("succeeded", 0)
-    stuck = args.tasks - sum(
-        by_state.get(s, 0) for s in ("succeeded", "failed", "dead", "cancelled")
-    )
-    duplicates, lost = await one("duplicates"), await one("lost")
+def _report(w: Workload, r: Result) -> int:
+    c = r.counts
+    succeeded = r.tasks_by_state.get("succeeded", 0)
     lines = [
-        ("tasks completed", f"{succeeded} of {args.tasks}"
-         + (f" ({by_state.get('dead', 0)} dead, {by_state.get('failed', 0)} failed)"
-            if succeeded < args.tasks else "")),
-        ("worker/relay processes killed (SIGKILL)", str(kills)),
-        ("tasks taken over after a killed worker's lease expired", str(await one("reclaimed"))),
-        ("provider requests received",
-         f"{await one('requests')} ({await one('refused')} refused with 503)"),
-        ("effects the provider executed", str(await one("effects"))),
-        ("duplicate effects", str(duplicates)),
-        ("operations with an unknown outcome (timeouts, crashes)", str(await one("unknown"))),
-        ("operations reconciled from the provider's ledger", str(await one("reconciled"))),
-        ("outbox messages delivered", str(outbox_states.get("delivered", 0))),
-        ("consumer effects applied", str(await one("consumed"))),
-        ("redeliveries absorbed by the inbox", str(await one("redeliveries"))),
-        ("messages lost", str(lost)),
-        ("tasks stuck", str(stuck)),
-        ("throughput", f"{succeeded / elapsed:.1f} tasks/s over {elapsed:.1f}s"),
+        ("tasks completed", f"{succeeded} of {w.tasks}"
+         + (f" ({r.tasks_by_state.get('dead', 0)} dead, {r.tasks_by_state.get('failed', 0)} failed)"
+            if succeeded < w.tasks else "")),
+        ("worker/relay processes killed (SIGKILL)", str(r.kills)),
+        ("tasks taken over after a killed worker's lease expired", str(c["reclaimed"])),
+        ("provider requests received", f"{c['requests']} ({c['refused']} refused with 503)"),
+        ("effects the provider executed", str(c["effects"])),
+        ("repeat requests the provider answered from its key", str(c["replayed"])),
+        ("duplicate effects", str(c["duplicates"])),
+        ("operations with an unknown outcome (timeouts, crashes)", str(c["unknown"])),
+        ("operations reconciled from the provider's ledger", str(c["reconciled"])),
+        ("outbox messages delivered", str(r.outbox_by_state.get("delivered", 0))),
+        ("consumer effects applied", str(c["consumed"])),
+        ("redeliveries absorbed by the inbox", str(c["redeliveries"])),
+        ("messages lost", str(c["lost"])),
+        ("tasks stuck", str(r.stuck)),
+        ("throughput", f"{succeeded / r.elapsed:.1f} tasks/s over {r.elapsed:.1f}s"),
     ]  # fmt: skip
     width = max(len(k) for k, _ in lines)
     print("\nagentdb demo report")
     for key, value in lines:
         print(f"  {key:<{width}}  {value}")
-    ok = (
-        finished
-        and duplicates == 0
-        and lost == 0
-        and stuck == 0
-        and (kills > 0 or args.kill_every == 0)
+    ok = r.ok and (r.kills > 0 or w.kill_every == 0)
+    verdict = (
+        "every effect once, every message delivered, nothing lost"
+        if ok
+        else f"see the worker and relay logs in {r.log_path}"
     )
-    print(
-        f"\n{'OK' if ok else 'FAILED'}: "
-        + (
-            "every effect once, every message delivered, nothing lost"
-            if ok
-            else f"see the worker and relay logs in {log_path}"
-        )
-    )
+    print(f"\n{'OK' if ok else 'FAILED'}: {verdict}")
     return 0 if ok else 1
+
+
+def with_database(dsn: str | None, body: Any) -> Any:
+    """Run ``body(dsn, log, log_path)`` against ``dsn`` (migrated) or an embedded Postgres."""
+    log_path = Path(tempfile.mkdtemp(prefix="agentdb-run-")) / "processes.log"
+    if dsn:
+        from agentdb.migrate import migrate
+
+        migrate(dsn)
+        with open(log_path, "ab") as log:
+            return body(dsn, log, log_path)
+    from agentdb.embedded import embedded_postgres
+
+    print("starting an embedded Postgres (no server to install)...", file=sys.stderr)
+    with embedded_postgres() as local, open(log_path, "ab") as log:
+        return body(local, log, log_path)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -435,15 +498,13 @@ def main(args: argparse.Namespace) -> int:
 
     if args.tasks < 1 or args.tenants < 1 or args.workers < 1 or args.relays < 1:
         raise ConfigurationError("--tasks, --tenants, --workers and --relays must be at least 1")
-    log_path = Path(tempfile.mkdtemp(prefix="agentdb-demo-")) / "processes.log"
-    if args.dsn:
-        from agentdb.migrate import migrate
+    w = Workload(
+        tasks=args.tasks, tenants=args.tenants, workers=args.workers, relays=args.relays,
+        kill_every=args.kill_every, timeout=args.timeout, seed=args.seed,
+    )  # fmt: skip
 
-        migrate(args.dsn)
-        with open(log_path, "ab") as log:
-            return asyncio.run(_orchestrate(args.dsn, args, log, log_path))
-    from agentdb.embedded import embedded_postgres
+    def body(dsn: str, log: Any, log_path: Path) -> int:
+        return _report(w, asyncio.run(run_workload(dsn, w, log, log_path)))
 
-    print("starting an embedded Postgres (no server to install)...", file=sys.stderr)
-    with embedded_postgres() as dsn, open(log_path, "ab") as log:
-        return asyncio.run(_orchestrate(dsn, args, log, log_path))
+    result: int = with_database(args.dsn, body)
+    return result

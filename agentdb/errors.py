@@ -445,6 +445,9 @@ CONSTRAINTS: Final[Mapping[str, str]] = MappingProxyType(
             "agent_events_retain_until_idx",
             "agent_events_payload_expiry_idx",
             "agent_outbox_payload_size",
+            "agent_operations_settled_idx",
+            "agent_events_operation_idx",
+            "agent_tasks_finished_idx",
         ),
         # G10: outbox delivery state (and the wake-up hint for relays).
         **_named(
@@ -456,6 +459,7 @@ CONSTRAINTS: Final[Mapping[str, str]] = MappingProxyType(
             "agent_outbox_lease_token_valid",
             "agent_outbox_pending_idx",
             "agent_outbox_delivered_idx",
+            "agent_outbox_dead_idx",
         ),
         # G11: consumer-side dedupe.
         **_named("G11", "agent_inbox_pkey", "agent_inbox_processed_at_idx"),
@@ -505,6 +509,13 @@ CONSTRAINTS: Final[Mapping[str, str]] = MappingProxyType(
                 for table in ("tasks", "operations", "events", "outbox")
                 for column in ("trace_id", "span_id")
             ),
+        ),
+        # G16: the pinned GenAI semantic-conventions version, append-only history.
+        **_named(
+            "G16",
+            "agent_semconv_pins_pkey",
+            "agent_semconv_pins_version_format",
+            "agent_semconv_pins_append_only",
         ),
         # G17: credentials are references, never secrets.
         **_named("G17", "agent_credential_refs_is_reference"),

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from agentdb import _exec
+from agentdb import _exec, telemetry
 from agentdb.errors import AgentDBError, ConfigurationError
 from agentdb.models import Lease, Task
 from agentdb.tasks import explain_stale_task
@@ -43,7 +43,10 @@ async def claim(
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
     types = list(task_types) if task_types is not None else None
-    rows = await _exec.fetch_many(db, _Q["task_claim"], owner, batch, lease_ttl, types)
+    with telemetry.span(
+        "agentdb.task.claim", {"agentdb.lease.owner": owner, "agentdb.batch.size": batch}
+    ):
+        rows = await _exec.fetch_many(db, _Q["task_claim"], owner, batch, lease_ttl, types)
     return [Task.from_record(r) for r in rows]
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "MigrationState",
     "ddl",
     "grant",
+    "libpq_dsn",
     "migrate",
     "migration_ids",
     "migrations_dir",
@@ -103,7 +104,12 @@ def redact(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def _libpq_dsn(dsn: str) -> str:
+def libpq_dsn(dsn: str) -> str:
+    """Return ``dsn`` as a plain ``postgresql://`` URL for libpq.
+
+    Raises:
+        ConfigurationError: no DSN, or not a postgresql:// URL.
+    """
     netloc, path, query, _ = _split_dsn(dsn)
     return urlunsplit(("postgresql", netloc, path, query, ""))
 
@@ -119,7 +125,7 @@ def _yoyo_url(dsn: str, schema: str | None) -> str:
 @contextmanager
 def _connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     try:
-        conn = psycopg.connect(_libpq_dsn(dsn), connect_timeout=10, autocommit=True)
+        conn = psycopg.connect(libpq_dsn(dsn), connect_timeout=10, autocommit=True)
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise DatabaseUnavailable(f"cannot connect to {redact(dsn)}: {reason}") from exc

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from agentdb import _exec
+from agentdb import _exec, telemetry
 from agentdb._json import OBJECT_CAP, document
 from agentdb.errors import (
     AgentDBError,
@@ -112,10 +112,20 @@ async def reserve(
     """
     digest = input_hash(input)
     actor = actor or (lease.owner if lease else "agentdb")
+    trace_id, span_id = telemetry.ids(trace_id, span_id)
     args = (
-        tenant_id, uuid.uuid4(), task_id, idempotency_key, action, digest, actor,
-        lease.owner if lease else None, lease.token if lease else None, trace_id, span_id,
-    )  # fmt: skip
+        tenant_id,
+        uuid.uuid4(),
+        task_id,
+        idempotency_key,
+        action,
+        digest,
+        actor,
+        lease.owner if lease else None,
+        lease.token if lease else None,
+        trace_id,
+        span_id,
+    )
 
     async def zero() -> AgentDBError:
         if lease is not None:
@@ -124,7 +134,14 @@ async def reserve(
                 return why
         return _exec.Rerun("a concurrent reservation of this key is still settling")
 
-    row = await _exec.fetch_one(db, _Q["operation_reserve"], *args, on_zero=zero, reruns=2)
+    attrs = {
+        "agentdb.tenant_id": tenant_id,
+        "agentdb.task_id": task_id,
+        "agentdb.operation.key": idempotency_key,
+        "agentdb.operation.action": action,
+    }
+    with telemetry.span("agentdb.operation.reserve", attrs):
+        row = await _exec.fetch_one(db, _Q["operation_reserve"], *args, on_zero=zero, reruns=2)
     op = Operation.from_record(row)
     if row["created"]:
         return Reservation(op, fresh=True)
@@ -200,11 +217,22 @@ async def _settle(
         )
 
     row = await _exec.fetch_one(
-        db, _Q["operation_settle"], op.tenant_id, op.id, op.state_version, list(from_states),
-        to_state, provider_reference, body, error, actor or (lease.owner if lease else "agentdb"),
-        lease.owner if lease else None, lease.token if lease else None, event_type,
+        db,
+        _Q["operation_settle"],
+        op.tenant_id,
+        op.id,
+        op.state_version,
+        list(from_states),
+        to_state,
+        provider_reference,
+        body,
+        error,
+        actor or (lease.owner if lease else "agentdb"),
+        lease.owner if lease else None,
+        lease.token if lease else None,
+        event_type,
         on_zero=stale,
-    )  # fmt: skip
+    )
     return Operation.from_record(row)
 
 
@@ -242,10 +270,24 @@ async def complete(
         LeaseLost: ``lease`` was taken over; this outcome was not recorded.
         PayloadTooLarge: ``result`` is over the cap.
     """
-    return await _settle(
-        db, op, _UNSETTLED, "succeeded", lease=lease, actor=None, event_type="operation.succeeded",
-        provider_reference=provider_reference, result=result,
-    )  # fmt: skip
+    attrs = {
+        "agentdb.tenant_id": op.tenant_id,
+        "agentdb.task_id": op.task_id,
+        "agentdb.operation.key": op.idempotency_key,
+        "agentdb.operation.action": op.action,
+    }
+    with telemetry.span("agentdb.operation.complete", attrs):
+        return await _settle(
+            db,
+            op,
+            _UNSETTLED,
+            "succeeded",
+            lease=lease,
+            actor=None,
+            event_type="operation.succeeded",
+            provider_reference=provider_reference,
+            result=result,
+        )
 
 
 async def fail(
@@ -264,9 +306,16 @@ async def fail(
         as :func:`complete`.
     """
     return await _settle(
-        db, op, _UNSETTLED, "failed", lease=lease, actor=None, event_type="operation.failed",
-        provider_reference=provider_reference, error=error[:4000],
-    )  # fmt: skip
+        db,
+        op,
+        _UNSETTLED,
+        "failed",
+        lease=lease,
+        actor=None,
+        event_type="operation.failed",
+        provider_reference=provider_reference,
+        error=error[:4000],
+    )
 
 
 async def mark_unknown(
@@ -281,9 +330,15 @@ async def mark_unknown(
         as :func:`complete`.
     """
     return await _settle(
-        db, op, ("reserved", "in_flight"), "unknown", lease=lease, actor=None,
-        event_type="operation.unknown", error=error[:4000] if error else None,
-    )  # fmt: skip
+        db,
+        op,
+        ("reserved", "in_flight"),
+        "unknown",
+        lease=lease,
+        actor=None,
+        event_type="operation.unknown",
+        error=error[:4000] if error else None,
+    )
 
 
 async def reconcile(
@@ -305,10 +360,17 @@ async def reconcile(
     if not provider_reference:
         raise ConfigurationError("reconcile needs the provider's reference for the effect")
     return await _settle(
-        db, op, _UNSETTLED, "succeeded" if succeeded else "failed", lease=lease, actor=None,
-        event_type="operation.reconciled", provider_reference=provider_reference, result=result,
+        db,
+        op,
+        _UNSETTLED,
+        "succeeded" if succeeded else "failed",
+        lease=lease,
+        actor=None,
+        event_type="operation.reconciled",
+        provider_reference=provider_reference,
+        result=result,
         error=None if succeeded else (error or "reconciled as failed")[:4000],
-    )  # fmt: skip
+    )
 
 
 async def list_unsettled(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from agentdb import _exec
+from agentdb import _exec, telemetry
 from agentdb._json import OBJECT_CAP, document
 from agentdb.errors import AgentDBError, ConfigurationError, LeaseLost, NotFound
 from agentdb.models import OutboxMessage
@@ -49,6 +49,7 @@ async def enqueue(
     """
     body = document(payload or {}, cap=OBJECT_CAP, what=f"outbox payload for {topic}")
     mid = message_id or uuid.uuid4()
+    trace_id, span_id = telemetry.ids(trace_id, span_id)
 
     async def never() -> AgentDBError:
         return AgentDBError("outbox_enqueue returned no row")

@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from agentdb import outbox
+from agentdb import _faults, outbox, telemetry
 from agentdb._listen import listen
 from agentdb.errors import AgentDBError, TransientError
 from agentdb.models import OutboxMessage
@@ -106,8 +106,11 @@ class Relay:
         if not claimed:
             return 0
         self.stats.claimed += len(claimed)
+        _faults.point("after_relay_claim")
         results = await asyncio.gather(*(self._publish(m) for m in claimed))
         ok = [m for m, error in zip(claimed, results, strict=True) if error is None]
+        if ok:
+            _faults.point("after_publish")
         marked = await outbox.mark_delivered(self.pool, ok)
         self.stats.delivered += len(marked)
         self.stats.lost_claims += len(ok) - len(marked)
@@ -135,8 +138,14 @@ class Relay:
 
     async def _publish(self, message: OutboxMessage) -> str | None:
         async with self._limit:
+            attrs = {
+                "agentdb.tenant_id": message.tenant_id,
+                "agentdb.message_id": message.id,
+                "messaging.destination.name": message.topic,
+            }
             try:
-                await self.publisher(message)
+                with telemetry.span("agentdb.relay.publish", attrs):
+                    await self.publisher(message)
             except Exception as exc:
                 log.warning(
                     "publish of %s (%s) failed, attempt %d of %d: %s: %s",

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from agentdb import _exec
+from agentdb import _exec, telemetry
 from agentdb._json import EVENT_PAYLOAD_CAP, OBJECT_CAP, document
 from agentdb.errors import (
     AgentDBError,
@@ -22,6 +22,7 @@ from agentdb.errors import (
 )
 from agentdb.hashing import input_hash
 from agentdb.models import Lease, Message, Task
+from agentdb.redaction import redact
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
@@ -72,6 +73,7 @@ async def create(
     body = document(params or {}, cap=OBJECT_CAP, what="task params")
     digest = input_hash(dict(params or {})) if dedupe_key is not None else None
     new_id = task_id or uuid.uuid4()
+    trace_id, span_id = telemetry.ids(trace_id, span_id)
     args = (
         tenant_id, new_id, task_type, workflow_version, "waiting" if waiting else "pending",
         body, dedupe_key, digest, wake_at, max_attempts, lease_ttl, trace_id, span_id, actor,
@@ -167,8 +169,10 @@ async def transition(
 ) -> Task:
     """Move a task to ``to_state`` if it is still at ``expected_version`` - one round trip.
 
-    Writes the audit event (``event_type``, default ``task.<to_state>``) and
-    the ``outbox`` messages in the same statement. A lease holder passes its
+    Writes the audit event (``event_type``, default ``task.<to_state>``;
+    ``payload`` redacted by :mod:`agentdb.redaction`) and the ``outbox``
+    messages in the same statement. Trace ids default to the current
+    OpenTelemetry span's, else the task's. A lease holder passes its
     ``lease``: the write then also requires that lease to be current (G12).
     ``to_state`` may equal the current state to record progress (``step``).
     The event's actor is ``actor``, else the lease owner, else ``"agentdb"``.
@@ -181,7 +185,8 @@ async def transition(
         PayloadTooLarge / SecretInPayload: the event payload was refused (G9).
     """
     messages = list(outbox)
-    event_body = document(payload or {}, cap=EVENT_PAYLOAD_CAP, what="event payload")
+    event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
+    trace_id, span_id = telemetry.ids(trace_id, span_id)
     bodies = [
         document(m.payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}") for m in messages
     ]

@@ -12,13 +12,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
 from agentdb import _exec
-from agentdb.errors import AgentDBError
+from agentdb.errors import AgentDBError, NotFound
 
-__all__ = ["create_tenant", "tenant_scope"]
+__all__ = ["DeletionStep", "TenantDeletion", "create_tenant", "delete_tenant", "tenant_scope"]
 
 _Q = _exec.QUERIES
 
@@ -64,3 +66,82 @@ async def _set(conn: _exec.Conn, tenant_id: uuid.UUID) -> None:
         return AgentDBError("set_config returned no row")
 
     await _exec.fetch_one(conn, _Q["tenant_scope_set"], str(tenant_id), on_zero=never)
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionStep:
+    """One step of the tenant deletion policy and the rows it touched (or would touch)."""
+
+    step: int
+    object: str
+    action: str
+    affected: int
+    retained_until: datetime | None
+    refs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDeletion:
+    """What :func:`delete_tenant` did, or with ``dry_run`` would do, per table (G17)."""
+
+    tenant_id: uuid.UUID
+    dry_run: bool
+    steps: tuple[DeletionStep, ...]
+
+    def _refs(self, obj: str) -> tuple[str, ...]:
+        return next((s.refs for s in self.steps if s.object == obj), ())
+
+    @property
+    def artifact_uris(self) -> tuple[str, ...]:
+        """Blob URIs of the deleted artifacts: purge them from storage."""
+        return self._refs("agent_artifacts")
+
+    @property
+    def credential_refs(self) -> tuple[str, ...]:
+        """Secret-manager references of the deleted credentials: revoke them there."""
+        return self._refs("agent_credential_refs")
+
+    @property
+    def complete(self) -> bool:
+        """True when the tenant row itself is (or would be) gone."""
+        return any(
+            s.object == "agent_tenants" and s.action == "delete" and s.affected for s in self.steps
+        )
+
+    @property
+    def retained_until(self) -> datetime | None:
+        """When the audit skeleton kept for this tenant expires (run again then)."""
+        return next((s.retained_until for s in self.steps if s.action == "retain for audit"), None)
+
+
+async def delete_tenant(
+    db: _exec.Executor, tenant_id: uuid.UUID, *, dry_run: bool, actor: str = "agentdb"
+) -> TenantDeletion:
+    """Apply the tenant deletion policy (see ``sql/0009.tenant_deletion.sql`` and the README).
+
+    With ``dry_run`` nothing changes; every step reports the rows it would
+    touch, counted with the predicate it acts on. Run it again after the
+    audit retention has passed to finish the deletion; a run with nothing
+    left to do changes nothing.
+
+    Raises:
+        NotFound: no such tenant.
+        asyncpg.InsufficientPrivilegeError: the caller is not the schema owner.
+    """
+    rows = await _exec.fetch_many(db, _Q["tenant_delete"], tenant_id, dry_run, actor)
+    if not rows:
+        raise NotFound(
+            f"tenant {tenant_id} not found", entity="tenant", tenant_id=tenant_id, id=tenant_id
+        )
+    steps = tuple(
+        DeletionStep(
+            r["step"],
+            r["object"],
+            r["action"],
+            r["affected"],
+            r["retained_until"],
+            tuple(r["refs"] or ()),
+        )
+        for r in rows
+    )
+    return TenantDeletion(tenant_id, dry_run, steps)

@@ -37,7 +37,7 @@ from typing import Any
 
 import asyncpg
 
-from agentdb import _exec, leases, operations, tasks
+from agentdb import _exec, _faults, leases, operations, tasks
 from agentdb._listen import listen
 from agentdb.errors import (
     AgentDBError,
@@ -195,6 +195,7 @@ class Job:
             res = await self._recover(op, idempotency_key, action, input)
         if res.fresh:
             self._fresh[res.operation.id] = res.operation
+            _faults.point("after_reserve")
         return res
 
     async def _recover(self, op: Operation, key: str, action: str, input: Any) -> Reservation:
@@ -241,10 +242,12 @@ class Job:
         provider_reference: str | None = None,
     ) -> Operation:
         """Record an operation's success under the job's lease."""
+        _faults.point("after_call")
         done = await operations.complete(
             self.pool, op, result=result, provider_reference=provider_reference, lease=self.lease
         )
         self._fresh.pop(op.id, None)
+        _faults.point("after_complete")
         return done
 
     async def fail(
@@ -427,6 +430,8 @@ class Worker:
         except (TransientError, OSError) as exc:
             log.warning("claim failed, retrying: %s", exc)
             return 0
+        if claimed:
+            _faults.point("after_claim")
         for task in claimed:
             self.stats.claimed += 1
             job = Job(self, task)
@@ -511,6 +516,7 @@ class Worker:
                     payload=outcome.payload,
                     outbox=outcome.outbox,
                 )
+                _faults.point("after_transition")
                 self.stats.succeeded += 1
             elif isinstance(outcome, Fail):
                 await tasks.transition(

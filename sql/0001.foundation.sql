@@ -129,7 +129,8 @@ $$;
 -- G7 + G2 + G4 + G12: versioned rows. TG_ARGV[0] is 'task' or 'operation'.
 -- Every UPDATE moves state_version by exactly +1, except a lease heartbeat
 -- that changes nothing but lease_expires_at and updated_at (so renewing does
--- not invalidate other writers' expectations). Identity never changes:
+-- not invalidate other writers' expectations) and an UPDATE that changes
+-- nothing at all. Identity never changes:
 -- tenant_id (Citus cannot update it), id, created_at, and what a key was
 -- issued for (a task's type, dedupe key and input hash; an operation's task,
 -- idempotency key, action and input hash) - otherwise a stored result could
@@ -183,14 +184,16 @@ BEGIN
     IF NEW.state_version = OLD.state_version + 1 THEN
         RETURN NEW;
     END IF;
-    IF NEW.state_version = OLD.state_version AND TG_ARGV[0] = 'task' THEN
-        IF NEW.lease_expires_at IS DISTINCT FROM OLD.lease_expires_at THEN
-            probe := NEW;
+    -- Same version: allowed only if nothing but the heartbeat columns changed
+    -- (an UPDATE that changes nothing at all included).
+    IF NEW.state_version = OLD.state_version THEN
+        probe := NEW;
+        probe.updated_at := OLD.updated_at;
+        IF TG_ARGV[0] = 'task' THEN
             probe.lease_expires_at := OLD.lease_expires_at;
-            probe.updated_at := OLD.updated_at;
-            IF probe IS NOT DISTINCT FROM OLD THEN
-                RETURN NEW;
-            END IF;
+        END IF;
+        IF probe IS NOT DISTINCT FROM OLD THEN
+            RETURN NEW;
         END IF;
     END IF;
     RAISE EXCEPTION 'agentdb: % state_version must move by exactly +1 (% -> %)',

@@ -31,7 +31,8 @@ AS $$
         OR v ~ '(^|[^A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.'
 $$;
 
--- G9: true when any key or string value anywhere in the document looks secret.
+-- G9: true when, anywhere in the document, a key names a secret (and its
+-- value is not the redaction mask "[redacted]") or a string looks like one.
 CREATE FUNCTION agentdb_jsonb_has_secrets(doc jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -39,8 +40,9 @@ AS $$
         SELECT 1
         FROM jsonb_path_query(doc, 'strict $.**') AS node (v)
         WHERE (jsonb_typeof(node.v) = 'object'
-               AND EXISTS (SELECT 1 FROM jsonb_object_keys(node.v) AS k (name)
-                           WHERE agentdb_is_secret_key(k.name)))
+               AND EXISTS (SELECT 1 FROM jsonb_each(node.v) AS kv (key, value)
+                           WHERE agentdb_is_secret_key(kv.key)
+                             AND kv.value <> '"[redacted]"'::jsonb))
            OR (jsonb_typeof(node.v) = 'string' AND agentdb_is_secret_value(node.v #>> '{}'))
     )
 $$;

@@ -35,7 +35,12 @@ def _update_sql(table: str, changes: dict[str, Any], returning: str) -> str:
 
 
 # The column that identifies a row of each table (most have ``id``).
-_KEY = {"agent_inbox": "message_id", "agent_principals": "role_name", "agent_transitions": "entity"}
+_KEY = {
+    "agent_inbox": "message_id",
+    "agent_principals": "role_name",
+    "agent_transitions": "entity",
+    "agent_semconv_pins": "since",
+}
 
 
 async def insert(conn: asyncpg.Connection, table: str, row: dict[str, Any]) -> Any:

@@ -172,6 +172,14 @@ def edge(**kw: Any) -> Step:
     )
 
 
+def pin(**kw: Any) -> Step:
+    return row("agent_semconv_pins", lambda c: {"version": "1.37.0"}, **kw)
+
+
+async def _repin(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    await conn.execute("UPDATE agent_semconv_pins SET version = '9.9.9'")
+
+
 def task_change(*, claim: bool = False, **changes: Any) -> Step:
     """Create a fresh task in tenant a (optionally claimed), then update it with its event."""
 
@@ -759,7 +767,7 @@ CASES: list[Case] = [
     Case(
         "agent_events_payload_no_secrets",
         "23514",
-        ev(payload='{"tokens_used": 512}'),
+        ev(payload='{"tokens_used": 512, "password": "[redacted]"}'),
         ev(payload='{"request": {"headers": [{"Authorization": "x"}]}}'),
         label="secret-key",
     ),
@@ -885,6 +893,16 @@ CASES: list[Case] = [
     Case("agent_inbox_pkey", "23505", inbox(message_id=FIXED), inbox(message_id=FIXED)),
     Case("agent_inbox_tenant_fkey", "23503", inbox(), inbox(tenant_id=uuid.uuid4())),
     Case("agent_inbox_consumer_valid", "23514", inbox(consumer="c"), inbox(consumer="")),
+    # ---- GenAI semantic-conventions pins (owner-managed, append-only) -----------------
+    Case("agent_semconv_pins_pkey", "23505", pin(since=NOW), pin(since=NOW), role="admin"),
+    Case(
+        "agent_semconv_pins_version_format",
+        "23514",
+        pin(version="1.37.0-dev"),
+        pin(version="latest"),
+        role="admin",
+    ),
+    Case("agent_semconv_pins_append_only", "AG003", pin(), _repin, role="admin"),
     # ---- artifacts and credential references ------------------------------------------
     Case("agent_artifacts_pkey", "23505", artifact(id=FIXED), artifact(id=FIXED)),
     Case("agent_artifacts_tenant_fkey", "23503", artifact(), artifact(tenant_id=uuid.uuid4())),

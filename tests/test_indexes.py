@@ -16,6 +16,22 @@ from agentdb.errors import CONSTRAINTS
 
 # A fixed tenant/task id; the plan, not the data, is what is checked.
 INDEX_QUERIES: dict[str, str] = {
+    "agent_outbox_dead_idx": (
+        "SELECT tenant_id, count(*) FROM agent_outbox WHERE state = 'dead' GROUP BY tenant_id"
+    ),
+    "agent_operations_settled_idx": (
+        "SELECT id FROM agent_operations WHERE state IN ('succeeded', 'failed')"
+        " AND updated_at <= now() - interval '30 days' LIMIT 100"
+    ),
+    "agent_events_operation_idx": (
+        "SELECT id FROM agent_events"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND operation_id = '00000000-0000-4000-8000-000000000001'"
+    ),
+    "agent_tasks_finished_idx": (
+        "SELECT id FROM agent_tasks WHERE state IN ('succeeded', 'failed', 'cancelled', 'dead')"
+        " AND updated_at <= now() - interval '30 days' LIMIT 100"
+    ),
     "agent_tasks_due_idx": (
         "SELECT id FROM agent_tasks WHERE state IN ('pending', 'waiting') AND wake_at <= now()"
         " ORDER BY wake_at LIMIT 10 FOR UPDATE SKIP LOCKED"

@@ -1,0 +1,136 @@
+"""``make chaos``: the crash matrix and a randomised soak, with the figures.
+
+The matrix arms one fault point at a time (see :mod:`agentdb._faults`): the
+worker or relay process SIGKILLs itself at that exact step boundary, the
+supervisor starts a replacement, and the run goes on until every task is
+terminal and the outbox is drained. Then, from the database: no duplicate
+provider effects, no lost outbox message, no stuck task. The soak arms every
+point at a low rate and adds SIGKILLs from outside at random moments.
+
+    python -m agentdb.chaos [--dsn URL] [--soak-kills 1000] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from agentdb._faults import POINTS
+from agentdb.demo import Result, Workload, run_workload, with_database
+
+__all__ = ["main"]
+
+_RELAY_POINTS = {"after_relay_claim", "after_publish"}
+# How often an armed point fires: points passed once per task get a higher
+# chance than points passed twice (once per operation).
+_RATE = {
+    "after_claim": 0.3,
+    "after_reserve": 0.2,
+    "during_call": 0.2,
+    "after_call": 0.2,
+    "after_complete": 0.2,
+    "after_transition": 0.3,
+    "after_relay_claim": 0.3,
+    "after_publish": 0.3,
+}
+
+
+def _scenarios(quick: bool, soak_kills: int, seed: int) -> list[tuple[str, Workload, int]]:
+    base = Workload(
+        tasks=20 if quick else 40, tenants=3, workers=3, relays=2, kill_every=0,
+        lease_ttl=timedelta(seconds=1), max_attempts=200, progress=False, timeout=240, seed=seed,
+    )  # fmt: skip
+    runs: list[tuple[str, Workload, int]] = []
+    for point in POINTS:
+        spec = f"{point}={_RATE[point]}"
+        if point in _RELAY_POINTS:
+            runs.append((point, replace(base, relay_faults=spec), 0))
+        else:
+            runs.append((point, replace(base, worker_faults=spec), 0))
+    every = ",".join(f"{p}=0.03" for p in POINTS)
+    soak = replace(
+        base, tasks=100 if quick else 400, workers=4, worker_faults=every, relay_faults=every,
+        kill_every=0.15, timeout=240 if quick else 780,
+    )  # fmt: skip
+    runs.append(("soak", soak, 0 if quick else soak_kills))
+    return runs
+
+
+def _row(name: str, w: Workload, r: Result) -> list[str]:
+    c = r.counts
+    return [
+        name,
+        f"{r.tasks_by_state.get('succeeded', 0)}/{w.tasks}",
+        str(r.kills),
+        str(c["duplicates"]),
+        str(c["lost"]),
+        str(r.stuck),
+        str(c["reconciled"]),
+        str(c["redeliveries"]),
+        f"{r.elapsed:.0f}s",
+        "ok" if r.ok else "FAILED",
+    ]
+
+
+def _run_all(dsn: str, log: Any, log_path: Path, args: argparse.Namespace) -> int:
+    header = ["scenario", "tasks", "kills", "dup effects", "lost msgs", "stuck", "reconciled",
+              "redelivered", "time", ""]  # fmt: skip
+    rows: list[list[str]] = []
+    failures = 0
+    kills = 0
+    started = time.monotonic()
+    for name, w, min_kills in _scenarios(args.quick, args.soak_kills, args.seed):
+        print(f"chaos: {name} ...", file=sys.stderr, flush=True)
+        runs = 0
+        total: Result | None = None
+        # The soak repeats until it has survived its share of kills.
+        while True:
+            r = asyncio.run(run_workload(dsn, w, log, log_path))
+            runs += 1
+            kills += r.kills
+            rows.append(_row(name if runs == 1 else f"{name} #{runs}", w, r))
+            failures += 0 if (r.ok and r.kills > 0) else 1
+            total = r
+            soak_kills = sum(int(row[2]) for row in rows if row[0].startswith(name))
+            if soak_kills >= min_kills or not r.ok or time.monotonic() - started > args.budget:
+                break
+        assert total is not None
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    print()
+    print("  ".join(h.ljust(widths[i]) for i, h in enumerate(header)))
+    for row in rows:
+        print("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)))
+    dup = sum(int(row[3]) for row in rows)
+    lost = sum(int(row[4]) for row in rows)
+    stuck = sum(int(row[5]) for row in rows)
+    print(
+        f"\nchaos: {len(rows)} runs, {kills} SIGKILLs survived, {dup} duplicate effects, "
+        f"{lost} lost messages, {stuck} tasks stuck, {time.monotonic() - started:.0f}s"
+    )
+    if failures:
+        print(f"FAILED: {failures} run(s) broke an invariant or killed nothing; logs: {log_path}")
+        return 1
+    print("OK")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agentdb.chaos", description=__doc__)
+    parser.add_argument("--dsn", help="run against this Postgres (default: an embedded one)")
+    parser.add_argument("--soak-kills", type=int, default=1000, help="SIGKILLs the soak must reach")
+    parser.add_argument("--quick", action="store_true", help="small runs (a smoke test)")
+    parser.add_argument("--seed", type=int, default=20261130, help="random seed")
+    parser.add_argument("--budget", type=float, default=840.0, help="stop repeating after seconds")
+    args = parser.parse_args(argv)
+    result: int = with_database(args.dsn, lambda dsn, log, path: _run_all(dsn, log, path, args))
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

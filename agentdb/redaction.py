@@ -1,0 +1,110 @@
+"""Redaction of audit-event payloads before they are written (G9).
+
+Audit events carry redacted facts or references, never secrets, full prompts
+or unbounded provider responses. :func:`redact` walks a payload of any
+depth and:
+
+* replaces the value of every key that names a secret (``password``,
+  ``api_key``, ``authorization``, ``access_token``, ...) with ``"[redacted]"``;
+* masks every secret-looking substring inside strings (provider API keys,
+  bearer tokens, JWTs, PEM private keys, AWS access keys, GitHub and Slack
+  tokens) with ``"[redacted]"``, and renames keys that look like secrets;
+* replaces every string longer than ``max_value_bytes`` (a prompt, a response
+  body) with a reference ``{"$ref": "sha256:<hex>", "bytes": <n>}``.
+
+The patterns are a superset of what the database's CHECK
+``agent_events_payload_no_secrets`` refuses, so a redacted payload is never
+refused for secrets; the CHECK stays the final guard for writers that skip
+this module. What is left must fit the 8 KiB cap (``PayloadTooLarge``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DEFAULT", "MASK", "Redactor", "configure", "redact"]
+
+MASK = "[redacted]"
+
+_SECRET_KEY = (
+    r"passw|secret|api[_-]?key|apikey|authori[sz]ation|bearer|private[_-]?key|"
+    r"(access|refresh|id|auth|session)[_-]?token|cookie|credential|signature"
+)
+_SECRET_VALUES = (
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(-----END [A-Z ]*PRIVATE KEY-----|$)",
+    r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}",
+    r"(?<![A-Za-z0-9])(sk|rk|pk)-[A-Za-z0-9_-]{16,}",
+    r"(?<![A-Za-z0-9])AKIA[0-9A-Z]{16}",
+    r"(?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{30,}",
+    r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}",
+    r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*",
+)
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Which keys and values count as secrets, and how long a value may be.
+
+    Extend the defaults with ``extra_keys`` (a regex alternation, matched
+    case-insensitively anywhere in the key) and ``extra_patterns`` (regexes
+    matched anywhere in string values).
+    """
+
+    extra_keys: str = ""
+    extra_patterns: tuple[str, ...] = ()
+    max_value_bytes: int = 512
+    _key: re.Pattern[str] = field(init=False, repr=False)
+    _values: re.Pattern[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        keys = _SECRET_KEY + (f"|{self.extra_keys}" if self.extra_keys else "")
+        values = "|".join(f"(?:{p})" for p in (*_SECRET_VALUES, *self.extra_patterns))
+        object.__setattr__(self, "_key", re.compile(keys, re.IGNORECASE))
+        object.__setattr__(self, "_values", re.compile(values))
+
+    def _string(self, value: str) -> Any:
+        masked = self._values.sub(MASK, value)
+        size = len(masked.encode("utf-8"))
+        if size > self.max_value_bytes:
+            digest = hashlib.sha256(value.encode("utf-8")).hexdigest()
+            return {"$ref": f"sha256:{digest}", "bytes": len(value.encode("utf-8"))}
+        return masked
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self._string(value)
+        if isinstance(value, Mapping):
+            out: dict[str, Any] = {}
+            for i, (key, item) in enumerate(value.items()):
+                name = str(key)
+                if self._values.search(name):
+                    name = f"[redacted key {i}]"
+                out[name] = MASK if self._key.search(name) else self._walk(item)
+            return out
+        if isinstance(value, list | tuple):
+            return [self._walk(v) for v in value]
+        return value
+
+    def redact(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Return a redacted copy of ``payload`` (the input is not modified)."""
+        result: dict[str, Any] = self._walk(payload)
+        return result
+
+
+DEFAULT = Redactor()
+_current = DEFAULT
+
+
+def configure(redactor: Redactor) -> None:
+    """Use ``redactor`` for every event payload this process writes from now on."""
+    global _current
+    _current = redactor
+
+
+def redact(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Redact ``payload`` with the configured :class:`Redactor`."""
+    return _current.redact(payload)

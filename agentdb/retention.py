@@ -1,0 +1,102 @@
+"""Retention: purge what is past its retention, in small batches (G9).
+
+=================  =====================================================  ==========
+class              what goes                                               default
+=================  =====================================================  ==========
+event_payloads     event payloads past ``payload_expires_at`` (erased)     per row, 30 days
+events             audit events past ``retain_until`` (deleted)            per row, 400 days
+outbox_delivered   delivered outbox rows                                   7 days
+inbox              consumer inbox rows                                     30 days
+operations         settled operations no event or artifact refers to       30 days
+tasks              finished tasks with nothing left referring to them      30 days
+=================  =====================================================  ==========
+
+Event retention is set per row when the event is written (the columns); the
+other classes take their age at purge time. Each batch is one statement in
+its own transaction, so locks are held briefly, live claims skip nothing
+they need (purge uses SKIP LOCKED too) and an interrupted purge resumes.
+Dead outbox messages are never purged: an operator must look at them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from agentdb import _exec
+from agentdb.errors import AgentDBError
+
+__all__ = ["CLASSES", "DEFAULT_AGES", "PurgeReport", "purge"]
+
+#: In dependency order: payloads and events first, so operations and tasks
+#: whose audit trail expired can go in the same run.
+CLASSES = ("event_payloads", "events", "outbox_delivered", "inbox", "operations", "tasks")
+DEFAULT_AGES: Mapping[str, timedelta] = {
+    "event_payloads": timedelta(0),
+    "events": timedelta(0),
+    "outbox_delivered": timedelta(days=7),
+    "inbox": timedelta(days=30),
+    "operations": timedelta(days=30),
+    "tasks": timedelta(days=30),
+}
+
+
+@dataclass
+class PurgeReport:
+    """Rows removed per class, statements run, and the longest single statement."""
+
+    removed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0))
+    statements: int = 0
+    longest_statement: float = 0.0
+    elapsed: float = 0.0
+
+
+async def purge(
+    db: _exec.Executor,
+    *,
+    batch: int = 1000,
+    ages: Mapping[str, timedelta] | None = None,
+    classes: tuple[str, ...] = CLASSES,
+    progress: Callable[[str, int], None] | None = None,
+) -> PurgeReport:
+    """Purge every class in ``classes`` until nothing past retention is left.
+
+    Run it as the schema owner (or a role granted EXECUTE on ``agentdb_purge``).
+
+    Raises:
+        ConfigurationError: an unknown class or a batch outside 1..100000
+            (mapped from SQLSTATE 22023).
+        asyncpg.InsufficientPrivilegeError: the role may not purge.
+    """
+    from agentdb.errors import ConfigurationError
+
+    unknown = set(classes) - set(CLASSES)
+    if unknown:
+        raise ConfigurationError(f"unknown retention class(es): {', '.join(sorted(unknown))}")
+    if not 1 <= batch <= 100000:
+        raise ConfigurationError("batch must be between 1 and 100000")
+    wanted = {**DEFAULT_AGES, **(ages or {})}
+    report = PurgeReport()
+    started = time.perf_counter()
+
+    async def never() -> AgentDBError:
+        return AgentDBError("agentdb_purge returned no row")
+
+    for kind in classes:
+        while True:
+            t0 = time.perf_counter()
+            row = await _exec.fetch_one(
+                db, _exec.QUERIES["purge_step"], kind, batch, wanted[kind], on_zero=never
+            )
+            report.longest_statement = max(report.longest_statement, time.perf_counter() - t0)
+            report.statements += 1
+            removed = int(row["removed"])
+            report.removed[kind] += removed
+            if progress is not None and removed:
+                progress(kind, report.removed[kind])
+            if removed < batch:
+                break
+    report.elapsed = time.perf_counter() - started
+    return report

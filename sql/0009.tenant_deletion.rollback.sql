@@ -1,0 +1,1 @@
+DROP FUNCTION agentdb_delete_tenant(uuid, boolean, text);

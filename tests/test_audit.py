@@ -1,0 +1,791 @@
+"""``agentdb audit`` against real schemas: agentdb's own, the article's, and broken ones.
+
+Each broken schema is agentdb's migrated schema with one thing taken away (or
+a small foreign schema in an empty database). A test asserts that exactly the
+guarantees it names change status and that every other guarantee keeps the
+status it has on the unbroken baseline - a check that fires on the wrong
+guarantee is as wrong as one that does not fire.
+
+The audits run as ``agentdb_test_auditor``, a login with no privileges at
+all: the catalog is world-readable, and the audit must need nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg import sql
+
+from agentdb import audit
+from agentdb.errors import ConfigurationError, DatabaseUnavailable
+from tests import _pg
+from tests.conftest import _ROLE_LOCK, Database
+
+ROOT = Path(__file__).resolve().parent.parent
+AUDITOR = "agentdb_test_auditor"
+ALL = [f"G{n}" for n in range(1, 18)]
+
+# The article's two CREATE TABLE statements, verbatim, and an events table
+# with exactly the columns its INSERT INTO agent_events names.
+ARTICLE_SQL = """
+CREATE TABLE agent_tasks (
+  id uuid PRIMARY KEY,
+  tenant_id uuid NOT NULL,
+  workflow_version text NOT NULL,
+  state text NOT NULL,
+  state_version bigint NOT NULL DEFAULT 0,
+  current_step text,
+  wake_at timestamptz,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  UNIQUE (tenant_id, id)
+);
+
+CREATE TABLE agent_operations (
+  id uuid PRIMARY KEY,
+  tenant_id uuid NOT NULL,
+  task_id uuid NOT NULL,
+  idempotency_key text NOT NULL,
+  action text NOT NULL,
+  input_hash text NOT NULL,
+  state text NOT NULL,
+  provider_reference text,
+  result jsonb,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  UNIQUE (tenant_id, idempotency_key),
+  FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id)
+);
+
+CREATE TABLE agent_events (
+  tenant_id uuid, task_id uuid, event_type text, actor_id text, policy_version text,
+  payload jsonb
+);
+"""
+
+# What the article's schema enforces, by its own DDL.
+ARTICLE_STATUSES = {
+    "G1": "enforced",  # separate tables, composite FK, wake_at
+    "G2": "partial",  # the composite FK is there; PKs without tenant_id, events unlinked
+    "G3": "enforced",  # UNIQUE (tenant_id, idempotency_key)
+    "G4": "partial",  # input_hash NOT NULL, but any text passes as a hash
+    "G5": "missing",  # state is free text
+    "G6": "missing",  # no transition guard
+    "G7": "partial",  # a version column on tasks, nothing moving it
+    "G8": "missing",  # no append-only protection, no event link
+    "G9": "missing",  # unbounded payloads, no retention
+    "G10": "missing",  # no outbox
+    "G11": "not_applicable",  # nothing relayed
+    "G12": "missing",  # no lease columns
+    "G13": "missing",  # no 'unknown' state, no index
+    "G14": "enforced",  # no JSON path in an index, policy or CHECK
+    "G15": "missing",  # no RLS
+    "G16": "missing",  # no trace/span ids
+    "G17": "missing",  # no tenants table: nothing anchors a tenant's rows
+}
+
+
+@pytest.fixture(scope="session")
+def auditor(pg_server: _pg.Server) -> str:
+    """A login with no grants, no membership, no attributes (roles are cluster-wide)."""
+    with _pg.admin(pg_server.admin_dsn) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_ROLE_LOCK,))
+        try:
+            _pg.ensure_role(conn, AUDITOR)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_ROLE_LOCK,))
+    return AUDITOR
+
+
+def _as_auditor(server: _pg.Server, dbname: str) -> str:
+    return server.url(dbname, user=AUDITOR, password=_pg.TEST_PASSWORD)
+
+
+@pytest.fixture
+def agentdb_dsn(db: Database, auditor: str) -> str:
+    return db.url(auditor)
+
+
+@pytest.fixture
+def empty_db(pg_server: _pg.Server, auditor: str) -> Iterator[str]:
+    """An empty database (its name); apply a DDL script with :func:`_apply`."""
+    with _pg.temp_database(pg_server) as name:
+        yield name
+
+
+@pytest.fixture
+def article_dsn(pg_server: _pg.Server, empty_db: str) -> str:
+    _apply(pg_server.url(empty_db), ARTICLE_SQL)
+    return _as_auditor(pg_server, empty_db)
+
+
+def _apply(admin_dsn: str, ddl: str) -> None:
+    with _pg.admin(admin_dsn) as conn:
+        conn.execute(ddl.encode())  # a static multi-statement script from this file
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "agentdb", "audit", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("agentdb: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert fragment in result.stderr, result.stderr
+
+
+def _broken(db: Database, ddl: str, **expected: str) -> audit.Report:
+    """Break the migrated schema with ``ddl``; assert exactly ``expected`` changed.
+
+    Every guarantee not in ``expected`` must keep its baseline status.
+    """
+    before = audit.audit(db.url(AUDITOR)).statuses()
+    assert set(before.values()) == {"enforced"}, before
+    _apply(db.admin_dsn, ddl)
+    report = audit.audit(db.url(AUDITOR))
+    changed = {g: s for g, s in report.statuses().items() if s != before[g]}
+    assert changed == expected, report.render()
+    return report
+
+
+def _problems(report: audit.Report, gid: str) -> str:
+    return "\n".join(report.finding(gid).problems)
+
+
+# --- agentdb's own schema ----------------------------------------------------------
+
+
+def test_fresh_agentdb_schema_enforces_every_guarantee(agentdb_dsn: str) -> None:
+    report = audit.audit(agentdb_dsn)
+    assert report.statuses() == dict.fromkeys(ALL, "enforced"), report.render()
+    assert [f.guarantee for f in report.findings] == ALL
+    for f in report.findings:
+        assert f.evidence, f.guarantee  # enforced always names what enforces it
+        assert f.problems == []
+        assert f.fix is None
+    assert {k: r.name if r else None for k, r in report.tables.items()} == {
+        "tasks": "agent_tasks",
+        "operations": "agent_operations",
+        "events": "agent_events",
+        "outbox": "agent_outbox",
+        "inbox": "agent_inbox",
+        "tenants": "agent_tenants",
+        "credentials": "agent_credential_refs",
+    }
+
+
+def test_fresh_agentdb_schema_cli_exits_0_with_fail_on_partial(agentdb_dsn: str) -> None:
+    result = _cli("--dsn", agentdb_dsn, "--fail-on", "partial")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""
+    assert "17 guarantees: 17 enforced, 0 partial, 0 missing" in result.stdout
+
+
+def test_G13_evidence_is_the_unknown_state_and_the_unsettled_index(agentdb_dsn: str) -> None:
+    evidence = audit.audit(agentdb_dsn).finding("G13").evidence
+    assert "check agent_operations_state_valid (has 'unknown')" in evidence
+    assert "index agent_operations_unsettled_idx" in evidence
+
+
+def test_G17_evidence_is_restrict_fks_and_the_reference_check(agentdb_dsn: str) -> None:
+    f = audit.audit(agentdb_dsn).finding("G17")
+    assert "check agent_credential_refs_is_reference" in f.evidence
+    assert "fk agent_operations_task_fkey" in f.evidence
+    assert "table agent_tenants" in f.evidence
+
+
+def test_G15_superuser_connection_is_flagged(db: Database, auditor: str) -> None:
+    baseline = audit.audit(db.url(auditor)).statuses()
+    report = audit.audit(db.admin_dsn)
+    changed = {g: s for g, s in report.statuses().items() if s != baseline[g]}
+    assert changed == {"G15": "partial"}
+    assert f"connected as {report.role}, which is a superuser" in _problems(report, "G15")
+
+
+def test_G15_bypassrls_member_of_a_policy_role_is_flagged(
+    db: Database, pg_server: _pg.Server, auditor: str
+) -> None:
+    # Roles are cluster-wide: unique names, and dropped again, so no other
+    # database's audit ever sees them.
+    suffix = uuid.uuid4().hex[:8]
+    group, member = f"agentdb_test_grp_{suffix}", f"agentdb_test_bypass_{suffix}"
+    with _pg.admin(pg_server.admin_dsn) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(group)))
+        conn.execute(
+            sql.SQL("CREATE ROLE {} NOLOGIN BYPASSRLS IN ROLE {}").format(
+                sql.Identifier(member), sql.Identifier(group)
+            )
+        )
+    try:
+        report = _broken(
+            db,
+            f"CREATE POLICY agent_tasks_reporting ON agent_tasks FOR SELECT TO {group} "
+            "USING (tenant_id IS NOT NULL)",
+            G15="partial",
+        )
+        assert f"role {member} is BYPASSRLS and inherits {group}" in _problems(report, "G15")
+    finally:
+        with _pg.admin(db.admin_dsn) as conn:
+            conn.execute("DROP POLICY IF EXISTS agent_tasks_reporting ON agent_tasks")
+        with _pg.admin(pg_server.admin_dsn) as conn:
+            for role in (member, group):
+                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+# --- the article's schema -----------------------------------------------------------
+
+
+def test_article_schema_names_what_is_missing_or_partial(article_dsn: str) -> None:
+    report = audit.audit(article_dsn)
+    assert report.statuses() == ARTICLE_STATUSES, report.render()
+    reasons = {f.guarantee: f.reason for f in report.findings}
+    assert "no trigger guards agent_tasks.state" in reasons["G6"]
+    assert "agent_events is not append-only" in reasons["G8"]
+    assert "no outbox table" in reasons["G10"]
+    assert "row-level security is off" in reasons["G15"]
+    assert "agent_tasks_pkey is PRIMARY KEY (id)" in _problems(report, "G2")
+    assert "agent_events.task_id has no foreign key" in _problems(report, "G2")
+    for f in report.findings:
+        if f.status in ("partial", "missing"):
+            assert f.fix, f.guarantee  # every gap comes with a suggested fix
+            assert "\n" not in f.reason
+
+
+def test_article_schema_fails_ci_with_fail_on_missing(article_dsn: str) -> None:
+    result = _cli("--dsn", article_dsn, "--fail-on", "missing")
+    _one_line(result, audit.EXIT_FINDINGS, "--fail-on missing")
+    assert "G8   missing" in result.stdout
+    # Without --fail-on it is a report, not a verdict.
+    assert _cli("--dsn", article_dsn).returncode == 0
+
+
+def test_readme_example_is_the_article_schema_output(article_dsn: str) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Audit an existing schema", 1)[1].split("\n## ", 1)[0]
+    example = re.search(r"```text\n(agentdb audit: .*?)```", section, flags=re.S)
+    assert example is not None
+    rendered = audit.audit(article_dsn).render()
+    # The first line names the database, role and server version of this run.
+    assert example.group(1).splitlines()[1:] == rendered.splitlines()[1:]
+
+
+# --- broken schemas: each flagged on its guarantee, nothing else moves ---------------
+
+
+def test_G2_fk_on_task_id_alone_is_flagged(db: Database, auditor: str) -> None:
+    # The article's shape (PRIMARY KEY (id) plus UNIQUE (tenant_id, id)) with the
+    # operation's foreign key on task_id alone.
+    report = _broken(
+        db,
+        """
+        ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_pkey CASCADE;
+        ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_pkey PRIMARY KEY (id);
+        ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_tenant_id_key UNIQUE (tenant_id, id);
+        ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey
+            FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id);
+        ALTER TABLE agent_outbox ADD CONSTRAINT agent_outbox_task_fkey
+            FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id);
+        ALTER TABLE agent_artifacts ADD CONSTRAINT agent_artifacts_task_fkey
+            FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id);
+        ALTER TABLE agent_operations ADD CONSTRAINT agent_operations_task_fkey
+            FOREIGN KEY (task_id) REFERENCES agent_tasks (id);
+        """,
+        G2="partial",
+    )
+    problems = _problems(report, "G2")
+    assert "agent_operations_task_fkey (task_id) -> agent_tasks (id)" in problems
+    assert "another tenant's row" in problems
+
+
+def test_G3_unique_idempotency_key_without_tenant_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        """
+        ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_idempotency_key;
+        ALTER TABLE agent_operations ADD CONSTRAINT agent_operations_key_global
+            UNIQUE (idempotency_key);
+        """,
+        G3="partial",
+    )
+    assert "agent_operations_key_global (idempotency_key)" in _problems(report, "G3")
+    assert "spans tenants" in report.finding("G3").reason
+
+
+def test_G3_unique_key_without_tenant_on_another_table_is_flagged(
+    db: Database, auditor: str
+) -> None:
+    report = _broken(
+        db, "CREATE UNIQUE INDEX agent_artifacts_uri_key ON agent_artifacts (uri)", G3="partial"
+    )
+    assert (
+        "agent_artifacts_uri_key (uri) on agent_artifacts spans tenants"
+        in report.finding("G3").reason
+    )
+
+
+def test_G3_idempotency_key_not_unique_at_all_is_missing(db: Database, auditor: str) -> None:
+    _broken(
+        db,
+        "ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_idempotency_key",
+        G3="missing",
+    )
+
+
+def test_G4_input_hash_without_format_check_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        "ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_input_hash_format",
+        G4="partial",
+    )
+    assert "CHECK (input_hash ~ '^[0-9a-f]{64}$')" in (report.finding("G4").fix or "")
+
+
+def test_G5_state_without_check_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db, "ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_state_valid", G5="partial"
+    )
+    assert report.finding("G5").reason.startswith("agent_tasks.state accepts any value")
+
+
+def test_G6_operations_without_transition_guard_are_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        "DROP TRIGGER agent_operations_transition_guard ON agent_operations",
+        G6="partial",
+    )
+    assert "no trigger guards agent_operations.state" in report.finding("G6").reason
+
+
+def test_G6_a_disabled_guard_does_not_count(db: Database, auditor: str) -> None:
+    _broken(
+        db, "ALTER TABLE agent_tasks DISABLE TRIGGER agent_tasks_transition_guard", G6="partial"
+    )
+
+
+def test_G7_G12_tasks_without_version_guard_are_flagged(db: Database, auditor: str) -> None:
+    # agent_tasks_version_guard enforces both the +1 version rule and the
+    # growing lease token: without it, both guarantees lose their trigger.
+    report = _broken(
+        db, "DROP TRIGGER agent_tasks_version_guard ON agent_tasks", G7="partial", G12="partial"
+    )
+    assert "agent_tasks.state_version" in report.finding("G7").reason
+    assert "agent_tasks.lease_token" in report.finding("G12").reason
+
+
+def test_G8_events_without_protection_are_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        """
+        DROP TRIGGER agent_events_append_only ON agent_events;
+        DROP TRIGGER agent_events_no_truncate ON agent_events;
+        GRANT UPDATE, DELETE, TRUNCATE ON agent_events TO agentdb_runtime;
+        """,
+        G8="missing",
+    )
+    reason = report.finding("G8").reason
+    assert "agent_events is not append-only: UPDATE, DELETE and TRUNCATE" in reason
+    assert "granted to agentdb_runtime" in reason
+    assert "REVOKE UPDATE, DELETE, TRUNCATE ON agent_events FROM agentdb_runtime" in (
+        report.finding("G8").fix or ""
+    )
+
+
+def test_G8_withheld_privileges_count_as_append_only(db: Database, auditor: str) -> None:
+    # Without the triggers, the grants still keep the runtime to INSERT.
+    report = _broken(
+        db,
+        """
+        DROP TRIGGER agent_events_append_only ON agent_events;
+        DROP TRIGGER agent_events_no_truncate ON agent_events;
+        """,
+    )
+    assert any(
+        e.startswith("privileges: agentdb_runtime may INSERT")
+        for e in report.finding("G8").evidence
+    )
+
+
+def test_G8_state_change_without_its_event_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(db, "DROP TRIGGER agent_tasks_event_required ON agent_tasks", G8="partial")
+    assert "nothing ties a state change of agent_tasks" in report.finding("G8").reason
+
+
+def test_G9_payload_without_size_cap_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db, "ALTER TABLE agent_events DROP CONSTRAINT agent_events_payload_size", G9="partial"
+    )
+    assert report.finding("G9").reason.startswith("agent_events.payload is unbounded")
+
+
+def test_G10_outbox_without_pending_index_is_flagged(db: Database, auditor: str) -> None:
+    _broken(db, "DROP INDEX agent_outbox_pending_idx", G10="partial")
+
+
+def test_G11_outbox_without_inbox_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(db, "DROP TABLE agent_inbox", G11="partial")
+    assert report.tables["inbox"] is None
+
+
+def test_G12_lease_without_completeness_check_is_flagged(db: Database, auditor: str) -> None:
+    _broken(db, "ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_lease_complete", G12="partial")
+
+
+def test_G13_operations_without_unsettled_index_are_flagged(db: Database, auditor: str) -> None:
+    _broken(db, "DROP INDEX agent_operations_unsettled_idx", G13="partial")
+
+
+def test_G13_an_index_over_settled_rows_does_not_count(db: Database, auditor: str) -> None:
+    # A retention index mentions the state column too, but finds nothing in doubt.
+    _broken(
+        db,
+        """
+        DROP INDEX agent_operations_unsettled_idx;
+        CREATE INDEX agent_operations_done_idx ON agent_operations (updated_at)
+            WHERE state IN ('succeeded', 'failed');
+        """,
+        G13="partial",
+    )
+
+
+def test_G14_policy_on_a_json_path_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        "CREATE POLICY agent_tasks_by_customer ON agent_tasks FOR SELECT TO agentdb_agent "
+        "USING ((params ->> 'customer') = current_user)",
+        G14="missing",
+    )
+    assert "policy agent_tasks_by_customer on agent_tasks" in report.finding("G14").reason
+
+
+def test_G14_index_on_a_json_path_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        "CREATE INDEX agent_tasks_priority_idx ON agent_tasks (((params ->> 'priority')::int))",
+        G14="partial",
+    )
+    assert "index agent_tasks_priority_idx" in report.finding("G14").reason
+
+
+def test_G15_rls_enabled_but_not_forced_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(db, "ALTER TABLE agent_outbox NO FORCE ROW LEVEL SECURITY", G15="partial")
+    assert "enabled but not forced" in report.finding("G15").reason
+    assert report.finding("G15").fix == "ALTER TABLE agent_outbox FORCE ROW LEVEL SECURITY;"
+
+
+def test_G15_policy_opening_every_row_to_public_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db, "CREATE POLICY agent_tasks_open ON agent_tasks USING (true)", G15="partial"
+    )
+    assert "opens every row of agent_tasks to PUBLIC" in report.finding("G15").reason
+
+
+def test_G16_trace_id_without_format_check_is_flagged(db: Database, auditor: str) -> None:
+    _broken(
+        db,
+        "ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_trace_id_format",
+        G16="partial",
+    )
+
+
+def test_G17_cascading_foreign_key_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        """
+        ALTER TABLE agent_events DROP CONSTRAINT agent_events_task_fkey;
+        ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey
+            FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id)
+            ON DELETE CASCADE;
+        """,
+        G17="partial",
+    )
+    assert (
+        "agent_events_task_fkey ON DELETE CASCADE silently deletes" in report.finding("G17").reason
+    )
+
+
+def test_G17_credentials_without_reference_check_are_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        "ALTER TABLE agent_credential_refs DROP CONSTRAINT agent_credential_refs_is_reference",
+        G17="partial",
+    )
+    assert (
+        "agent_credential_refs.secret_ref may hold a secret value" in report.finding("G17").reason
+    )
+
+
+# --- schemas that are not ours ---------------------------------------------------------
+
+FOREIGN_SQL = """
+CREATE TABLE orgs (id uuid PRIMARY KEY, name text NOT NULL);
+CREATE TABLE jobs (
+    org_id uuid NOT NULL REFERENCES orgs (id),
+    id uuid NOT NULL,
+    status text NOT NULL CHECK (status IN ('queued', 'running', 'done')),
+    version integer NOT NULL DEFAULT 0,
+    run_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (org_id, id)
+);
+CREATE TABLE side_effects (
+    org_id uuid NOT NULL,
+    id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    idempotency_key text NOT NULL,
+    request_hash text NOT NULL CHECK (request_hash ~ '^[0-9a-f]{64}$'),
+    status text NOT NULL,
+    PRIMARY KEY (org_id, id),
+    UNIQUE (org_id, idempotency_key),
+    FOREIGN KEY (org_id, job_id) REFERENCES jobs (org_id, id) ON DELETE CASCADE
+);
+CREATE TABLE audit_log (org_id uuid NOT NULL, id bigserial, job_id uuid NOT NULL,
+    actor text NOT NULL, detail jsonb, PRIMARY KEY (org_id, id),
+    FOREIGN KEY (org_id, job_id) REFERENCES jobs (org_id, id));
+REVOKE ALL ON audit_log FROM PUBLIC;
+"""
+
+
+def test_foreign_schema_is_found_by_heuristics_with_a_mapped_tenant_column(
+    pg_server: _pg.Server, empty_db: str
+) -> None:
+    _apply(pg_server.url(empty_db), FOREIGN_SQL)
+    report = audit.audit(_as_auditor(pg_server, empty_db), mapping={"tenant": "org_id"})
+    assert {k: r.name if r else None for k, r in report.tables.items()} == {
+        "tasks": "jobs",
+        "operations": "side_effects",
+        "events": "audit_log",
+        "outbox": None,
+        "inbox": None,
+        "tenants": "orgs",
+        "credentials": None,
+    }
+    s = report.statuses()
+    assert s["G1"] == "enforced"  # side_effects -> jobs, jobs.run_at
+    assert s["G2"] == "enforced"  # org_id in every key and link
+    assert s["G3"] == "enforced"
+    assert s["G4"] == "enforced"  # request_hash, NOT NULL, format CHECK
+    assert s["G5"] == "partial"  # side_effects.status is free text
+    assert s["G17"] == "partial"  # ON DELETE CASCADE from side_effects to jobs
+    assert "side_effects_org_id_job_id_fkey ON DELETE CASCADE" in report.finding("G17").reason
+
+
+def test_map_names_tables_the_heuristics_cannot_find(pg_server: _pg.Server, empty_db: str) -> None:
+    _apply(
+        pg_server.url(empty_db),
+        """
+        CREATE TABLE work_items (tenant_id uuid NOT NULL, id uuid NOT NULL,
+                                 phase text NOT NULL, PRIMARY KEY (tenant_id, id));
+        CREATE TABLE calls (tenant_id uuid NOT NULL, id uuid NOT NULL, item_id uuid NOT NULL,
+                            call_key text NOT NULL, PRIMARY KEY (tenant_id, id));
+        """,
+    )
+    dsn = _as_auditor(pg_server, empty_db)
+    unmapped = audit.audit(dsn)
+    assert unmapped.tables["tasks"] is None
+    assert unmapped.finding("G1").status == "missing"
+    mapped = audit.audit(dsn, mapping={"tasks": "work_items", "outbox": "-"})
+    assert mapped.tables["tasks"] == audit.TableRef("work_items", "map")
+    assert mapped.finding("G1").reason.startswith("no operation table apart from work_items")
+
+
+def test_G1_effects_kept_on_the_task_row_are_flagged(pg_server: _pg.Server, empty_db: str) -> None:
+    _apply(
+        pg_server.url(empty_db),
+        """
+        CREATE TABLE jobs (tenant_id uuid NOT NULL, id uuid NOT NULL, state text NOT NULL,
+                           idempotency_key text NOT NULL, PRIMARY KEY (tenant_id, id));
+        """,
+    )
+    report = audit.audit(_as_auditor(pg_server, empty_db))
+    assert report.tables["tasks"] == audit.TableRef("jobs", "heuristic")
+    assert report.tables["operations"] is None
+    assert report.finding("G1").status == "missing"
+
+
+# --- bad input -------------------------------------------------------------------------
+
+
+def test_unreachable_dsn_is_one_line() -> None:
+    _one_line(_cli("--dsn", "postgresql://nobody@127.0.0.1:1/db"), 1, "cannot connect")
+
+
+def test_unknown_database_is_one_line(pg_server: _pg.Server) -> None:
+    _one_line(_cli("--dsn", pg_server.url("agentdb_no_such_db")), 1, "cannot connect")
+
+
+def test_no_dsn_is_one_line() -> None:
+    _one_line(_cli(), 2, "DATABASE_URL")
+
+
+def test_unknown_schema_is_one_line(article_dsn: str) -> None:
+    _one_line(_cli("--dsn", article_dsn, "--schema", "nope"), 2, "schema 'nope' does not exist")
+
+
+def test_map_naming_a_missing_table_is_one_line(article_dsn: str) -> None:
+    _one_line(
+        _cli("--dsn", article_dsn, "--map", "tasks=my_jobs"),
+        2,
+        "--map tasks=my_jobs: no table 'my_jobs' in schema 'public'",
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("jobs=agent_tasks", "--map key 'jobs' is unknown"),
+        ("tasks", "must be KEY=TABLE"),
+        ("tasks=agent_tasks,tasks=agent_operations", "names 'tasks' twice"),
+        ("tenant=org_id", "no table in schema 'public' has a column 'org_id'"),
+    ],
+)
+def test_malformed_map_is_one_line(article_dsn: str, spec: str, fragment: str) -> None:
+    _one_line(_cli("--dsn", article_dsn, "--map", spec), 2, fragment)
+
+
+def test_python_api_raises_configuration_error_for_a_missing_table(article_dsn: str) -> None:
+    with pytest.raises(ConfigurationError, match="no table 'nope'"):
+        audit.audit(article_dsn, mapping={"events": "nope"})
+    with pytest.raises(DatabaseUnavailable):
+        audit.audit("postgresql://nobody@127.0.0.1:1/db")
+
+
+def test_exit_code_follows_fail_on(article_dsn: str) -> None:
+    report = audit.audit(article_dsn)
+    assert report.exit_code(None) == 0
+    assert report.exit_code("missing") == audit.EXIT_FINDINGS
+    assert report.exit_code("partial") == audit.EXIT_FINDINGS
+    with pytest.raises(ConfigurationError):
+        report.exit_code("sometimes")
+
+
+# --- JSON output ---------------------------------------------------------------------------
+
+
+def _is_type(value: Any, name: str) -> bool:
+    return {
+        "object": isinstance(value, dict),
+        "array": isinstance(value, list),
+        "string": isinstance(value, str),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "null": value is None,
+    }[name]
+
+
+def _validate(
+    value: Any, schema: dict[str, Any], path: str = "$", root: dict[str, Any] | None = None
+) -> None:
+    """The subset of JSON Schema that JSON_SCHEMA uses (no dependency for it)."""
+    root = schema if root is None else root
+    if "$ref" in schema:
+        name = schema["$ref"].removeprefix("#/$defs/")
+        schema = root["$defs"][name]
+    if "const" in schema:
+        assert value == schema["const"], path
+    if "enum" in schema:
+        assert value in schema["enum"], path
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        assert any(_is_type(value, t) for t in types), (path, value)
+    if isinstance(value, dict):
+        for key in schema.get("required", []):
+            assert key in value, f"{path}.{key} missing"
+        props = schema.get("properties", {})
+        if schema.get("additionalProperties") is False:
+            assert set(value) <= set(props), (path, set(value) - set(props))
+        for key, item in value.items():
+            if key in props:
+                _validate(item, props[key], f"{path}.{key}", root)
+    if isinstance(value, list):
+        assert len(value) >= schema.get("minItems", 0), path
+        assert len(value) <= schema.get("maxItems", len(value)), path
+        for i, item in enumerate(value):
+            if "items" in schema:
+                _validate(item, schema["items"], f"{path}[{i}]", root)
+    if isinstance(value, str) and "pattern" in schema:
+        assert re.search(schema["pattern"], value), (path, value)
+    if _is_type(value, "integer") and "minimum" in schema:
+        assert value >= schema["minimum"], path
+
+
+def test_json_output_validates_against_the_documented_schema(
+    article_dsn: str, agentdb_dsn: str
+) -> None:
+    for dsn in (article_dsn, agentdb_dsn):
+        result = _cli("--dsn", dsn, "--json")
+        assert result.returncode == 0, result.stderr
+        doc = json.loads(result.stdout)
+        _validate(doc, audit.JSON_SCHEMA)
+        assert doc["version"] == 1
+        assert sum(doc["summary"].values()) == 17
+    # The validator is not vacuous.
+    doc.pop("version")
+    with pytest.raises(AssertionError):
+        _validate(doc, audit.JSON_SCHEMA)
+
+
+def test_readme_documents_the_json_schema() -> None:
+    section = (ROOT / "README.md").read_text().split("## Audit an existing schema", 1)[1]
+    blocks = re.findall(r"```json\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
+    assert audit.JSON_SCHEMA in [json.loads(b) for b in blocks]
+
+
+# --- read-only --------------------------------------------------------------------------------
+
+
+def test_audit_needs_no_privileges_and_writes_nothing(db: Database, auditor: str) -> None:
+    with _pg.admin(db.admin_dsn) as conn:
+        row = conn.execute(
+            "SELECT has_table_privilege(%s, 'agent_tasks', 'SELECT'),"
+            " has_schema_privilege(%s, 'public', 'CREATE')",
+            (auditor, auditor),
+        ).fetchone()
+    assert row == (False, False)
+    before = _pg.schema_dump(db.admin_dsn)
+    report = audit.audit(db.url(auditor))
+    assert report.role == auditor
+    assert _pg.schema_dump(db.admin_dsn) == before
+
+
+def test_audit_transaction_is_read_only(agentdb_dsn: str) -> None:
+    # Whatever ran on the audit's connection could not write; the refusal is
+    # mapped on its SQLSTATE (25006 read_only_sql_transaction).
+    with (
+        pytest.raises(audit.AuditError, match="SQLSTATE 25006"),
+        audit._read_only(agentdb_dsn) as conn,
+    ):
+        conn.execute("CREATE TABLE audit_wrote_this (id int)")
+
+
+def test_parse_mapping_accepts_repeated_and_comma_separated_options() -> None:
+    assert audit.parse_mapping(["tasks=a, operations=b", "events=-", "tenant=org"]) == {
+        "tasks": "a",
+        "operations": "b",
+        "events": "-",
+        "tenant": "org",
+    }
+
+
+def test_read_only_role_sees_the_same_as_the_owner(db: Database, auditor: str) -> None:
+    as_auditor = audit.audit(db.url(auditor))
+    as_owner = audit.audit(db.admin_dsn)
+    for a, o in zip(as_auditor.findings, as_owner.findings, strict=True):
+        if a.guarantee != "G15":  # G15 also judges the connecting role
+            assert (a.status, a.evidence) == (o.status, o.evidence), a.guarantee

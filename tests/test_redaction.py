@@ -1,0 +1,135 @@
+"""G9: no secret planted anywhere in an event payload survives into Postgres; caps hold."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentdb import tasks
+from agentdb.errors import PayloadTooLarge
+from agentdb.redaction import MASK, Redactor, redact
+from tests.conftest import Tenants
+
+# Secrets of every family the redactor knows, each with a distinctive tail so
+# the test can look for it in the stored text.
+SECRETS = st.sampled_from(
+    [
+        "sk-proj-{tail}aaaaaaaaaaaaaaaa",
+        "Bearer {tail}xyzxyzxyz",
+        "AKIA{tail}",
+        "ghp_{tail}bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+        "xoxb-{tail}-cccccccccc",
+        "eyJ{tail}hbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig{tail}",
+        "-----BEGIN RSA PRIVATE KEY-----\nMII{tail}\n-----END RSA PRIVATE KEY-----",
+    ]
+)
+TAILS = st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ23456789", min_size=16, max_size=16)
+SECRET_KEYS = st.sampled_from(
+    [
+        "password",
+        "api_key",
+        "Authorization",
+        "access_token",
+        "client_secret",
+        "X-Api-Key",
+        "session_token",
+        "cookie",
+    ]
+)
+PLAIN = st.text(alphabet="abcdefghij klmnop", max_size=20)
+
+
+@st.composite
+def planted(draw: st.DrawFn) -> tuple[Any, list[str]]:
+    """A nested payload with secrets hidden in values, inside text, and under secret keys."""
+    hidden: list[str] = []
+
+    def secret() -> str:
+        tail = draw(TAILS)
+        value = draw(SECRETS).format(tail=tail)
+        hidden.append(tail)
+        return value
+
+    def node(depth: int) -> Any:
+        kind = draw(st.integers(0, 6 if depth < 4 else 2))
+        if kind == 0:
+            return secret()
+        if kind == 1:
+            return f"{draw(PLAIN)} {secret()} {draw(PLAIN)}"
+        if kind == 2:
+            return draw(PLAIN | st.integers() | st.booleans() | st.none())
+        if kind == 3:
+            return [node(depth + 1) for _ in range(draw(st.integers(0, 3)))]
+        if kind == 4:
+            return {draw(SECRET_KEYS): node(depth + 1), draw(PLAIN): node(depth + 1)}
+        if kind == 5:
+            return {secret(): node(depth + 1)}  # a secret as a key
+        return {draw(PLAIN): node(depth + 1) for _ in range(draw(st.integers(0, 3)))}
+
+    return {"root": node(0), "under": {draw(SECRET_KEYS): secret()}}, hidden
+
+
+@given(planted())
+def test_G9_no_planted_secret_survives_redaction(case: tuple[Any, list[str]]) -> None:
+    payload, tails = case
+    text = json.dumps(redact(payload))
+    for tail in tails:
+        assert tail not in text
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(case=planted())
+async def test_G9_redacted_payloads_are_accepted_and_store_no_secret(
+    case: tuple[Any, list[str]],
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+) -> None:
+    payload, tails = case
+    task = await tasks.create(pool, tenants.a, "t")
+    await tasks.transition(
+        pool, tenants.a, task.id, expected_version=0, to_state="cancelled", payload=payload
+    )
+    stored = await admin_conn.fetchval(
+        "SELECT payload::text FROM agent_events WHERE task_id = $1 AND task_state_version = 1",
+        task.id,
+    )
+    for tail in tails:
+        assert tail not in stored
+
+
+def test_G9_large_values_become_references() -> None:
+    prompt = "You are a helpful assistant. " * 100
+    out = redact({"prompt": prompt, "short": "ok"})
+    assert out["short"] == "ok"
+    assert out["prompt"]["bytes"] == len(prompt)
+    assert out["prompt"]["$ref"].startswith("sha256:")
+
+
+def test_G9_extra_patterns_are_configurable() -> None:
+    r = Redactor(extra_keys="ssn", extra_patterns=(r"\b\d{3}-\d{2}-\d{4}\b",))
+    assert r.redact({"ssn": "x", "note": "id 123-45-6789 here"}) == {
+        "ssn": MASK,
+        "note": f"id {MASK} here",
+    }
+
+
+async def test_G9_payload_over_the_cap_is_refused_and_nothing_is_written(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    many = {f"k{i}": "v" * 100 for i in range(100)}  # each value small, the whole too big
+    with pytest.raises(PayloadTooLarge):
+        await tasks.transition(
+            pool, tenants.a, task.id, expected_version=0, to_state="cancelled", payload=many
+        )
+    assert (await tasks.get(pool, tenants.a, task.id)).state_version == 0
+    n = await admin_conn.fetchval("SELECT count(*) FROM agent_events WHERE task_id = $1", task.id)
+    assert n == 1  # only the creation event

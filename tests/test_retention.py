@@ -1,0 +1,163 @@
+"""G9 retention: `agentdb purge` removes what is past retention, in short statements, only that."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from agentdb import retention, tasks
+from agentdb.errors import ConfigurationError
+from tests import factories as F
+from tests.conftest import Database, Tenants
+
+EXPIRED = 100_000
+
+
+async def _seed(admin: asyncpg.Connection, tenants: Tenants) -> None:
+    task = F.task_row(tenants.a)
+    async with admin.transaction():
+        await F.insert(admin, "agent_tasks", task)
+        await F.event(admin, tenants.a, task["id"], task_state_version=0)  # kept: retained
+    # 100k audit events past their retention, their payloads past theirs too.
+    await admin.execute(
+        "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,"
+        " payload, payload_expires_at, retain_until)"
+        " SELECT $1, $2, 'step', 'w', 'p', jsonb_build_object('i', i), now() - interval '2 days',"
+        " now() - interval '1 day' FROM generate_series(1, $3) AS i",
+        tenants.a,
+        task["id"],
+        EXPIRED,
+    )
+    # Kept: payload expired but the skeleton is still retained.
+    await admin.execute(
+        "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,"
+        " payload, payload_expires_at, retain_until)"
+        " SELECT $1, $2, 'step', 'w', 'p', '{\"keep\": true}', now() - interval '1 day',"
+        " now() + interval '1 year' FROM generate_series(1, 50)",
+        tenants.a,
+        task["id"],
+    )
+    # Untouched: payload still within its retention.
+    await admin.execute(
+        "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,"
+        " payload)"
+        " SELECT $1, $2, 'fresh', 'w', 'p', '{\"fresh\": true}' FROM generate_series(1, 25)",
+        tenants.a,
+        task["id"],
+    )
+    # Delivered outbox rows: 30 old, 5 recent; inbox rows: 40 old, 3 recent.
+    await admin.execute(
+        "INSERT INTO agent_outbox (tenant_id, topic, payload)"
+        " SELECT $1, 't', jsonb_build_object('i', i)"
+        " FROM generate_series(1, 35) AS i",
+        tenants.a,
+    )
+    await admin.execute(
+        "UPDATE agent_outbox SET state = 'delivered', delivered_at = CASE WHEN"
+        " (payload->>'i')::int <= 30 THEN now() - interval '8 days' ELSE now() END"
+        " WHERE tenant_id = $1",
+        tenants.a,
+    )
+    await admin.execute(
+        "INSERT INTO agent_inbox (tenant_id, consumer, message_id, processed_at)"
+        " SELECT $1::uuid, 'c', gen_random_uuid(), now() - interval '31 days'"
+        " FROM generate_series(1, 40)"
+        " UNION ALL SELECT $1::uuid, 'c', gen_random_uuid(), now() FROM generate_series(1, 3)",
+        tenants.a,
+    )
+
+
+async def test_G9_purge_of_100k_expired_events_is_batched_and_spares_the_rest(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    await _seed(admin_conn, tenants)
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "agentdb",
+            "purge",
+            "--dsn",
+            db.admin_dsn,
+            "--batch",
+            "2000",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["removed"]["event_payloads"] == EXPIRED + 50
+    assert report["removed"]["events"] == EXPIRED
+    assert report["removed"]["outbox_delivered"] == 30
+    assert report["removed"]["inbox"] == 40
+    # Each statement touched at most one batch: about 50 per class of 100k rows.
+    assert report["statements"] >= 2 * EXPIRED // 2000
+    print(f"\npurge: {report}")  # the longest single statement, for the record
+    remaining = await admin_conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE payload IS NOT NULL) AS payloads,"
+        " count(*) FILTER (WHERE event_type = 'fresh' AND payload IS NOT NULL) AS fresh,"
+        " count(*) FILTER (WHERE payload IS NULL) AS erased, count(*) AS total FROM agent_events"
+    )
+    assert remaining is not None
+    assert dict(remaining) == {"payloads": 26, "fresh": 25, "erased": 50, "total": 76}
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_outbox") == 5
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_inbox") == 3
+    again = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "agentdb", "purge", "--dsn", db.admin_dsn, "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert set(json.loads(again.stdout)["removed"].values()) == {
+        0
+    }  # nothing left: resumable, idempotent
+
+
+async def test_G9_purge_removes_operations_and_tasks_only_after_their_audit_trail(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    from agentdb import operations
+
+    task = await tasks.create(pool, tenants.a, "t")
+    res = await operations.reserve(pool, tenants.a, task.id, "k", "a", {})
+    await operations.complete(pool, res.operation, result={})
+    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    long_ago = {"operations": timedelta(0), "tasks": timedelta(0)}
+    first = await retention.purge(admin_conn, ages=long_ago)
+    assert (first.removed["operations"], first.removed["tasks"]) == (0, 0)  # events still retained
+    async with admin_conn.transaction():  # time passes (only a superuser can fake it)
+        await admin_conn.execute("SET LOCAL session_replication_role = replica")
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
+            " retain_until = now() - interval '1 day'"
+        )
+    second = await retention.purge(admin_conn, ages=long_ago)
+    assert (second.removed["events"], second.removed["operations"], second.removed["tasks"]) == (
+        4,
+        1,
+        1,
+    )
+
+
+async def test_G9_only_the_owner_purges(runtime_conn: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await retention.purge(runtime_conn)
+
+
+async def test_G9_bad_purge_options(admin_conn: asyncpg.Connection) -> None:
+    with pytest.raises(ConfigurationError):
+        await retention.purge(admin_conn, classes=("everything",))
+    with pytest.raises(ConfigurationError):
+        await retention.purge(admin_conn, batch=0)

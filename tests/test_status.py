@@ -1,0 +1,69 @@
+"""`agentdb status`: per tenant and overall, from the database, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import asyncpg
+
+from agentdb import leases, operations, outbox, tasks
+from tests import factories as F
+from tests.conftest import Database, Tenants
+
+
+def _status(db: Database, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentdb", "status", "--dsn", db.admin_dsn, *args],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+async def test_status_counts_match_the_database(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    for _ in range(3):
+        await tasks.create(pool, tenants.a, "t")
+    await tasks.create(pool, tenants.b, "other")
+    [held] = await leases.claim(pool, "w1", task_types=["t"])
+    await F.expire_lease(admin_conn, held.id)  # a worker died holding it
+    res = await operations.reserve(pool, tenants.a, held.id, "k", "a", {})
+    await operations.mark_unknown(pool, res.operation, error="timeout")
+    async with pool.acquire() as conn:
+        await outbox.enqueue(conn, tenants.a, "x", {})
+        await outbox.enqueue(conn, tenants.b, "x", {})
+    await admin_conn.execute(
+        "UPDATE agent_outbox SET state = 'dead' WHERE tenant_id = $1", tenants.b
+    )
+
+    out = _status(db, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["version"] == 1
+    assert doc["migrations"]["applied"] == doc["migrations"]["shipped"]
+    a = next(t for t in doc["tenants"] if t["tenant_id"] == str(tenants.a))
+    b = next(t for t in doc["tenants"] if t["tenant_id"] == str(tenants.b))
+    assert (a["tasks"]["pending"], a["tasks"]["running"], a["expired_leases"]) == (2, 1, 1)
+    assert a["operations_unsettled"]["unknown"] == 1
+    assert (a["outbox"]["pending"], a["outbox"]["dead"]) == (1, 0)
+    assert a["outbox"]["oldest_pending_seconds"] >= 0
+    assert (b["tasks"]["pending"], b["outbox"]["pending"], b["outbox"]["dead"]) == (1, 0, 1)
+    assert doc["total"]["tasks"]["pending"] == 3
+    assert set(doc["purge_backlog"]) == {"event_payloads", "events", "outbox_delivered", "inbox"}
+
+    table = _status(db)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith("agentdb status at ")
+    assert lines[1].split()[:3] == ["tenant", "pending", "waiting"]
+    assert lines[2].split()[:4] == ["ALL", "3", "0", "1"]
+    assert lines[-1].startswith("purge backlog: ")
+
+
+def test_status_migrations_and_bad_watch(db: Database) -> None:
+    listing = _status(db, "--migrations")
+    assert listing.stdout.split()[:2] == ["0001.foundation", "applied"]
+    bad = _status(db, "--watch", "0")
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1

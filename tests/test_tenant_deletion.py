@@ -1,0 +1,250 @@
+"""G17: deleting a tenant follows its policy; dry run and real run agree; a rerun is a no-op.
+
+The article's scenario: "delete a tenant in a test environment and verify its
+tasks, operations, artifacts and credentials follow the intended policy".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from agentdb import leases, operations, outbox, tasks
+from agentdb.errors import NotFound
+from agentdb.models import Message
+from agentdb.tenancy import TenantDeletion, delete_tenant
+from tests import factories as F
+from tests.conftest import AGENT_A, Database, Tenants
+
+PAST = datetime.now(UTC) - timedelta(days=1)
+
+_COUNTS = """
+SELECT (SELECT count(*) FROM agent_tasks WHERE tenant_id = $1),
+       (SELECT count(*) FROM agent_operations WHERE tenant_id = $1),
+       (SELECT count(*) FROM agent_events WHERE tenant_id = $1),
+       (SELECT count(*) FROM agent_events WHERE tenant_id = $1 AND payload IS NOT NULL),
+       (SELECT count(*) FROM agent_outbox WHERE tenant_id = $1),
+       (SELECT count(*) FROM agent_inbox WHERE tenant_id = $1),
+       (SELECT count(*) FROM agent_artifacts WHERE tenant_id = $1),
+       (SELECT count(*) FROM agent_credential_refs WHERE tenant_id = $1),
+       (SELECT count(*) FROM agent_principals WHERE tenant_id = $1),
+       (SELECT count(*) FROM agent_tenants WHERE id = $1)
+"""
+
+
+async def _counts(admin: asyncpg.Connection, tenant: uuid.UUID) -> tuple[int, ...]:
+    row = await admin.fetchrow(_COUNTS, tenant)
+    assert row is not None
+    return tuple(row)
+
+
+async def _populate(pool: asyncpg.Pool, admin: asyncpg.Connection, tenant: uuid.UUID) -> uuid.UUID:
+    """Every kind of row a tenant can own; returns the id of a task whose audit trail expired."""
+    kind = f"report-{tenant.hex[:8]}"  # claims stay within this tenant's tasks
+    done = await tasks.create(pool, tenant, kind, params={"customer": "Ada Lovelace"})
+    [claimed] = await leases.claim(pool, f"w-{tenant.hex[:4]}", task_types=[kind])
+    res = await operations.reserve(
+        pool, tenant, done.id, "mail-1", "send", {"to": "ada@example.com"}, lease=claimed.lease
+    )
+    await operations.complete(
+        pool, res.operation, result={"msg": "m_1"}, provider_reference="m_1", lease=claimed.lease
+    )
+    failed = await operations.reserve(
+        pool, tenant, done.id, "sms-1", "sms", {"to": "+100"}, lease=claimed.lease
+    )
+    await operations.fail(pool, failed.operation, "number unknown: +100", lease=claimed.lease)
+    await tasks.transition(
+        pool,
+        tenant,
+        done.id,
+        expected_version=claimed.state_version,
+        to_state="succeeded",
+        lease=claimed.lease,
+        payload={"pages": 3},
+        outbox=[F_message()],
+    )
+    await tasks.create(pool, tenant, kind, params={"customer": "Grace Hopper"})  # still pending
+    # A task whose whole audit trail is already past its retention.
+    old = F.task_row(tenant, params='{"customer": "Alan Turing"}')
+    async with admin.transaction():
+        await F.insert(admin, "agent_tasks", old)
+        await F.event(
+            admin,
+            tenant,
+            old["id"],
+            task_state_version=0,
+            payload_expires_at=PAST,
+            retain_until=PAST,
+        )
+    async with pool.acquire() as conn:
+        await outbox.enqueue(conn, tenant, "report.ready", {"task": str(done.id)})
+    await F.insert(
+        admin, "agent_inbox", {"tenant_id": tenant, "consumer": "c", "message_id": uuid.uuid4()}
+    )
+    for uri in ("s3://reports/ada.pdf", "s3://reports/ada.png"):
+        await F.insert(
+            admin,
+            "agent_artifacts",
+            {"tenant_id": tenant, "kind": "report", "uri": uri, "task_id": done.id},
+        )
+    for name, ref in (("mail", "vault://kv/mail"), ("sms", "aws-sm://prod/sms")):
+        await F.insert(
+            admin,
+            "agent_credential_refs",
+            {"tenant_id": tenant, "name": name, "provider": name, "secret_ref": ref},
+        )
+    return uuid.UUID(str(old["id"]))
+
+
+def F_message() -> Message:
+    return Message("report.done", {"pages": 3})
+
+
+def _affected(report: TenantDeletion) -> list[tuple[int, str, str, int, tuple[str, ...]]]:
+    return [(s.step, s.object, s.action, s.affected, s.refs) for s in report.steps]
+
+
+async def test_G17_tenant_deletion_follows_the_policy(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    expired_task = await _populate(pool, admin_conn, tenants.a)
+    await _populate(pool, admin_conn, tenants.b)
+    b_before = await _counts(admin_conn, tenants.b)
+    a_before = await _counts(admin_conn, tenants.a)
+
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    assert await _counts(admin_conn, tenants.a) == a_before  # a dry run changes nothing
+    real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(real)  # they agree, step by step
+    assert dry.retained_until == real.retained_until
+
+    by_action = {(s.object, s.action): s for s in real.steps}
+    assert real.artifact_uris == ("s3://reports/ada.pdf", "s3://reports/ada.png")
+    assert real.credential_refs == ("aws-sm://prod/sms", "vault://kv/mail")
+    assert by_action["agent_tasks", "cancel and anonymise"].affected == 2  # the expired one goes
+    assert by_action["agent_operations", "anonymise"].affected == 2
+    assert by_action["agent_tasks", "delete (no retained events)"].affected == 1  # the expired one
+    assert not real.complete
+    assert real.retained_until is not None
+    assert real.retained_until > datetime.now(UTC) + timedelta(days=300)
+
+    tasks_left, ops, events, payloads, out, inb, arts, creds, pins, tenant_rows = await _counts(
+        admin_conn, tenants.a
+    )
+    assert (out, inb, arts, creds, pins, payloads) == (0, 0, 0, 0, 0, 0)
+    assert (tasks_left, ops, tenant_rows) == (2, 2, 1)  # kept only for their audit trail
+    assert events > 0
+    assert (
+        await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", expired_task)
+        == 0
+    )
+    leftovers = await admin_conn.fetch(
+        "SELECT state, params, last_error FROM agent_tasks WHERE tenant_id = $1", tenants.a
+    )
+    assert {(r["state"], r["params"], r["last_error"]) for r in leftovers} == {
+        ("succeeded", "{}", None),
+        ("cancelled", "{}", None),
+    }
+    assert await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_operations WHERE tenant_id = $1 AND (result IS NOT NULL"
+        " OR error IS NOT NULL)", tenants.a,
+    ) == 0  # fmt: skip
+    assert await admin_conn.fetchval(
+        "SELECT state FROM agent_tenants WHERE id = $1", tenants.a
+    ) == "deleting"  # fmt: skip
+    # The tenant's pinned agent login now sees nothing at all.
+    agent = await db.connect(AGENT_A)
+    try:
+        assert await agent.fetchval("SELECT count(*) FROM agent_tasks") == 0
+    finally:
+        await agent.close()
+    assert await _counts(admin_conn, tenants.b) == b_before  # the other tenant is untouched
+
+    again = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    changed = [s for s in again.steps if s.affected and s.action != "retain for audit"]
+    assert changed == []  # a second run is a no-op
+    assert await _counts(admin_conn, tenants.a) == (tasks_left, ops, events, 0, 0, 0, 0, 0, 0, 1)
+
+
+async def test_G17_after_the_retention_passes_the_tenant_is_gone(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    await _populate(pool, admin_conn, tenants.a)
+    await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    # Time passes: only a superuser with triggers off can fake that (the
+    # append-only guard refuses any other change to retain_until).
+    async with admin_conn.transaction():
+        await admin_conn.execute("SET LOCAL session_replication_role = replica")
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = $2, retain_until = $2"
+            " WHERE tenant_id = $1",
+            tenants.a,
+            PAST,
+        )
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    final = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(final)
+    assert final.complete
+    assert await _counts(admin_conn, tenants.a) == (0,) * 10
+    with pytest.raises(NotFound):
+        await delete_tenant(admin_conn, tenants.a, dry_run=True)
+
+
+async def test_G17_only_the_owner_may_delete_a_tenant(
+    tenants: Tenants, runtime_conn: asyncpg.Connection
+) -> None:
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await delete_tenant(runtime_conn, tenants.a, dry_run=True)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentdb", "tenant", "delete", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+async def test_G17_cli_dry_run_then_yes(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    await _populate(pool, admin_conn, tenants.a)
+    dry = _cli(str(tenants.a), "--dsn", db.admin_dsn, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert plan["dry_run"] is True
+    assert [s["object"] for s in plan["steps"]][:4] == [
+        "agent_tenants",
+        "agent_principals",
+        "agent_credential_refs",
+        "agent_artifacts",
+    ]
+    done = _cli(str(tenants.a), "--dsn", db.admin_dsn, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "s3://reports/ada.pdf" in done.stdout
+    assert "audit events are retained until" in done.stdout
+    assert "run again then to finish" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "fragment"),
+    [
+        (["not-a-uuid", "--dry-run"], 2, "is not a tenant id"),
+        ([str(uuid.uuid4())], 2, "say --dry-run"),
+        ([str(uuid.uuid4()), "--yes"], 1, "not found"),
+    ],
+)
+def test_G17_cli_bad_input_is_one_line(
+    db: Database, args: list[str], code: int, fragment: str
+) -> None:
+    result = _cli(*args, "--dsn", db.admin_dsn)
+    assert result.returncode == code, result.stderr
+    assert result.stderr.count("\n") == 1
+    assert fragment in result.stderr
