@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias
 
@@ -35,6 +36,7 @@ __all__ = [
     "Executor",
     "Record",
     "Rerun",
+    "connection",
     "execute_rows",
     "fetch_many",
     "fetch_one",
@@ -139,6 +141,13 @@ async def fetch_many(db: Executor, q: Query, *args: Any) -> list[Record]:
         return await db.fetch(q.sql, *args)
     except Exception as exc:
         _reraise(exc, db)
+
+
+def connection(db: Executor) -> AbstractAsyncContextManager[Conn]:
+    """A connection from ``db``: acquired from a pool (and released), or ``db`` itself."""
+    if isinstance(db, asyncpg.Pool):
+        return db.acquire()
+    return nullcontext(db)
 
 
 class Rerun(TransientError):

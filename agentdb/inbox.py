@@ -11,8 +11,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import asyncpg
-
 from agentdb import _exec
 
 __all__ = ["process_once", "record"]
@@ -44,10 +42,7 @@ async def process_once(
     for a redelivery. If the handler raises, nothing is recorded and the
     message can be processed again.
     """
-    if isinstance(db, asyncpg.Pool):
-        async with db.acquire() as conn:
-            return await process_once(conn, tenant_id, consumer, message_id, handler)
-    async with db.transaction():
-        if not await record(db, tenant_id, consumer, message_id):
+    async with _exec.connection(db) as conn, conn.transaction():
+        if not await record(conn, tenant_id, consumer, message_id):
             return False, None
-        return True, await handler(db)
+        return True, await handler(conn)

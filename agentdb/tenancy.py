@@ -15,8 +15,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
-import asyncpg
-
 from agentdb import _exec
 from agentdb.errors import AgentDBError, NotFound
 
@@ -51,14 +49,9 @@ async def tenant_scope(db: _exec.Executor, tenant_id: uuid.UUID) -> AsyncIterato
     Raises:
         whatever the block raises (the transaction is rolled back).
     """
-    if isinstance(db, asyncpg.Pool):
-        async with db.acquire() as conn, conn.transaction():
-            await _set(conn, tenant_id)
-            yield conn
-        return
-    async with db.transaction():
-        await _set(db, tenant_id)
-        yield db
+    async with _exec.connection(db) as conn, conn.transaction():
+        await _set(conn, tenant_id)
+        yield conn
 
 
 async def _set(conn: _exec.Conn, tenant_id: uuid.UUID) -> None:
