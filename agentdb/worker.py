@@ -41,6 +41,7 @@ from agentdb import _exec, _faults, leases, operations, tasks
 from agentdb._listen import listen
 from agentdb.errors import (
     AgentDBError,
+    IdempotencyConflict,
     LeaseLost,
     OperationInFlight,
     StaleWrite,
@@ -464,6 +465,10 @@ class Worker:
                 self.stats.lease_lost += 1
                 log.warning("task %s: lease lost mid-attempt; nothing more is written", task.id)
                 return
+            except IdempotencyConflict as exc:
+                # The handler reused a key for a different request: another attempt
+                # would only conflict again.
+                outcome = Fail(f"IdempotencyConflict: {exc}")
             except Exception as exc:
                 outcome = Retry(f"{type(exc).__name__}: {exc}")
                 if not isinstance(exc, OperationUnsettled):

@@ -291,3 +291,20 @@ async def test_unknown_task_type_is_reported_and_left_pending(
     assert "1 due task(s) of type 'nobody_handles_me' have no handler in this worker" in err
     assert "Traceback" not in err
     assert (await tasks.get(pool, tenants.a, stray.id)).state == "pending"  # nothing lost
+
+
+async def test_G4_a_handler_reusing_a_key_for_other_input_fails_the_task_at_once(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    async def confused(job: Job) -> None:
+        await job.reserve("same-key", "charge", {"amount": 1})
+        await job.reserve("same-key", "charge", {"amount": 2})
+
+    task = await tasks.create(pool, tenants.a, "t", max_attempts=5)
+    worker = Worker(pool, {"t": confused}, poll_interval=0.05)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "failed"))
+    done = await tasks.get(pool, tenants.a, task.id)
+    assert done.attempts == 1  # not retried: a conflict cannot go away
+    assert done.last_error is not None
+    assert done.last_error.startswith("IdempotencyConflict")
