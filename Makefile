@@ -6,6 +6,7 @@ PIP := $(BIN)/pip --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 CHAOS_ARGS ?=
+BENCH_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -18,6 +19,10 @@ $(BIN)/python:
 $(VENV)/.embedded: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[embedded]'
 	@touch $@
+
+$(VENV)/.bench: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[bench]'
+	@touch $@ $(VENV)/.embedded
 
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[dev]'
@@ -33,6 +38,12 @@ chaos: $(VENV)/.embedded ## Crash matrix + soak: >= 1000 SIGKILLs, 0 duplicate e
 
 chaos-quick: $(VENV)/.embedded ## A small crash matrix and soak (CI smoke run)
 	$(BIN)/python -m agentdb.chaos --quick $(CHAOS_ARGS)
+
+bench: $(VENV)/.bench ## agentdb vs raw asyncpg, PgQueuer, Procrastinate; report in bench-results/ (BENCH_ARGS=...)
+	$(BIN)/agentdb bench $(BENCH_ARGS)
+
+bench-quick: $(VENV)/.bench ## The same at small sizes, under a minute (CI smoke run)
+	$(BIN)/agentdb bench --quick $(BENCH_ARGS)
 
 test: $(VENV)/.dev ## Run the whole test suite (embedded Postgres unless AGENTDB_TEST_DSN is set)
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -58,12 +69,18 @@ migrate: $(VENV)/.embedded ## Apply migrations to DATABASE_URL
 rollback: $(VENV)/.embedded ## Roll back the newest migration on DATABASE_URL
 	$(BIN)/agentdb rollback
 
-status: $(VENV)/.embedded ## Show migration status of DATABASE_URL
+status: $(VENV)/.embedded ## Operator status of DATABASE_URL (tasks, leases, outbox, purge backlog)
 	$(BIN)/agentdb status
+
+audit: $(VENV)/.embedded ## Which guarantees G1-G17 the schema at DATABASE_URL enforces
+	$(BIN)/agentdb audit
+
+purge: $(VENV)/.embedded ## Delete what is past retention at DATABASE_URL, in small batches
+	$(BIN)/agentdb purge
 
 ci: lint test ## Everything CI checks
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist
 
-.PHONY: help install demo chaos chaos-quick test lint fmt example sql migrate rollback status ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test lint fmt example sql migrate rollback status audit purge ci clean

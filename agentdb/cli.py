@@ -435,9 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(p)
     p.set_defaults(func=_cmd_grant)
 
-    from agentdb import audit
+    from agentdb import audit, bench
 
     audit.register(sub)
+    bench.register(sub)
 
     p = sub.add_parser("tenant", help="tenant administration")
     tenant_sub = p.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")

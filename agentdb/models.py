@@ -25,12 +25,18 @@ def _json(value: str | None) -> Any:
     return None if value is None else json.loads(value)
 
 
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
 def _build(cls: type[_T], r: Row, json_fields: tuple[str, ...], **extra: Any) -> _T:
     """Build a row dataclass from a record: same names, jsonb columns decoded."""
+    names = _FIELDS.get(cls)
+    if names is None:  # dataclasses.fields() is slow enough to matter per row
+        names = _FIELDS[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
     values = {
-        f.name: _json(r[f.name]) if f.name in json_fields else r[f.name]
-        for f in fields(cls)  # type: ignore[arg-type]
-        if f.name not in extra
+        name: _json(r[name]) if name in json_fields else r[name]
+        for name in names
+        if name not in extra
     }
     return cls(**values, **extra)
 

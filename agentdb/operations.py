@@ -20,7 +20,8 @@ pool; none of them holds a transaction across the provider call.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -34,19 +35,24 @@ from agentdb.errors import (
     NotFound,
     OperationInFlight,
     StaleVersion,
+    StaleWrite,
 )
 from agentdb.hashing import input_hash
 from agentdb.models import Lease, Operation, Reservation
 from agentdb.tasks import explain_stale_task
 
 __all__ = [
+    "Completion",
+    "ReserveRequest",
     "complete",
+    "complete_many",
     "fail",
     "get",
     "list_unsettled",
     "mark_unknown",
     "reconcile",
     "reserve",
+    "reserve_many",
     "start",
 ]
 
@@ -195,26 +201,7 @@ async def _settle(
     body = document(result, cap=OBJECT_CAP, what="operation result")
 
     async def stale() -> AgentDBError:
-        if lease is not None:
-            why = await explain_stale_task(db, op.tenant_id, op.task_id, None, lease)
-            if isinstance(why, LeaseLost | NotFound):
-                return why
-        rows = await _exec.fetch_many(db, _Q["operation_get"], op.tenant_id, op.id)
-        if not rows:
-            return NotFound(
-                f"operation {op.id} not found", entity="operation", tenant_id=op.tenant_id, id=op.id
-            )
-        now = rows[0]
-        return StaleVersion(
-            f"operation {op.id} is {now['state']} at state_version {now['state_version']}; "
-            f"expected one of {', '.join(from_states)} at {op.state_version}",
-            entity="operation",
-            tenant_id=op.tenant_id,
-            id=op.id,
-            expected=op.state_version,
-            actual=now["state_version"],
-            actual_state=now["state"],
-        )
+        return await _why_not_settled(db, op, lease, from_states)
 
     row = await _exec.fetch_one(
         db,
@@ -383,3 +370,244 @@ async def list_unsettled(
     """
     rows = await _exec.fetch_many(db, _Q["operation_list_unsettled"], older_than, batch)
     return [Operation.from_record(r) for r in rows]
+
+
+# Batched reserve and complete. One statement (one commit) per batch of
+# claimed tasks instead of one per operation: a worker is bound by Python
+# client CPU per round trip long before Postgres is busy (see ``agentdb
+# bench``). Each element keeps the single-row guarantees: the key's unique
+# index decides (G3, G4), the caller's lease fences it (G12), and it gets its
+# own event (G8).
+
+#: Errors that concern one element of a batch: returned in its slot, never raised.
+_PER_ELEMENT = (StaleWrite, IdempotencyConflict, OperationInFlight)
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveRequest:
+    """One element of :func:`reserve_many`: :func:`reserve` by the holder of ``lease``.
+
+    The lease names the tenant and the task the operation belongs to.
+    """
+
+    lease: Lease
+    idempotency_key: str
+    action: str
+    input: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One element of :func:`complete_many`: the arguments of :func:`complete`."""
+
+    operation: Operation
+    result: Mapping[str, Any] | None = None
+    provider_reference: str | None = None
+    lease: Lease | None = None
+
+
+async def reserve_many(
+    db: _exec.Executor,
+    requests: Iterable[ReserveRequest],
+    *,
+    retry_failed: bool = True,
+    actor: str | None = None,
+    trace_id: str | None = None,
+    span_id: str | None = None,
+) -> list[Reservation | AgentDBError]:
+    """:func:`reserve` for many keys in one statement; one result per request, in input order.
+
+    For workers holding leases (a claimed batch): each request is reserved
+    only while its lease on its task is current, and is answered as
+    :func:`reserve` with ``lease`` answers it (``fresh`` true: call the
+    provider; false: ``operation.result`` is the stored answer). The
+    reservations commit together before any provider is called (G13); use
+    :func:`reserve` to reserve without a lease.
+    What :func:`reserve` would raise for one request is *returned* in that
+    request's slot instead, so one refusal does not undo the batch:
+
+    * :class:`IdempotencyConflict` - the key holds a different action or input;
+    * :class:`OperationInFlight` - the key's first attempt has not settled;
+    * :class:`LeaseLost` - the request's lease was taken over: nothing reserved;
+    * :class:`NotFound` - no such task in that tenant;
+    * :class:`StaleVersion` - re-arming a failed operation lost a race.
+
+    Only a request the statement did not answer (a refused lease, a missing
+    task, a concurrent reservation of the same key) costs more round trips:
+    it goes through :func:`reserve`, which says why (or reruns a lost race).
+
+    Raises:
+        ConfigurationError: a key appears twice in the batch, or an input is not JSON data.
+        TransientError and unrecognised database errors: nothing was reserved.
+    """
+    batch = list(requests)
+    if not batch:
+        return []
+    keys: set[tuple[uuid.UUID, str]] = set()
+    for req in batch:
+        key = (req.lease.tenant_id, req.idempotency_key)
+        if key in keys:
+            raise ConfigurationError(
+                f"idempotency key {req.idempotency_key!r} appears twice in one reserve_many call"
+            )
+        keys.add(key)
+    digests = [input_hash(req.input) for req in batch]
+    trace_id, span_id = telemetry.ids(trace_id, span_id)
+    rows = await _exec.fetch_many(
+        db,
+        _Q["operation_reserve_many"],
+        [req.lease.tenant_id for req in batch],
+        [uuid.uuid4() for _ in batch],
+        [req.lease.task_id for req in batch],
+        [req.idempotency_key for req in batch],
+        [req.action for req in batch],
+        digests,
+        [req.lease.owner for req in batch],
+        [req.lease.token for req in batch],
+        actor,
+        trace_id,
+        span_id,
+    )
+    by_ord = {row["ord"]: row for row in rows}
+    results: list[Reservation | AgentDBError] = []
+    for i, (req, digest) in enumerate(zip(batch, digests, strict=True), start=1):
+        row = by_ord.get(i)
+        try:
+            if row is None:
+                # Refused lease, missing task or a concurrent reservation: the
+                # single-row path says which (and reruns a lost race).
+                lease = req.lease
+                again = await reserve(
+                    db, lease.tenant_id, lease.task_id, req.idempotency_key, req.action, req.input,
+                    lease=lease, retry_failed=retry_failed, actor=actor, trace_id=trace_id,
+                    span_id=span_id,
+                )  # fmt: skip
+                results.append(again)
+            elif row["created"]:
+                results.append(Reservation(Operation.from_record(row), fresh=True))
+            else:
+                op = Operation.from_record(row)
+                results.append(await _answer_existing(db, op, req, digest, retry_failed, actor))
+        except _PER_ELEMENT as exc:
+            results.append(exc)
+    return results
+
+
+async def _answer_existing(
+    db: _exec.Executor,
+    op: Operation,
+    req: ReserveRequest,
+    digest: str,
+    retry_failed: bool,
+    actor: str | None,
+) -> Reservation:
+    """What :func:`reserve` decides for a key that already holds ``op``."""
+    if op.input_hash != digest or op.action != req.action:
+        raise IdempotencyConflict(
+            f"idempotency key {req.idempotency_key!r} was used for a different "
+            f"{'action' if op.action != req.action else 'input'}; refusing to reuse its result",
+            tenant_id=req.lease.tenant_id,
+            key=req.idempotency_key,
+            stored_hash=op.input_hash,
+            given_hash=digest,
+        )
+    if op.state == "succeeded" or (op.state == "failed" and not retry_failed):
+        return Reservation(op, fresh=False)
+    if op.state == "failed":
+        rearmed = await _settle(
+            db,
+            op,
+            ("failed",),
+            "reserved",
+            lease=req.lease,
+            actor=actor or req.lease.owner,
+            event_type="operation.retried",
+        )
+        return Reservation(rearmed, fresh=True)
+    raise OperationInFlight(
+        f"operation {op.id} for key {req.idempotency_key!r} is {op.state}; "
+        "its first attempt has not settled - reconcile it, do not call the provider again",
+        tenant_id=req.lease.tenant_id,
+        key=req.idempotency_key,
+        operation_id=op.id,
+        state=op.state,
+    )
+
+
+async def complete_many(
+    db: _exec.Executor, completions: Iterable[Completion], *, actor: str | None = None
+) -> list[Operation | AgentDBError]:
+    """:func:`complete` for many operations in one statement; one result per element, in order.
+
+    Each operation moves to 'succeeded' only if it is still unsettled at the
+    ``state_version`` it carries and, with a ``lease``, that lease on its
+    task is current; each gets its event. A refused element is not settled
+    and nothing is written for it; its slot holds the error :func:`complete`
+    would have raised, returned rather than raised so the rest commits:
+
+    * :class:`LeaseLost` - the element's lease was taken over: this outcome was not recorded;
+    * :class:`StaleVersion` - the operation moved on (settled by someone else);
+    * :class:`NotFound` - no such operation (or task) in its tenant.
+
+    Raises:
+        ConfigurationError: an operation appears twice in the batch, or a result is not JSON.
+        PayloadTooLarge: a ``result`` is over the cap; nothing was written.
+    """
+    batch = list(completions)
+    if not batch:
+        return []
+    seen: set[tuple[uuid.UUID, uuid.UUID]] = set()
+    for c in batch:
+        key = (c.operation.tenant_id, c.operation.id)
+        if key in seen:
+            raise ConfigurationError(
+                f"operation {c.operation.id} appears twice in one complete_many call"
+            )
+        seen.add(key)
+    rows = await _exec.fetch_many(
+        db,
+        _Q["operation_complete_many"],
+        [c.operation.tenant_id for c in batch],
+        [c.operation.id for c in batch],
+        [c.operation.state_version for c in batch],
+        [c.provider_reference for c in batch],
+        [document(c.result, cap=OBJECT_CAP, what="operation result") for c in batch],
+        [c.lease.owner if c.lease else None for c in batch],
+        [c.lease.token if c.lease else None for c in batch],
+        actor,
+    )
+    by_ord = {row["ord"]: row for row in rows}
+    results: list[Operation | AgentDBError] = []
+    for i, c in enumerate(batch, start=1):
+        row = by_ord.get(i)
+        if row is None:
+            results.append(await _why_not_settled(db, c.operation, c.lease, _UNSETTLED))
+        else:
+            results.append(Operation.from_record(row))
+    return results
+
+
+async def _why_not_settled(
+    db: _exec.Executor, op: Operation, lease: Lease | None, from_states: tuple[str, ...]
+) -> AgentDBError:
+    """Say why a settle of ``op`` matched no row (runs only on that failure path)."""
+    if lease is not None:
+        why = await explain_stale_task(db, op.tenant_id, op.task_id, None, lease)
+        if isinstance(why, LeaseLost | NotFound):
+            return why
+    rows = await _exec.fetch_many(db, _Q["operation_get"], op.tenant_id, op.id)
+    if not rows:
+        return NotFound(
+            f"operation {op.id} not found", entity="operation", tenant_id=op.tenant_id, id=op.id
+        )
+    now = rows[0]
+    return StaleVersion(
+        f"operation {op.id} is {now['state']} at state_version {now['state_version']}; "
+        f"expected one of {', '.join(from_states)} at {op.state_version}",
+        entity="operation",
+        tenant_id=op.tenant_id,
+        id=op.id,
+        expected=op.state_version,
+        actual=now["state_version"],
+        actual_state=now["state"],
+    )

@@ -52,10 +52,18 @@ def ids(trace_id: str | None, span_id: str | None) -> tuple[str | None, str | No
     return current_ids()
 
 
+def _recording() -> bool:
+    # With only opentelemetry-api installed (no SDK configured) the global
+    # provider is a proxy handing out no-op spans; skip the ~14 us they cost.
+    return _trace is not None and not isinstance(
+        _trace.get_tracer_provider(), _trace.ProxyTracerProvider
+    )
+
+
 @contextlib.contextmanager
 def span(name: str, attributes: Mapping[str, Any]) -> Iterator[None]:
-    """An agentdb span around a step, when OpenTelemetry is installed; else nothing."""
-    if _trace is None:
+    """An agentdb span around a step, when an OpenTelemetry SDK is configured; else nothing."""
+    if _trace is None or not _recording():
         yield
         return
     tracer = _trace.get_tracer(_TRACER_NAME)

@@ -33,10 +33,15 @@ $$;
 
 -- G9: true when, anywhere in the document, a key names a secret (and its
 -- value is not the redaction mask "[redacted]") or a string looks like one.
+-- Every event insert runs this, so it first tries one case-insensitive regex
+-- over the whole JSON text: a prefix of every secret key and value pattern
+-- above (JSON escaping never touches these characters). Only a document that
+-- contains one of them is walked node by node; most payloads never are.
 CREATE FUNCTION agentdb_jsonb_has_secrets(doc jsonb) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
-    SELECT EXISTS (
+    SELECT doc::text ~* '(passw|secret|api[_-]?key|authori[sz]ation|bearer|private[_-]?key|token|cookie|-----BEGIN|sk-|rk-|pk-|AKIA|gh[pousr]_|xox[abprs]-|eyJ)'
+       AND EXISTS (
         SELECT 1
         FROM jsonb_path_query(doc, 'strict $.**') AS node (v)
         WHERE (jsonb_typeof(node.v) = 'object'

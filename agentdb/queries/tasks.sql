@@ -212,3 +212,57 @@ FROM agent_tasks
 WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND task_type <> ALL ($1)
 GROUP BY task_type
 ORDER BY task_type;
+
+-- name: task_complete_many :many
+-- Finish many claimed tasks in one statement (one commit): each element
+-- moves running -> $6 (succeeded, failed, cancelled or dead) only if it is
+-- still at its expected state_version and still under the caller's lease
+-- (owner + token), drops the lease, and writes its event and its outbox
+-- messages ($11 names the 1-based input element each message belongs to).
+-- Returns one row per element that was finished, tagged with its 1-based
+-- position in the input (ord); an element with no row was refused and
+-- nothing was written for it - not the state, not the event, not its
+-- messages. The caller reads such rows again to say why.
+-- guarantee: G7, G12, G8, G10
+-- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 lease_owners text[], $5 lease_tokens int8[], $6 to_state text, $7 last_error text, $8 event_type text, $9 actor_id text, $10 payload jsonb, $11 outbox_ords int8[], $12 outbox_ids uuid[], $13 outbox_topics text[], $14 outbox_payloads jsonb[]
+WITH input AS (
+    SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.lease_owner, i.lease_token
+    FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::int8[])
+         WITH ORDINALITY AS i (tenant_id, id, expected_version, lease_owner, lease_token, ord)
+), upd AS (
+    UPDATE agent_tasks t
+    SET state = $6,
+        state_version = t.state_version + 1,
+        last_error = coalesce($7, t.last_error),
+        lease_owner = NULL,
+        lease_acquired_at = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM input i
+    WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state = 'running'
+      AND t.state_version = i.expected_version
+      AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
+    RETURNING i.ord, i.lease_owner AS released_by, t.id, t.tenant_id, t.task_type,
+              t.workflow_version, t.state, t.state_version, t.current_step, t.wake_at,
+              t.dedupe_key, t.input_hash, t.params, t.attempts, t.max_attempts, t.last_error,
+              t.lease_ttl, t.lease_owner, t.lease_token, t.lease_acquired_at,
+              t.lease_expires_at, t.trace_id, t.span_id, t.created_at, t.updated_at
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                              from_state, to_state, task_state_version, payload, trace_id,
+                              span_id)
+    SELECT tenant_id, id, $8, coalesce($9, released_by), workflow_version, 'running', state,
+           state_version, coalesce($10, '{}'::jsonb), trace_id, span_id
+    FROM upd
+), ob AS (
+    INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
+    SELECT m.id, u.tenant_id, u.id, m.topic, m.payload, u.trace_id, u.span_id
+    FROM unnest($11::int8[], $12::uuid[], $13::text[], $14::jsonb[]) AS m (ord, id, topic, payload)
+    JOIN upd u ON u.ord = m.ord
+)
+SELECT ord, id, tenant_id, task_type, workflow_version, state, state_version, current_step,
+       wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       trace_id, span_id, created_at, updated_at
+FROM upd
+ORDER BY ord;

@@ -1,0 +1,92 @@
+"""``agentdb bench --quick`` runs to the end and reports sane numbers.
+
+A benchmark, not a test of speed: nothing here compares a number with a
+threshold. It checks that the run completes on the test server, writes its
+report, chart and results, reports only positive, finite measurements, and
+drops the databases it created.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from agentdb.cli import build_parser
+from tests import _pg
+
+#: The measured series in results.json: every value must be a positive, finite number.
+_SERIES = {
+    "statements": ("agentdb", "raw"),
+    "cycle": ("tasks_per_s",),
+    "relay": ("rows_per_s",),
+}
+
+
+def _numbers(value: Any) -> Iterator[float]:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        yield float(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _numbers(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers(v)
+
+
+def test_bench_is_an_agentdb_subcommand() -> None:
+    args = build_parser().parse_args(["bench", "--quick", "--reps", "2", "--skip-1m"])
+    assert (args.quick, args.reps, args.skip_1m, args.out) == (True, 2, True, Path("bench-results"))
+
+
+def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "agentdb.bench", "--quick", "--dsn", pg_server.admin_dsn]
+    run = subprocess.run(
+        [*cmd, "--out", str(out)], capture_output=True, text=True, timeout=280, check=False
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+
+    report = (out / "report.md").read_text()
+    for heading in ("Statement overhead", "Task cycle", "Outbox relay", "Scaling", "Targets"):
+        assert heading in report, heading
+    assert "## 1. Statement overhead" in run.stdout  # the table is printed too
+    assert not re.search(r"\b(nan|inf)\b", report, flags=re.IGNORECASE)
+
+    results = json.loads((out / "results.json").read_text())
+    for section, keys in _SERIES.items():
+        assert results[section], section
+        for row in results[section]:
+            for key in keys:
+                assert row[key], (section, key)
+                assert all(math.isfinite(v) and v > 0 for v in row[key]), (section, row)
+    scaling = results["scaling"]
+    assert len(scaling["sizes"]) == 2
+    for series in (scaling["p50_ms"], scaling["p99_ms"]):
+        assert all(math.isfinite(v) and v > 0 for v in _numbers(series))
+    assert "agent_tasks" in scaling["explain"]
+    # Everything else measured (CPU, WAL, ratios' inputs) is finite and not negative.
+    for section in ("statements", "cycle", "relay", "scaling"):
+        assert all(math.isfinite(v) and v >= 0 for v in _numbers(results[section])), section
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:  # the bench says why there is no chart instead of failing
+        assert "no chart: matplotlib is not importable" in report
+
+    # The run dropped every database it created.
+    with _pg.admin(pg_server.admin_dsn) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = ANY(%s)",
+            (results["meta"]["databases"],),
+        ).fetchall()
+    assert results["meta"]["databases"]
+    assert left == []

@@ -1,0 +1,338 @@
+"""Batched completion (G7, G8, G10, G12): many tasks / operations in one statement.
+
+Every input element maps to a result: a finished row, or the typed error the
+single-row helper would have raised - returned, never dropped. A refused
+element writes nothing: no state change, no event, no outbox message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from agentdb import Message, leases, operations, tasks
+from agentdb.errors import (
+    ConfigurationError,
+    IdempotencyConflict,
+    LeaseLost,
+    NotFound,
+    OperationInFlight,
+    PayloadTooLarge,
+    StaleVersion,
+)
+from agentdb.models import Task
+from agentdb.operations import Completion, ReserveRequest
+from tests import factories as F
+from tests.conftest import RUNTIME, Database, Tenants
+
+HOUR = timedelta(hours=1)
+
+
+async def _claimed(
+    pool: asyncpg.Pool | asyncpg.Connection, tenant: uuid.UUID, n: int, owner: str = "w1"
+) -> list[Task]:
+    for i in range(n):
+        await tasks.create(pool, tenant, "t", params={"i": i})
+    got = await leases.claim(pool, owner, batch=n, lease_ttl=HOUR)
+    assert len(got) == n
+    return got
+
+
+async def _events(conn: asyncpg.Connection, task_id: uuid.UUID, event_type: str) -> int:
+    n: int = await conn.fetchval(
+        "SELECT count(*) FROM agent_events WHERE task_id = $1 AND event_type = $2",
+        task_id,
+        event_type,
+    )
+    return n
+
+
+async def _outbox(conn: asyncpg.Connection, task_id: uuid.UUID) -> list[str]:
+    rows = await conn.fetch("SELECT topic FROM agent_outbox WHERE task_id = $1", task_id)
+    return [r["topic"] for r in rows]
+
+
+async def test_G8_complete_many_finishes_a_batch_with_events_and_outbox_in_one_statement(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    batch = await _claimed(pool, tenants.a, 3)
+    msg = Message("invoice.sent", {"n": 1})
+    results = await tasks.complete_many(
+        pool, batch, payload={"result": "ok"}, outbox={batch[0].id: [msg], batch[2].id: ()}
+    )
+    assert [r.id for r in results if isinstance(r, Task)] == [t.id for t in batch]
+    for before, after in zip(batch, results, strict=True):
+        assert isinstance(after, Task)
+        assert (after.state, after.state_version) == ("succeeded", before.state_version + 1)
+        assert (after.lease_owner, after.lease) == (None, None)
+        ev = await admin_conn.fetchrow(
+            "SELECT event_type, actor_id, from_state, to_state, payload::text AS payload"
+            " FROM agent_events WHERE task_id = $1 AND task_state_version = $2",
+            after.id,
+            after.state_version,
+        )
+        assert ev is not None
+        assert (ev["event_type"], ev["actor_id"], ev["from_state"], ev["to_state"]) == (
+            "task.succeeded",
+            "w1",
+            "running",
+            "succeeded",
+        )
+        assert ev["payload"] == '{"result": "ok"}'
+    assert await _outbox(admin_conn, batch[0].id) == ["invoice.sent"]
+    assert (
+        await admin_conn.fetchval("SELECT id FROM agent_outbox WHERE task_id = $1", batch[0].id)
+        == msg.id
+    )
+    assert await _outbox(admin_conn, batch[1].id) == []
+    assert await tasks.complete_many(pool, []) == []
+
+
+async def test_G12_complete_many_refuses_a_fenced_out_lease_and_finishes_the_rest(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Worker 1 stalls past its lease on one task; worker 2 (another connection) takes it over."""
+    w1 = await db.connect(RUNTIME)
+    w2 = await db.connect(RUNTIME)
+    try:
+        await tasks.create(w1, tenants.a, "t")
+        [stalled] = await leases.claim(w1, "w1", lease_ttl=HOUR)
+        await tasks.create(w1, tenants.a, "t")
+        [healthy] = await leases.claim(w1, "w1", lease_ttl=HOUR)
+        await F.expire_lease(admin_conn, stalled.id)
+        [taken] = await leases.claim(w2, "w2", lease_ttl=HOUR)
+        assert (taken.id, taken.lease_token) == (stalled.id, stalled.lease_token + 1)
+
+        results = await tasks.complete_many(
+            w1,
+            [stalled, healthy],
+            outbox={stalled.id: [Message("late")], healthy.id: [Message("on.time")]},
+        )
+        refused, done = results
+        assert isinstance(refused, LeaseLost)
+        assert (refused.id, refused.owner, refused.token) == (stalled.id, "w1", stalled.lease_token)
+        assert (refused.current_owner, refused.current_token) == ("w2", taken.lease_token)
+        assert isinstance(done, Task)
+        assert done.state == "succeeded"
+
+        # Nothing of the refused element landed; the new holder still owns the task.
+        now = await tasks.get(w2, tenants.a, stalled.id)
+        assert (now.state, now.lease_owner, now.state_version) == (
+            "running",
+            "w2",
+            taken.state_version,
+        )
+        assert await _events(admin_conn, stalled.id, "task.succeeded") == 0
+        assert await _outbox(admin_conn, stalled.id) == []
+        assert await _outbox(admin_conn, healthy.id) == ["on.time"]
+        # The holder finishes it normally.
+        [mine] = await tasks.complete_many(w2, [taken])
+        assert isinstance(mine, Task)
+        assert mine.state == "succeeded"
+    finally:
+        await w1.close()
+        await w2.close()
+
+
+async def test_G7_complete_many_refuses_a_stale_version_written_by_another_connection(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    w1 = await db.connect(RUNTIME)
+    other = await db.connect(RUNTIME)
+    try:
+        batch = await _claimed(w1, tenants.a, 2)
+        first, second = batch
+        # Another writer under the same lease records a step: state_version moves on.
+        moved = await tasks.transition(
+            other, tenants.a, first.id, expected_version=first.state_version,
+            to_state="running", step="half-way", lease=first.lease,
+        )  # fmt: skip
+        results = await tasks.complete_many(w1, batch, to_state="failed", error="boom")
+        stale, done = results
+        assert isinstance(stale, StaleVersion)
+        assert (stale.id, stale.expected, stale.actual) == (
+            first.id,
+            first.state_version,
+            moved.state_version,
+        )
+        assert isinstance(done, Task)
+        assert (done.state, done.last_error) == ("failed", "boom")
+        assert await _events(admin_conn, first.id, "task.failed") == 0
+        assert (await tasks.get(other, tenants.a, first.id)).state == "running"
+        assert second.id == done.id
+    finally:
+        await w1.close()
+        await other.close()
+
+
+async def test_complete_many_reports_a_missing_task_and_refuses_bad_input(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    [claimed] = await _claimed(pool, tenants.a, 1)
+    ghost = dataclasses.replace(claimed, id=uuid.uuid4())
+    gone, done = await tasks.complete_many(pool, [ghost, claimed])
+    assert isinstance(gone, NotFound)
+    assert gone.id == ghost.id
+    assert isinstance(done, Task)
+
+    [held] = await _claimed(pool, tenants.a, 1)
+    pending = await tasks.create(pool, tenants.a, "t")
+    with pytest.raises(ConfigurationError, match="no lease"):
+        await tasks.complete_many(pool, [pending])
+    with pytest.raises(ConfigurationError, match="twice"):
+        await tasks.complete_many(pool, [held, held])
+    with pytest.raises(ConfigurationError, match="to_state"):
+        await tasks.complete_many(pool, [held], to_state="pending")
+    with pytest.raises(ConfigurationError, match="not in the batch"):
+        await tasks.complete_many(pool, [held], outbox={uuid.uuid4(): [Message("x")]})
+    with pytest.raises(PayloadTooLarge):
+        await tasks.complete_many(
+            pool, [held], outbox={held.id: [Message("big", {"blob": "x" * 70_000})]}
+        )
+    assert (await tasks.get(pool, tenants.a, held.id)).state == "running"
+    assert await _events(admin_conn, held.id, "task.succeeded") == 0
+
+
+async def test_G4_reserve_many_answers_each_key_like_reserve(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    [task] = await _claimed(pool, tenants.a, 1)
+    lease = task.lease
+    assert lease is not None
+    done = await operations.reserve(pool, tenants.a, task.id, "k-done", "send", {"n": 1})
+    await operations.complete(pool, done.operation, result={"ref": "r1"})
+    await operations.reserve(pool, tenants.a, task.id, "k-busy", "send", {"n": 2})
+
+    def req(key: str, payload: dict[str, int], action: str = "send") -> ReserveRequest:
+        return ReserveRequest(lease, key, action, payload)
+
+    results = await operations.reserve_many(
+        pool,
+        [
+            req("k-new-1", {"n": 3}),
+            req("k-done", {"n": 1}),
+            req("k-done-other", {"n": 4}),
+            req("k-busy", {"n": 2}),
+            req("k-new-2", {"n": 5}),
+        ],
+    )
+    new1, replay, new3, busy, new2 = results
+    assert not isinstance(new1, Exception)
+    assert new1.fresh
+    assert new1.operation.state == "reserved"
+    assert not isinstance(replay, Exception)
+    assert (replay.fresh, replay.operation.result) == (False, {"ref": "r1"})
+    assert not isinstance(new3, Exception)
+    assert not isinstance(new2, Exception)
+    assert new3.fresh
+    assert new2.fresh
+    assert isinstance(busy, OperationInFlight)
+    ev = await admin_conn.fetchval(
+        "SELECT actor_id FROM agent_events WHERE operation_id = $1 AND event_type = $2",
+        new1.operation.id,
+        "operation.reserved",
+    )
+    assert ev == "w1"
+
+    [conflict] = await operations.reserve_many(pool, [req("k-done", {"n": 1}, action="refund")])
+    assert isinstance(conflict, IdempotencyConflict)
+    with pytest.raises(ConfigurationError, match="twice"):
+        await operations.reserve_many(pool, [req("dup", {}), req("dup", {})])
+    assert await operations.reserve_many(pool, []) == []
+
+
+async def test_G12_reserve_many_and_complete_many_refuse_a_fenced_out_lease(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    w1 = await db.connect(RUNTIME)
+    w2 = await db.connect(RUNTIME)
+    try:
+        await tasks.create(w1, tenants.a, "t")
+        [old] = await leases.claim(w1, "w1", lease_ttl=HOUR)
+        await tasks.create(w1, tenants.a, "t")
+        [fine] = await leases.claim(w1, "w1", lease_ttl=HOUR)
+        old_lease, fine_lease = old.lease, fine.lease
+        assert old_lease is not None
+        assert fine_lease is not None
+        first = await operations.reserve_many(
+            w1,
+            [
+                ReserveRequest(old_lease, "old-1", "send", {}),
+                ReserveRequest(fine_lease, "fine-1", "send", {}),
+            ],
+        )
+        assert all(not isinstance(r, Exception) and r.fresh for r in first)
+        await F.expire_lease(admin_conn, old.id)
+        [taken] = await leases.claim(w2, "w2", lease_ttl=HOUR)
+        assert taken.id == old.id
+
+        again = await operations.reserve_many(
+            w1,
+            [
+                ReserveRequest(old_lease, "old-2", "send", {}),
+                ReserveRequest(fine_lease, "fine-2", "send", {}),
+            ],
+        )
+        assert isinstance(again[0], LeaseLost)
+        assert not isinstance(again[1], Exception)
+        assert (
+            await w1.fetchval(
+                "SELECT count(*) FROM agent_operations WHERE idempotency_key = $1", "old-2"
+            )
+            == 0
+        )
+
+        ops = [r.operation for r in first if not isinstance(r, Exception)]
+        settled = await operations.complete_many(
+            w1,
+            [
+                Completion(ops[0], result={"ok": True}, provider_reference="p0", lease=old.lease),
+                Completion(ops[1], result={"ok": True}, provider_reference="p1", lease=fine.lease),
+            ],
+        )
+        lost, ok = settled
+        assert isinstance(lost, LeaseLost)
+        assert not isinstance(ok, Exception)
+        assert (ok.state, ok.provider_reference, ok.result) == ("succeeded", "p1", {"ok": True})
+        assert (await operations.get(w2, tenants.a, ops[0].id)).state == "reserved"
+        assert (
+            await admin_conn.fetchval(
+                "SELECT count(*) FROM agent_events WHERE operation_id = $1 AND event_type = $2",
+                ops[0].id,
+                "operation.succeeded",
+            )
+            == 0
+        )
+    finally:
+        await w1.close()
+        await w2.close()
+
+
+async def test_G7_operation_complete_many_refuses_an_operation_settled_elsewhere(
+    db: Database, tenants: Tenants
+) -> None:
+    w1 = await db.connect(RUNTIME)
+    other = await db.connect(RUNTIME)
+    try:
+        task = await tasks.create(w1, tenants.a, "t")
+        a = (await operations.reserve(w1, tenants.a, task.id, "a", "send", {})).operation
+        b = (await operations.reserve(w1, tenants.a, task.id, "b", "send", {})).operation
+        await operations.fail(other, a, "provider said no")
+        stale, ok = await operations.complete_many(w1, [Completion(a), Completion(b)])
+        assert isinstance(stale, StaleVersion)
+        assert (stale.expected, stale.actual, stale.actual_state) == (0, 1, "failed")
+        assert not isinstance(ok, Exception)
+        assert ok.state == "succeeded"
+        ghost = dataclasses.replace(b, id=uuid.uuid4())
+        [gone] = await operations.complete_many(w1, [Completion(ghost)])
+        assert isinstance(gone, NotFound)
+        with pytest.raises(ConfigurationError, match="twice"):
+            await operations.complete_many(w1, [Completion(b), Completion(b)])
+        assert await operations.complete_many(w1, []) == []
+    finally:
+        await w1.close()
+        await other.close()
