@@ -13,11 +13,8 @@ is enough (e.g. behind a transaction-pooling proxy).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import random
-import signal
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,7 +24,7 @@ from datetime import timedelta
 import asyncpg
 
 from agentdb import _faults, outbox, telemetry
-from agentdb._listen import listen
+from agentdb._listen import nap, wakeups
 from agentdb.errors import AgentDBError, TransientError
 from agentdb.models import OutboxMessage
 from agentdb.worker import backoff
@@ -161,27 +158,14 @@ class Relay:
 
     async def run(self, *, install_signals: bool = True) -> RelayStats:
         """Run until :meth:`stop` (or SIGTERM / SIGINT when ``install_signals``)."""
-        loop = asyncio.get_running_loop()
-        if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop)
-        listener = await listen(self.listen_dsn, "agentdb_outbox", self._wake, self.poll_interval)
-        log.info("relay %s started", self.relay_id)
-        try:
+        async with wakeups(
+            dsn=self.listen_dsn, channel="agentdb_outbox", wake=self._wake,
+            poll_interval=self.poll_interval, stop=self.stop, install_signals=install_signals,
+        ):  # fmt: skip
+            log.info("relay %s started", self.relay_id)
             while not self._stopping.is_set():
                 if await self.run_once() >= self.batch:
                     continue  # a full batch: more are probably due
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._wake.wait(), self.poll_interval * random.uniform(0.8, 1.2)
-                    )
-        finally:
-            if listener is not None:
-                with contextlib.suppress(Exception):
-                    await listener.close()
-            if install_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
+                await nap(self._wake, self.poll_interval)
         log.info("relay %s stopped: %s", self.relay_id, self.stats)
         return self.stats

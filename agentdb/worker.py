@@ -27,7 +27,6 @@ import contextlib
 import logging
 import os
 import random
-import signal
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -38,7 +37,7 @@ from typing import Any
 import asyncpg
 
 from agentdb import _exec, _faults, leases, operations, tasks
-from agentdb._listen import listen
+from agentdb._listen import nap, wakeups
 from agentdb.errors import (
     AgentDBError,
     IdempotencyConflict,
@@ -365,37 +364,28 @@ class Worker:
     async def run(self, *, install_signals: bool = True) -> WorkerStats:
         """Run until :meth:`stop` (or SIGTERM / SIGINT when ``install_signals``)."""
         loop = asyncio.get_running_loop()
-        if install_signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop)
-        listener = await listen(self.listen_dsn, "agentdb_tasks", self._wake, self.poll_interval)
-        log.info(
-            "worker %s started: types=%s concurrency=%d",
-            self.worker_id,
-            sorted(self.handlers),
-            self.concurrency,
-        )
-        next_maintenance = 0.0
-        try:
-            while not self._stopping.is_set():
-                if loop.time() >= next_maintenance:
-                    await self._maintenance()
-                    next_maintenance = loop.time() + self.maintenance_interval
-                claimed = await self._claim()
-                if claimed and len(self._running) < self.concurrency:
-                    continue  # more may be due right now
-                self._wake.clear()
-                timeout = self.poll_interval * random.uniform(0.8, 1.2)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-        finally:
-            await self._shutdown()
-            if listener is not None:
-                with contextlib.suppress(Exception):
-                    await listener.close()
-            if install_signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
+        async with wakeups(
+            dsn=self.listen_dsn, channel="agentdb_tasks", wake=self._wake,
+            poll_interval=self.poll_interval, stop=self.stop, install_signals=install_signals,
+        ):  # fmt: skip
+            log.info(
+                "worker %s started: types=%s concurrency=%d",
+                self.worker_id,
+                sorted(self.handlers),
+                self.concurrency,
+            )
+            next_maintenance = 0.0
+            try:
+                while not self._stopping.is_set():
+                    if loop.time() >= next_maintenance:
+                        await self._maintenance()
+                        next_maintenance = loop.time() + self.maintenance_interval
+                    claimed = await self._claim()
+                    if claimed and len(self._running) < self.concurrency:
+                        continue  # more may be due right now
+                    await nap(self._wake, self.poll_interval)
+            finally:
+                await self._shutdown()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
         return self.stats
 
