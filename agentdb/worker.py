@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -499,43 +500,22 @@ class Worker:
 
     async def _finish(self, job: Job, outcome: Outcome) -> None:
         task = job.task
+        # Every finishing write is the job's task at its version, under its lease.
+        finish = functools.partial(
+            tasks.transition, self.pool, task.tenant_id, task.id,
+            expected_version=job.task.state_version, lease=job.lease,
+        )  # fmt: skip
         try:
             if isinstance(outcome, Succeed):
-                await tasks.transition(
-                    self.pool,
-                    task.tenant_id,
-                    task.id,
-                    expected_version=job.task.state_version,
-                    to_state="succeeded",
-                    lease=job.lease,
-                    payload=outcome.payload,
-                    outbox=outcome.outbox,
-                )
+                await finish(to_state="succeeded", payload=outcome.payload, outbox=outcome.outbox)
                 _faults.point("after_transition")
                 self.stats.succeeded += 1
             elif isinstance(outcome, Fail):
-                await tasks.transition(
-                    self.pool,
-                    task.tenant_id,
-                    task.id,
-                    expected_version=job.task.state_version,
-                    to_state="failed",
-                    lease=job.lease,
-                    error=outcome.error[:4000],
-                )
+                await finish(to_state="failed", error=outcome.error[:4000])
                 self.stats.failed += 1
             elif isinstance(outcome, Wait):
                 kwargs: dict[str, Any] = {} if outcome.step is None else {"step": outcome.step}
-                await tasks.transition(
-                    self.pool,
-                    task.tenant_id,
-                    task.id,
-                    expected_version=job.task.state_version,
-                    to_state="waiting",
-                    wake_at=outcome.until,
-                    lease=job.lease,
-                    **kwargs,
-                )
+                await finish(to_state="waiting", wake_at=outcome.until, **kwargs)
                 self.stats.waiting += 1
             else:
                 after = outcome.after or backoff(task.attempts, base=self.retry_base)
