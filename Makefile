@@ -7,6 +7,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS ?=
 CHAOS_ARGS ?=
 BENCH_ARGS ?=
+MUTATE_ARGS ?=
 
 .DEFAULT_GOAL := help
 
@@ -33,11 +34,11 @@ install: $(VENV)/.dev ## Create .venv and install agentdb with its test and dev 
 demo: $(VENV)/.embedded ## Run the crash-tested multi-tenant demo on an embedded Postgres (DEMO_ARGS=...)
 	$(BIN)/agentdb demo $(DEMO_ARGS)
 
-chaos: $(VENV)/.embedded ## Crash matrix + soak: >= 1000 SIGKILLs, 0 duplicate effects, 0 lost messages
-	$(BIN)/python -m agentdb.chaos $(CHAOS_ARGS)
+chaos: $(VENV)/.embedded ## Crash matrix + soak: >= 1000 SIGKILLs, 0 duplicate effects, 0 unjustified replays, 0 lost messages
+	$(BIN)/python -m agentdb.tools.chaos $(CHAOS_ARGS)
 
 chaos-quick: $(VENV)/.embedded ## A small crash matrix and soak (CI smoke run)
-	$(BIN)/python -m agentdb.chaos --quick $(CHAOS_ARGS)
+	$(BIN)/python -m agentdb.tools.chaos --quick $(CHAOS_ARGS)
 
 bench: $(VENV)/.bench ## agentdb vs raw asyncpg, PgQueuer, Procrastinate; report in bench-results/ (BENCH_ARGS=...)
 	$(BIN)/agentdb bench $(BENCH_ARGS)
@@ -48,10 +49,18 @@ bench-quick: $(VENV)/.bench ## The same at small sizes, under a minute (CI smoke
 test: $(VENV)/.dev ## Run the whole test suite (embedded Postgres unless AGENTDB_TEST_DSN is set)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-lint: $(VENV)/.dev ## ruff (lint + format check) and mypy --strict
+lint: $(VENV)/.dev ## ruff (lint + format check), mypy --strict, the import contracts, the README table
 	$(BIN)/ruff check agentdb tests examples
 	$(BIN)/ruff format --check agentdb tests examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python -m agentdb.tools.docs --check
+
+mutate: $(VENV)/.dev ## Mutation check: >= 80 mutants of the guards, each must fail its tests (MUTATE_ARGS=...)
+	$(BIN)/python -m agentdb.tools.mutate $(MUTATE_ARGS)
+
+readme: $(VENV)/.dev ## Regenerate the README's guarantee table from agentdb/guarantees.py
+	$(BIN)/python -m agentdb.tools.docs --write
 
 fmt: $(VENV)/.dev ## Format the code with ruff
 	$(BIN)/ruff format agentdb tests examples
@@ -78,9 +87,9 @@ audit: $(VENV)/.embedded ## Which guarantees G1-G17 the schema at DATABASE_URL e
 purge: $(VENV)/.embedded ## Delete what is past retention at DATABASE_URL, in small batches
 	$(BIN)/agentdb purge
 
-ci: lint test ## Everything CI checks
+ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGENTDB_TEST_DSN)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist mutation-results
 
-.PHONY: help install demo chaos chaos-quick bench bench-quick test lint fmt example sql migrate rollback status audit purge ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test lint mutate readme fmt example sql migrate rollback status audit purge ci clean

@@ -10,11 +10,19 @@ append-only audit trail and reliable outbox delivery live in the schema under
 * :mod:`agentdb.outbox`, :mod:`agentdb.inbox` - delivery at least once, processing once
 * :mod:`agentdb.tenancy` - tenants and per-transaction tenant scope
 * :mod:`agentdb.errors` - everything raised, mapped by SQLSTATE and constraint name
+* :mod:`agentdb.guarantees` - G1-G17 and the schema objects that enforce each
+* :func:`create_pool` - the pool factory every worker, relay and tool connects through
+
+The processes are :mod:`agentdb.worker` and :mod:`agentdb.relay`; schema
+management is :mod:`agentdb.migrate` (and :mod:`agentdb.schema`), operator
+status :mod:`agentdb.status`. The tools (CLI, audit, bench, demo, chaos) live
+in :mod:`agentdb.tools`, which nothing here imports.
 """
 
 from __future__ import annotations
 
-from agentdb import errors, inbox, leases, operations, outbox, tasks, tenancy
+from agentdb import errors, guarantees, inbox, leases, operations, outbox, tasks, tenancy
+from agentdb._db import create_pool
 from agentdb.errors import (
     AgentDBError,
     IdempotencyConflict,
@@ -50,7 +58,9 @@ __all__ = [
     "Task",
     "TransientError",
     "__version__",
+    "create_pool",
     "errors",
+    "guarantees",
     "inbox",
     "input_hash",
     "leases",

@@ -2,6 +2,6 @@ from __future__ import annotations
 
 import sys
 
-from agentdb.cli import main
+from agentdb.tools.cli import main
 
 sys.exit(main())

@@ -1,28 +1,29 @@
-"""Every error agentdb raises, and the catalogue that ties database objects to guarantees.
+"""Every error agentdb raises, and the one function that maps database errors onto them.
 
 Database errors are recognised by SQLSTATE and constraint name only, never by
-message text (messages are localised and change between versions). Constraint,
-trigger, index and policy names are public API: :data:`CONSTRAINTS` lists each
-one with the guarantee (G1...G17, see the README) it enforces, and a test
-checks that this catalogue and the migrated schema agree exactly.
+message text (messages are localised and change between versions):
+:func:`error_for` is the whole mapping. The object names it keys on, and the
+guarantee each object enforces, live in :mod:`agentdb.guarantees`; every
+error that stands for a guarantee carries its id as ``.guarantee``.
 
 The tree::
 
     AgentDBError
     +-- ConfigurationError        bad input from the caller
     +-- DatabaseUnavailable       cannot connect / login refused
-    +-- MigrationError            migrations failed or the database is ahead
+    +-- MigrationError            migrations failed, or the schema is not the one this code needs
     +-- TransientError            safe to retry: serialization failure, deadlock,
     |                             lock not available, lost connection
     +-- InvariantViolation        Postgres refused the write (named object)
     |   +-- InvalidTransition, VersionRuleViolation, AppendOnlyViolation,
-    |   |   ImmutableColumn, LeaseTokenRegression, MissingEvent,
-    |   |   TenantScopeMissing          (agentdb's own SQLSTATEs AG001-AG007)
+    |   |   ImmutableColumn (+ ImmutableKey), LeaseTokenRegression, MissingEvent,
+    |   |   TenantScopeMissing          (agentdb's own SQLSTATEs AG001-AG008)
     |   +-- TenantMismatch, DuplicateKey, PayloadTooLarge, SecretInPayload
     +-- StaleWrite                the statement matched no row
-    |   +-- NotFound, StaleVersion, LeaseLost
+    |   +-- NotFound, StaleVersion, LeaseLost (+ OutboxLeaseLost)
     +-- IdempotencyConflict       same key, different input (G4)
-    +-- OperationInFlight         same key, first attempt not settled (G4, G13)
+    +-- OperationInFlight         same key, first attempt not settled (G4)
+    +-- OperationUnsettled        a crashed attempt's operation could not be reconciled (G13)
 """
 
 from __future__ import annotations
@@ -30,10 +31,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
+
+from agentdb.guarantees import CATALOGUE, CONSTRAINTS, guarantee_of
+
+if TYPE_CHECKING:
+    from agentdb.models import Operation
 
 __all__ = [
     "CONSTRAINTS",
+    "RETRYABLE",
     "SQLSTATES",
     "AgentDBError",
     "AppendOnlyViolation",
@@ -42,6 +49,7 @@ __all__ = [
     "DuplicateKey",
     "IdempotencyConflict",
     "ImmutableColumn",
+    "ImmutableKey",
     "InvalidTransition",
     "InvariantViolation",
     "LeaseLost",
@@ -50,6 +58,8 @@ __all__ = [
     "MissingEvent",
     "NotFound",
     "OperationInFlight",
+    "OperationUnsettled",
+    "OutboxLeaseLost",
     "PayloadTooLarge",
     "SecretInPayload",
     "StaleVersion",
@@ -58,6 +68,7 @@ __all__ = [
     "TenantScopeMissing",
     "TransientError",
     "VersionRuleViolation",
+    "error_for",
 ]
 
 
@@ -108,8 +119,10 @@ class InvariantViolation(AgentDBError):
         super().__init__(message)
         self.sqlstate = sqlstate or self.sqlstate_code
         self.constraint = constraint
-        if constraint is not None and constraint in CONSTRAINTS and not self.guarantee:
-            self.guarantee = CONSTRAINTS[constraint]
+        # The refusing object's rule is more precise than the class default.
+        found = guarantee_of(constraint, self.sqlstate)
+        if found is not None:
+            self.guarantee = found
 
 
 class InvalidTransition(InvariantViolation):
@@ -134,10 +147,22 @@ class AppendOnlyViolation(InvariantViolation):
 
 
 class ImmutableColumn(InvariantViolation):
-    """G2/G4: a tenant id, id or key/hash column of a versioned row changed (SQLSTATE AG004)."""
+    """G2: the tenant id, id or creation time of a versioned row changed (SQLSTATE AG004)."""
 
     guarantee = "G2"
     sqlstate_code = "AG004"
+
+
+class ImmutableKey(ImmutableColumn):
+    """G4: what a key was issued for changed (SQLSTATE AG008).
+
+    A task's type, dedupe key or input hash; an operation's task, idempotency
+    key, action or input hash. Were they mutable, a stored result could be
+    re-pointed at a different request.
+    """
+
+    guarantee = "G4"
+    sqlstate_code = "AG008"
 
 
 class LeaseTokenRegression(InvariantViolation):
@@ -196,9 +221,12 @@ class StaleWrite(AgentDBError):
     """A guarded statement matched no row. Reload before deciding anything.
 
     Attributes:
-        entity: ``"task"``, ``"operation"`` or ``"outbox"``.
+        entity: ``"task"``, ``"operation"``, ``"outbox"`` or ``"tenant"``.
         tenant_id, id: the row the caller addressed.
+        guarantee: the guarantee whose fence refused the write.
     """
+
+    guarantee: ClassVar[str] = ""
 
     def __init__(self, message: str, *, entity: str, tenant_id: uuid.UUID, id: uuid.UUID) -> None:
         super().__init__(message)
@@ -208,15 +236,23 @@ class StaleWrite(AgentDBError):
 
 
 class NotFound(StaleWrite):
-    """The row does not exist in this tenant."""
+    """G2: the row does not exist in this tenant (a row of another tenant is never found).
+
+    For example, reading or transitioning a task id under the wrong tenant.
+    """
+
+    guarantee = "G2"
 
 
 class StaleVersion(StaleWrite):
     """G7: another writer moved the row on; ``expected`` is what the caller had, ``actual`` is now.
 
     Also raised when an operation is no longer in a state the write starts from
-    (``expected_state`` / ``actual_state``).
+    (``expected_state`` / ``actual_state``). For example, completing an
+    operation another attempt already settled.
     """
+
+    guarantee = "G7"
 
     def __init__(
         self,
@@ -237,6 +273,9 @@ class StaleVersion(StaleWrite):
 
 class LeaseLost(StaleWrite):
     """G12: the caller's lease was taken over (or the task left 'running'); nothing was written.
+
+    For example, a worker that stalled past its TTL and was reclaimed gets
+    this from its next renew, reserve, settle or finish.
 
     Attributes:
         owner, token: the lease the caller presented.
@@ -261,6 +300,15 @@ class LeaseLost(StaleWrite):
         self.current_owner = current_owner
         self.current_token = current_token
 
+    guarantee = "G12"
+
+
+class OutboxLeaseLost(LeaseLost):
+    """G10: the relay's claim on an outbox message moved on (its visibility ran out and
+    another relay claimed it, or it was already marked); nothing was written."""
+
+    guarantee = "G10"
+
 
 class IdempotencyConflict(AgentDBError):
     """G4: the key was already used for a different input; the stored result is never returned.
@@ -283,24 +331,42 @@ class IdempotencyConflict(AgentDBError):
 
 
 class OperationInFlight(AgentDBError):
-    """G4/G13: the key's first attempt has not settled (reserved, in flight or unknown).
+    """G4: the key's first attempt has not settled (reserved, in flight or unknown).
 
     Do not call the provider again: wait, or reconcile the operation first.
 
     Attributes:
-        tenant_id, key, operation_id, state: the operation holding the key.
+        tenant_id, key: the key reused.
+        operation: the operation holding the key, as the reserve read it.
+        operation_id, state: its id and state.
     """
 
     guarantee: ClassVar[str] = "G4"
 
-    def __init__(
-        self, message: str, *, tenant_id: uuid.UUID, key: str, operation_id: uuid.UUID, state: str
-    ) -> None:
+    def __init__(self, message: str, *, operation: Operation) -> None:
         super().__init__(message)
-        self.tenant_id = tenant_id
-        self.key = key
-        self.operation_id = operation_id
-        self.state = state
+        self.operation = operation
+        self.tenant_id = operation.tenant_id
+        self.key = operation.idempotency_key
+        self.operation_id = operation.id
+        self.state = operation.state
+
+
+class OperationUnsettled(AgentDBError):
+    """G13: an earlier attempt's operation could not be reconciled; the task is retried later.
+
+    The operation is left 'unknown' for an operator or a later reconcile; the
+    provider is not called again blindly.
+    """
+
+    guarantee: ClassVar[str] = "G13"
+
+    def __init__(self, operation: Operation) -> None:
+        super().__init__(
+            f"operation {operation.id} ({operation.action}, key {operation.idempotency_key!r}) "
+            f"is {operation.state} and has no reconcile hook that could settle it"
+        )
+        self.operation = operation
 
 
 #: agentdb's own SQLSTATEs (class AG), raised by the guard triggers and functions.
@@ -312,6 +378,7 @@ SQLSTATES: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
             VersionRuleViolation,
             AppendOnlyViolation,
             ImmutableColumn,
+            ImmutableKey,
             LeaseTokenRegression,
             MissingEvent,
             TenantScopeMissing,
@@ -319,205 +386,49 @@ SQLSTATES: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
     }
 )
 
-
-def _named(guarantee: str, *names: str) -> dict[str, str]:
-    return dict.fromkeys(names, guarantee)
-
-
-#: Every named constraint, guard trigger, unique/claim index and RLS policy
-#: in the schema, mapped to the guarantee it enforces or serves.
-CONSTRAINTS: Final[Mapping[str, str]] = MappingProxyType(
+#: SQLSTATEs after which retrying the whole transaction is safe.
+RETRYABLE: Final[Mapping[str, str]] = MappingProxyType(
     {
-        # G1: tasks and operations are separate; G2: tenant-leading keys and
-        # composite tenant foreign keys on every child.
-        **_named(
-            "G2",
-            "agent_tenants_pkey",
-            "agent_tasks_pkey",
-            "agent_operations_pkey",
-            "agent_events_pkey",
-            "agent_outbox_pkey",
-            "agent_artifacts_pkey",
-            "agent_credential_refs_pkey",
-            "agent_principals_pkey",
-            "agent_principals_tenant_fkey",
-            "agent_tasks_tenant_fkey",
-            "agent_operations_task_fkey",
-            "agent_events_task_fkey",
-            "agent_events_operation_fkey",
-            "agent_outbox_tenant_fkey",
-            "agent_outbox_task_fkey",
-            "agent_inbox_tenant_fkey",
-            "agent_artifacts_tenant_fkey",
-            "agent_artifacts_task_fkey",
-            "agent_artifacts_operation_fkey",
-            "agent_credential_refs_tenant_fkey",
-            "agent_operations_task_idx",
-            "agent_events_task_idx",
-            "agent_outbox_task_idx",
-            "agent_artifacts_task_idx",
-            "agent_artifacts_operation_idx",
-        ),
-        # G3: one logical operation / task per key per tenant.
-        **_named("G3", "agent_tasks_dedupe_key", "agent_operations_idempotency_key"),
-        # G4: keys come with the hash of the request they answered.
-        **_named(
-            "G4",
-            "agent_tasks_dedupe_has_hash",
-            "agent_tasks_input_hash_format",
-            "agent_operations_input_hash_format",
-        ),
-        # G5: valid states, owners, counters and lengths.
-        **_named(
-            "G5",
-            "agent_tenants_state_valid",
-            "agent_tenants_name_valid",
-            "agent_principals_role_name_valid",
-            "agent_tasks_state_valid",
-            "agent_tasks_task_type_valid",
-            "agent_tasks_workflow_version_valid",
-            "agent_tasks_current_step_valid",
-            "agent_tasks_due_has_wake_at",
-            "agent_tasks_attempts_valid",
-            "agent_tasks_last_error_valid",
-            "agent_tasks_dedupe_key_valid",
-            "agent_operations_state_valid",
-            "agent_operations_idempotency_key_valid",
-            "agent_operations_action_valid",
-            "agent_operations_attempts_valid",
-            "agent_operations_provider_reference_valid",
-            "agent_operations_error_valid",
-            "agent_operations_succeeded_has_no_error",
-            "agent_events_event_type_valid",
-            "agent_events_actor_id_valid",
-            "agent_events_policy_version_valid",
-            "agent_events_state_valid",
-            "agent_events_operation_version_has_operation",
-            "agent_outbox_topic_valid",
-            "agent_outbox_attempts_valid",
-            "agent_outbox_last_error_valid",
-            "agent_inbox_consumer_valid",
-            "agent_artifacts_kind_valid",
-            "agent_artifacts_uri_valid",
-            "agent_artifacts_sha256_format",
-            "agent_artifacts_size_valid",
-            "agent_artifacts_content_type_valid",
-            "agent_credential_refs_name_key",
-            "agent_credential_refs_name_valid",
-            "agent_credential_refs_provider_valid",
-        ),
-        # G6: lifecycle edges.
-        **_named(
-            "G6",
-            "agent_transitions_pkey",
-            "agent_transitions_entity_valid",
-            "agent_transitions_no_self_loop",
-            "agent_tasks_transition_guard",
-            "agent_operations_transition_guard",
-            "agent_outbox_transition_guard",
-        ),
-        # G7: versioned writes (the guard also keeps tenant_id immutable).
-        **_named(
-            "G7",
-            "agent_tasks_state_version_valid",
-            "agent_operations_state_version_valid",
-            "agent_tasks_version_guard",
-            "agent_operations_version_guard",
-        ),
-        # G8: append-only audit, one event per state change.
-        **_named(
-            "G8",
-            "agent_events_append_only",
-            "agent_events_no_truncate",
-            "agent_tasks_event_required",
-            "agent_operations_event_required",
-            "agent_events_task_version_key",
-            "agent_events_operation_version_key",
-        ),
-        # G9: bounded, redacted payloads and their retention.
-        **_named(
-            "G9",
-            "agent_tasks_params_valid",
-            "agent_operations_result_valid",
-            "agent_events_payload_size",
-            "agent_events_payload_no_secrets",
-            "agent_events_retention_order",
-            "agent_events_retain_until_idx",
-            "agent_events_payload_expiry_idx",
-            "agent_outbox_payload_size",
-            "agent_operations_settled_idx",
-            "agent_events_operation_idx",
-            "agent_tasks_finished_idx",
-        ),
-        # G10: outbox delivery state (and the wake-up hint for relays).
-        **_named(
-            "G10",
-            "agent_outbox_notify",
-            "agent_outbox_state_valid",
-            "agent_outbox_delivered_at_valid",
-            "agent_outbox_lease_owner_valid",
-            "agent_outbox_lease_token_valid",
-            "agent_outbox_pending_idx",
-            "agent_outbox_delivered_idx",
-            "agent_outbox_dead_idx",
-        ),
-        # G11: consumer-side dedupe.
-        **_named("G11", "agent_inbox_pkey", "agent_inbox_processed_at_idx"),
-        # G12: leases and fencing tokens (and the wake-up hint for workers).
-        **_named(
-            "G12",
-            "agent_tasks_notify",
-            "agent_tasks_lease_complete",
-            "agent_tasks_lease_window",
-            "agent_tasks_running_is_leased",
-            "agent_tasks_lease_owner_valid",
-            "agent_tasks_lease_token_valid",
-            "agent_tasks_lease_ttl_valid",
-            "agent_tasks_due_idx",
-            "agent_tasks_lease_expiry_idx",
-        ),
-        # G13: operations that still need reconciling are found by index.
-        **_named("G13", "agent_operations_unsettled_idx"),
-        # G15: row-level security.
-        **_named(
-            "G15",
-            "agentdb_tenant_scope",
-            *(
-                f"agent_{table}_{policy}"
-                for table in (
-                    "tenants",
-                    "tasks",
-                    "operations",
-                    "events",
-                    "outbox",
-                    "inbox",
-                    "artifacts",
-                    "credential_refs",
-                )
-                for policy in ("owner_all", "runtime_all")
-            ),
-            *(
-                f"agent_{table}_agent_scope"
-                for table in ("tenants", "tasks", "operations", "events", "artifacts")
-            ),
-        ),
-        # G16: W3C trace-context ids.
-        **_named(
-            "G16",
-            *(
-                f"agent_{table}_{column}_format"
-                for table in ("tasks", "operations", "events", "outbox")
-                for column in ("trace_id", "span_id")
-            ),
-        ),
-        # G16: the pinned GenAI semantic-conventions version, append-only history.
-        **_named(
-            "G16",
-            "agent_semconv_pins_pkey",
-            "agent_semconv_pins_version_format",
-            "agent_semconv_pins_append_only",
-        ),
-        # G17: credentials are references, never secrets.
-        **_named("G17", "agent_credential_refs_is_reference"),
+        "40001": "serialization failure",
+        "40P01": "deadlock detected",
+        "55P03": "lock not available",
+        "57P01": "server shutting down",
+        "57P02": "crash shutdown",
+        "57P03": "server starting up",
     }
 )
+
+# Catalogue entries that name their error class (agentdb.guarantees.Entry.error).
+_NAMED: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
+    {"PayloadTooLarge": PayloadTooLarge, "SecretInPayload": SecretInPayload}
+)
+_ERROR_OF: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
+    {e.name: _NAMED[e.error] for e in CATALOGUE if e.error}
+)
+
+
+def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBError | None:
+    """The agentdb error for a database error, from its SQLSTATE and constraint name.
+
+    Returns ``None`` for an error agentdb does not recognise: the caller
+    re-raises the original, because agentdb never hides what it does not
+    understand. Constraint names outside :data:`agentdb.guarantees.CATALOGUE`
+    are not agentdb's (they belong to the user's own schema) and stay unmapped.
+    """
+    if sqlstate in SQLSTATES:
+        return SQLSTATES[sqlstate](message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate in RETRYABLE or sqlstate.startswith("08"):
+        return TransientError(
+            f"{RETRYABLE.get(sqlstate, 'connection failure')}: {message}", sqlstate=sqlstate
+        )
+    if constraint is None or constraint not in CONSTRAINTS:
+        return None
+    if sqlstate == "23503":
+        return TenantMismatch(message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate == "23505":
+        return DuplicateKey(message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate == "23514" and constraint in _ERROR_OF:
+        return _ERROR_OF[constraint](message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate.startswith("23"):
+        return InvariantViolation(message, sqlstate=sqlstate, constraint=constraint)
+    return None

@@ -11,30 +11,33 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from agentdb import _exec
+from agentdb import _db
 
 __all__ = ["process_once", "record"]
 
 T = TypeVar("T")
-_Q = _exec.QUERIES
+_Q = _db.queries(__name__)
 
 
 async def record(
-    conn: _exec.Conn, tenant_id: uuid.UUID, consumer: str, message_id: uuid.UUID
+    conn: _db.Conn, tenant_id: uuid.UUID, consumer: str, message_id: uuid.UUID
 ) -> bool:
     """Record ``message_id`` for ``consumer`` in the caller's transaction.
 
     Returns true the first time (go ahead), false for a redelivery (skip).
     """
-    return await _exec.execute_rows(conn, _Q["inbox_record"], tenant_id, consumer, message_id) == 1
+    touched = await _db.execute_rows(
+        conn, _Q["inbox_record"], tenant_id=tenant_id, consumer=consumer, message_id=message_id
+    )
+    return touched == 1
 
 
 async def process_once(
-    db: _exec.Executor,
+    db: _db.Executor,
     tenant_id: uuid.UUID,
     consumer: str,
     message_id: uuid.UUID,
-    handler: Callable[[_exec.Conn], Awaitable[T]],
+    handler: Callable[[_db.Conn], Awaitable[T]],
 ) -> tuple[bool, T | None]:
     """Run ``handler(conn)`` once per (consumer, message) in one transaction with the inbox row.
 
@@ -42,7 +45,7 @@ async def process_once(
     for a redelivery. If the handler raises, nothing is recorded and the
     message can be processed again.
     """
-    async with _exec.connection(db) as conn, conn.transaction():
+    async with _db.transaction(db) as conn:
         if not await record(conn, tenant_id, consumer, message_id):
             return False, None
         return True, await handler(conn)

@@ -12,18 +12,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from agentdb import _exec, telemetry
-from agentdb.errors import AgentDBError, ConfigurationError
+from agentdb import _db, _explain, telemetry
+from agentdb._db.jsonb import TEXT_CAP
+from agentdb.errors import ConfigurationError
 from agentdb.models import Lease, Task
-from agentdb.tasks import explain_stale_task
 
 __all__ = ["Release", "bury_exhausted", "claim", "release", "renew"]
 
-_Q = _exec.QUERIES
+_Q = _db.queries(__name__)
 
 
 async def claim(
-    db: _exec.Executor,
+    db: _db.Executor,
     owner: str,
     *,
     batch: int = 1,
@@ -46,11 +46,18 @@ async def claim(
     with telemetry.span(
         "agentdb.task.claim", {"agentdb.lease.owner": owner, "agentdb.batch.size": batch}
     ):
-        rows = await _exec.fetch_many(db, _Q["task_claim"], owner, batch, lease_ttl, types)
+        rows = await _db.fetch_many(
+            db,
+            _Q["lease_claim"],
+            lease_owner=owner,
+            batch=batch,
+            lease_ttl=lease_ttl,
+            task_types=types,
+        )
     return [Task.from_record(r) for r in rows]
 
 
-async def renew(db: _exec.Executor, lease: Lease, *, lease_ttl: timedelta | None = None) -> Lease:
+async def renew(db: _db.Executor, lease: Lease, *, lease_ttl: timedelta | None = None) -> Lease:
     """Extend ``lease`` by ``lease_ttl`` (default: the task's own) from now.
 
     Raises:
@@ -59,13 +66,17 @@ async def renew(db: _exec.Executor, lease: Lease, *, lease_ttl: timedelta | None
         NotFound: no such task.
     """
 
-    async def lost() -> AgentDBError:
-        return await explain_stale_task(db, lease.tenant_id, lease.task_id, None, lease)
-
-    row = await _exec.fetch_one(
-        db, _Q["lease_renew"], lease.tenant_id, lease.task_id, lease.owner, lease.token, lease_ttl,
-        on_zero=lost,
-    )  # fmt: skip
+    row = await _db.fetch_optional(
+        db,
+        _Q["lease_renew"],
+        tenant_id=lease.tenant_id,
+        id=lease.task_id,
+        lease_owner=lease.owner,
+        lease_token=lease.token,
+        lease_ttl=lease_ttl,
+    )
+    if row is None:
+        raise await _explain.task_write(db, lease.tenant_id, lease.task_id, None, lease)
     return Lease(lease.tenant_id, lease.task_id, lease.owner, lease.token, row["lease_expires_at"])
 
 
@@ -80,7 +91,7 @@ class Release:
 
 
 async def release(
-    db: _exec.Executor,
+    db: _db.Executor,
     lease: Lease,
     *,
     wake_at: datetime | None = None,
@@ -99,22 +110,29 @@ async def release(
         NotFound: no such task.
     """
 
-    async def lost() -> AgentDBError:
-        return await explain_stale_task(db, lease.tenant_id, lease.task_id, None, lease)
-
-    row = await _exec.fetch_one(
-        db, _Q["lease_release"], lease.tenant_id, lease.task_id, lease.owner, lease.token,
-        wake_at, refund_attempt, error, event_type, on_zero=lost,
-    )  # fmt: skip
+    row = await _db.fetch_optional(
+        db,
+        _Q["lease_release"],
+        tenant_id=lease.tenant_id,
+        id=lease.task_id,
+        lease_owner=lease.owner,
+        lease_token=lease.token,
+        wake_at=wake_at,
+        refund_attempt=refund_attempt,
+        last_error=error[:TEXT_CAP] if error is not None else None,
+        event_type=event_type,
+    )
+    if row is None:
+        raise await _explain.task_write(db, lease.tenant_id, lease.task_id, None, lease)
     return Release(row["state"], row["state_version"], row["wake_at"], row["attempts"])
 
 
 async def bury_exhausted(
-    db: _exec.Executor, *, actor: str = "agentdb", batch: int = 100
+    db: _db.Executor, *, actor: str = "agentdb", batch: int = 100
 ) -> list[tuple[uuid.UUID, uuid.UUID]]:
     """Move tasks that used up their attempts (and hold no live lease) to 'dead'.
 
     Returns the (tenant_id, task_id) pairs buried.
     """
-    rows = await _exec.fetch_many(db, _Q["task_bury_exhausted"], actor, batch)
+    rows = await _db.fetch_many(db, _Q["lease_bury_exhausted"], actor_id=actor, batch=batch)
     return [(r["tenant_id"], r["id"]) for r in rows]

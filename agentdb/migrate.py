@@ -1,9 +1,10 @@
 """Apply, roll back and inspect agentdb's migrations (yoyo on psycopg 3).
 
 The migrations are the yoyo files in ``sql/`` (shipped inside the wheel as
-``agentdb/_sql``). Every function here takes a ``postgresql://`` URL and an
-optional schema; the migrations are schema-agnostic and land in whichever
-schema yoyo puts first on the search_path.
+``agentdb/_sql``; :mod:`agentdb.schema` finds them). Every function here
+takes a ``postgresql://`` URL and an optional schema; the migrations are
+schema-agnostic and land in whichever schema yoyo puts first on the
+search_path.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 
+from agentdb import _dsn
 from agentdb.errors import ConfigurationError, DatabaseUnavailable, MigrationError
+from agentdb.schema import migration_ids, migrations_dir
 
 __all__ = [
     "MigrationState",
@@ -54,28 +55,6 @@ class MigrationState:
     applied_at: datetime | None
 
 
-def migrations_dir() -> Path:
-    """Return the directory holding the yoyo migration files.
-
-    Raises:
-        MigrationError: the installation carries no migrations.
-    """
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_sql", here.parent / "sql"):
-        if (candidate / "0001.foundation.sql").is_file():
-            return candidate
-    raise MigrationError("agentdb's migration files are missing from this installation")
-
-
-def migration_ids() -> list[str]:
-    """Return the ids of the shipped migrations, in order."""
-    return sorted(
-        p.name.removesuffix(".sql")
-        for p in migrations_dir().glob("*.sql")
-        if not p.name.endswith(".rollback.sql")
-    )
-
-
 def _check_schema_name(schema: str | None) -> None:
     if schema is not None and not _SCHEMA_RE.fullmatch(schema):
         raise ConfigurationError(
@@ -84,51 +63,22 @@ def _check_schema_name(schema: str | None) -> None:
         )
 
 
-def _split_dsn(dsn: str) -> tuple[str, str, str, str]:
-    if not dsn:
-        raise ConfigurationError("no database given: pass --dsn or set DATABASE_URL")
-    parts = urlsplit(dsn)
-    if parts.scheme not in ("postgresql", "postgres", "postgresql+psycopg"):
-        raise ConfigurationError(
-            "the DSN must be a URL such as postgresql://user:password@host:5432/dbname"
-        )
-    return parts.netloc, parts.path, parts.query, parts.fragment
-
-
-def redact(dsn: str) -> str:
-    """Return ``dsn`` with any password replaced by ``***``, for messages."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def libpq_dsn(dsn: str) -> str:
-    """Return ``dsn`` as a plain ``postgresql://`` URL for libpq.
-
-    Raises:
-        ConfigurationError: no DSN, or not a postgresql:// URL.
-    """
-    netloc, path, query, _ = _split_dsn(dsn)
-    return urlunsplit(("postgresql", netloc, path, query, ""))
+#: Kept for callers of the 0.1 API; see :mod:`agentdb._dsn`.
+redact = _dsn.redact
+libpq_dsn = _dsn.libpq
 
 
 def _yoyo_url(dsn: str, schema: str | None) -> str:
-    netloc, path, query, _ = _split_dsn(dsn)
-    args = [(k, v) for k, v in parse_qsl(query) if k != "schema"]
-    if schema is not None:
-        args.append(("schema", schema))
-    return urlunsplit(("postgresql+psycopg", netloc, path, urlencode(args), ""))
+    return _dsn.with_query(dsn, "postgresql+psycopg", schema=schema)
 
 
 @contextmanager
 def _connect(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     try:
-        conn = psycopg.connect(libpq_dsn(dsn), connect_timeout=10, autocommit=True)
+        conn = psycopg.connect(_dsn.libpq(dsn), connect_timeout=10, autocommit=True)
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(f"cannot connect to {redact(dsn)}: {reason}") from exc
+        raise DatabaseUnavailable(f"cannot connect to {_dsn.redact(dsn)}: {reason}") from exc
     with conn:
         yield conn
 
@@ -188,7 +138,7 @@ def _backend(dsn: str, schema: str | None) -> Any:
     try:
         return get_backend(_yoyo_url(dsn, schema))
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"cannot connect to {redact(dsn)}: {exc}") from exc
+        raise DatabaseUnavailable(f"cannot connect to {_dsn.redact(dsn)}: {exc}") from exc
 
 
 def _migrations() -> Any:

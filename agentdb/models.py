@@ -1,4 +1,9 @@
-"""Rows as frozen dataclasses. Built from statement results; never written back directly."""
+"""Rows as frozen dataclasses. Built from statement results; never written back directly.
+
+Rows live here; a result that belongs to one call (``leases.Release``,
+``outbox.Failure``, ``tenancy.TenantDeletion``, ...) lives next to the function
+that returns it.
+"""
 
 from __future__ import annotations
 
@@ -160,6 +165,7 @@ class OutboxMessage:
     payload: dict[str, Any]
     attempts: int
     max_attempts: int
+    lease_owner: str | None
     lease_token: int
     trace_id: str | None
     span_id: str | None

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from agentdb import _exec, telemetry
-from agentdb._json import OBJECT_CAP, document
+from agentdb import _db, _explain, telemetry
+from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import (
     AgentDBError,
     ConfigurationError,
@@ -34,14 +34,14 @@ from agentdb.errors import (
     LeaseLost,
     NotFound,
     OperationInFlight,
-    StaleVersion,
     StaleWrite,
+    TransientError,
 )
 from agentdb.hashing import input_hash
 from agentdb.models import Lease, Operation, Reservation
-from agentdb.tasks import explain_stale_task
 
 __all__ = [
+    "UNSETTLED",
     "Completion",
     "ReserveRequest",
     "complete",
@@ -56,31 +56,35 @@ __all__ = [
     "start",
 ]
 
-_Q = _exec.QUERIES
-_UNSETTLED = ("reserved", "in_flight", "unknown")
+_Q = _db.queries(__name__)
+#: The states of an operation whose outcome is not recorded yet (G13).
+UNSETTLED = ("reserved", "in_flight", "unknown")
+# See tasks._RACE_RERUNS: a concurrent reservation of the same key committed
+# after this statement's snapshot; a new statement sees it.
+_RACE_RERUNS = 3
 
 
-async def get(db: _exec.Executor, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> Operation:
+async def get(db: _db.Executor, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> Operation:
     """Return one operation.
 
     Raises:
         NotFound: no such operation in this tenant.
     """
-
-    async def missing() -> AgentDBError:
-        return NotFound(
-            f"operation {operation_id} not found",
-            entity="operation",
-            tenant_id=tenant_id,
-            id=operation_id,
-        )
-
-    row = await _exec.fetch_one(db, _Q["operation_get"], tenant_id, operation_id, on_zero=missing)
+    row = await _db.fetch_optional(db, _Q["operation_get"], tenant_id=tenant_id, id=operation_id)
+    if row is None:
+        raise _explain.not_found("operation", tenant_id, operation_id)
     return Operation.from_record(row)
 
 
+def _lease_args(lease: Lease | None) -> dict[str, Any]:
+    return {
+        "lease_owner": lease.owner if lease else None,
+        "lease_token": lease.token if lease else None,
+    }
+
+
 async def reserve(
-    db: _exec.Executor,
+    db: _db.Executor,
     tenant_id: uuid.UUID,
     task_id: uuid.UUID,
     idempotency_key: str,
@@ -95,8 +99,9 @@ async def reserve(
 ) -> Reservation:
     """Reserve ``idempotency_key`` for this ``action`` and ``input`` before calling the provider.
 
-    The input is hashed canonically (:mod:`agentdb.hashing`) and compared with
-    the stored hash under the key's unique index:
+    The input is hashed canonically (:mod:`agentdb.hashing`); the key's unique
+    index decides who holds it, and the stored hash (which the version guard
+    keeps bound to the key, AG008) is compared with this request's:
 
     * new key: a reserved operation is committed; ``fresh`` is true - call the provider;
     * same key, same input, succeeded: ``fresh`` is false; ``operation.result`` is the answer;
@@ -119,27 +124,6 @@ async def reserve(
     digest = input_hash(input)
     actor = actor or (lease.owner if lease else "agentdb")
     trace_id, span_id = telemetry.ids(trace_id, span_id)
-    args = (
-        tenant_id,
-        uuid.uuid4(),
-        task_id,
-        idempotency_key,
-        action,
-        digest,
-        actor,
-        lease.owner if lease else None,
-        lease.token if lease else None,
-        trace_id,
-        span_id,
-    )
-
-    async def zero() -> AgentDBError:
-        if lease is not None:
-            why = await explain_stale_task(db, tenant_id, task_id, None, lease)
-            if isinstance(why, LeaseLost | NotFound):
-                return why
-        return _exec.Rerun("a concurrent reservation of this key is still settling")
-
     attrs = {
         "agentdb.tenant_id": tenant_id,
         "agentdb.task_id": task_id,
@@ -147,24 +131,60 @@ async def reserve(
         "agentdb.operation.action": action,
     }
     with telemetry.span("agentdb.operation.reserve", attrs):
-        row = await _exec.fetch_one(db, _Q["operation_reserve"], *args, on_zero=zero, reruns=2)
+        for _ in range(_RACE_RERUNS):
+            row = await _db.fetch_optional(
+                db,
+                _Q["operation_reserve"],
+                tenant_id=tenant_id,
+                id=uuid.uuid4(),
+                task_id=task_id,
+                idempotency_key=idempotency_key,
+                action=action,
+                input_hash=digest,
+                actor_id=actor,
+                trace_id=trace_id,
+                span_id=span_id,
+                **_lease_args(lease),
+            )
+            if row is not None:
+                break
+            if lease is not None:
+                why = await _explain.task_write(db, tenant_id, task_id, None, lease)
+                if isinstance(why, LeaseLost | NotFound):
+                    raise why
+        else:
+            raise TransientError("a concurrent reservation of this key is still settling")
     op = Operation.from_record(row)
     if row["created"]:
         return Reservation(op, fresh=True)
+    return await _decide(
+        db, op, action, digest, retry_failed=retry_failed, lease=lease, actor=actor
+    )
+
+
+async def _decide(
+    db: _db.Executor,
+    op: Operation,
+    action: str,
+    digest: str,
+    *,
+    retry_failed: bool,
+    lease: Lease | None,
+    actor: str | None,
+) -> Reservation:
+    """What a reserve answers for a key that already holds ``op`` (G4)."""
     if op.input_hash != digest or op.action != action:
         raise IdempotencyConflict(
-            f"idempotency key {idempotency_key!r} was used for a different "
+            f"idempotency key {op.idempotency_key!r} was used for a different "
             f"{'action' if op.action != action else 'input'}; refusing to reuse its result",
-            tenant_id=tenant_id,
-            key=idempotency_key,
+            tenant_id=op.tenant_id,
+            key=op.idempotency_key,
             stored_hash=op.input_hash,
             given_hash=digest,
         )
-    if op.state == "succeeded":
+    if op.state == "succeeded" or (op.state == "failed" and not retry_failed):
         return Reservation(op, fresh=False)
     if op.state == "failed":
-        if not retry_failed:
-            return Reservation(op, fresh=False)
         rearmed = await _settle(
             db,
             op,
@@ -176,17 +196,14 @@ async def reserve(
         )
         return Reservation(rearmed, fresh=True)
     raise OperationInFlight(
-        f"operation {op.id} for key {idempotency_key!r} is {op.state}; "
+        f"operation {op.id} for key {op.idempotency_key!r} is {op.state}; "
         "its first attempt has not settled - reconcile it, do not call the provider again",
-        tenant_id=tenant_id,
-        key=idempotency_key,
-        operation_id=op.id,
-        state=op.state,
+        operation=op,
     )
 
 
 async def _settle(
-    db: _exec.Executor,
+    db: _db.Executor,
     op: Operation,
     from_states: tuple[str, ...],
     to_state: str,
@@ -198,32 +215,27 @@ async def _settle(
     result: Mapping[str, Any] | None = None,
     error: str | None = None,
 ) -> Operation:
-    body = document(result, cap=OBJECT_CAP, what="operation result")
-
-    async def stale() -> AgentDBError:
-        return await _why_not_settled(db, op, lease, from_states)
-
-    row = await _exec.fetch_one(
+    row = await _db.fetch_optional(
         db,
         _Q["operation_settle"],
-        op.tenant_id,
-        op.id,
-        op.state_version,
-        list(from_states),
-        to_state,
-        provider_reference,
-        body,
-        error,
-        actor or (lease.owner if lease else "agentdb"),
-        lease.owner if lease else None,
-        lease.token if lease else None,
-        event_type,
-        on_zero=stale,
+        tenant_id=op.tenant_id,
+        id=op.id,
+        expected_version=op.state_version,
+        from_states=list(from_states),
+        to_state=to_state,
+        provider_reference=provider_reference,
+        result=document(result, cap=OBJECT_CAP, what="operation result"),
+        error=error[:TEXT_CAP] if error is not None else None,
+        actor_id=actor or (lease.owner if lease else "agentdb"),
+        event_type=event_type,
+        **_lease_args(lease),
     )
+    if row is None:
+        raise await _explain.settle(db, op, lease, from_states)
     return Operation.from_record(row)
 
 
-async def start(db: _exec.Executor, op: Operation, *, lease: Lease | None = None) -> Operation:
+async def start(db: _db.Executor, op: Operation, *, lease: Lease | None = None) -> Operation:
     """Mark a reserved (or unknown, being retried idempotently) operation as in flight.
 
     Optional: ``reserved`` already means "the call may be happening".
@@ -243,7 +255,7 @@ async def start(db: _exec.Executor, op: Operation, *, lease: Lease | None = None
 
 
 async def complete(
-    db: _exec.Executor,
+    db: _db.Executor,
     op: Operation,
     *,
     result: Mapping[str, Any] | None = None,
@@ -267,7 +279,7 @@ async def complete(
         return await _settle(
             db,
             op,
-            _UNSETTLED,
+            UNSETTLED,
             "succeeded",
             lease=lease,
             actor=None,
@@ -278,7 +290,7 @@ async def complete(
 
 
 async def fail(
-    db: _exec.Executor,
+    db: _db.Executor,
     op: Operation,
     error: str,
     *,
@@ -295,18 +307,18 @@ async def fail(
     return await _settle(
         db,
         op,
-        _UNSETTLED,
+        UNSETTLED,
         "failed",
         lease=lease,
         actor=None,
         event_type="operation.failed",
         provider_reference=provider_reference,
-        error=error[:4000],
+        error=error,
     )
 
 
 async def mark_unknown(
-    db: _exec.Executor, op: Operation, *, error: str | None = None, lease: Lease | None = None
+    db: _db.Executor, op: Operation, *, error: str | None = None, lease: Lease | None = None
 ) -> Operation:
     """Record that the outcome is unknown (timeout, crash): the effect may have happened.
 
@@ -324,12 +336,12 @@ async def mark_unknown(
         lease=lease,
         actor=None,
         event_type="operation.unknown",
-        error=error[:4000] if error else None,
+        error=error,
     )
 
 
 async def reconcile(
-    db: _exec.Executor,
+    db: _db.Executor,
     op: Operation,
     *,
     succeeded: bool,
@@ -349,26 +361,28 @@ async def reconcile(
     return await _settle(
         db,
         op,
-        _UNSETTLED,
+        UNSETTLED,
         "succeeded" if succeeded else "failed",
         lease=lease,
         actor=None,
         event_type="operation.reconciled",
         provider_reference=provider_reference,
         result=result,
-        error=None if succeeded else (error or "reconciled as failed")[:4000],
+        error=None if succeeded else (error or "reconciled as failed"),
     )
 
 
 async def list_unsettled(
-    db: _exec.Executor, *, older_than: timedelta = timedelta(0), batch: int = 100
+    db: _db.Executor, *, older_than: timedelta = timedelta(0), batch: int = 100
 ) -> list[Operation]:
     """Operations left reserved, in flight or unknown whose task holds no live lease.
 
     This is recovery's work list: reconcile each one (by provider reference or
     an idempotent retry), never re-run it blindly (G13).
     """
-    rows = await _exec.fetch_many(db, _Q["operation_list_unsettled"], older_than, batch)
+    rows = await _db.fetch_many(
+        db, _Q["operation_list_unsettled"], older_than=older_than, batch=batch
+    )
     return [Operation.from_record(r) for r in rows]
 
 
@@ -406,8 +420,16 @@ class Completion:
     lease: Lease | None = None
 
 
+def _unique(keys: Iterable[tuple[uuid.UUID, Any]], what: str) -> None:
+    seen: set[tuple[uuid.UUID, Any]] = set()
+    for key in keys:
+        if key in seen:
+            raise ConfigurationError(f"{what} {key[1]!r} appears twice in one batch")
+        seen.add(key)
+
+
 async def reserve_many(
-    db: _exec.Executor,
+    db: _db.Executor,
     requests: Iterable[ReserveRequest],
     *,
     retry_failed: bool = True,
@@ -443,99 +465,70 @@ async def reserve_many(
     batch = list(requests)
     if not batch:
         return []
-    keys: set[tuple[uuid.UUID, str]] = set()
-    for req in batch:
-        key = (req.lease.tenant_id, req.idempotency_key)
-        if key in keys:
-            raise ConfigurationError(
-                f"idempotency key {req.idempotency_key!r} appears twice in one reserve_many call"
-            )
-        keys.add(key)
+    _unique(((r.lease.tenant_id, r.idempotency_key) for r in batch), "idempotency key")
     digests = [input_hash(req.input) for req in batch]
     trace_id, span_id = telemetry.ids(trace_id, span_id)
-    rows = await _exec.fetch_many(
+    q = _Q["operation_reserve_many"]
+    rows = await _db.fetch_many(
         db,
-        _Q["operation_reserve_many"],
-        [req.lease.tenant_id for req in batch],
-        [uuid.uuid4() for _ in batch],
-        [req.lease.task_id for req in batch],
-        [req.idempotency_key for req in batch],
-        [req.action for req in batch],
-        digests,
-        [req.lease.owner for req in batch],
-        [req.lease.token for req in batch],
-        actor,
-        trace_id,
-        span_id,
+        q,
+        tenant_ids=[req.lease.tenant_id for req in batch],
+        ids=[uuid.uuid4() for _ in batch],
+        task_ids=[req.lease.task_id for req in batch],
+        idempotency_keys=[req.idempotency_key for req in batch],
+        actions=[req.action for req in batch],
+        input_hashes=digests,
+        lease_owners=[req.lease.owner for req in batch],
+        lease_tokens=[req.lease.token for req in batch],
+        actor_id=actor,
+        trace_id=trace_id,
+        span_id=span_id,
     )
-    by_ord = {row["ord"]: row for row in rows}
+    answered = _db.by_ord(rows, q, len(batch))
     results: list[Reservation | AgentDBError] = []
     for i, (req, digest) in enumerate(zip(batch, digests, strict=True), start=1):
-        row = by_ord.get(i)
+        row = answered.get(i)
+        lease = req.lease
         try:
             if row is None:
                 # Refused lease, missing task or a concurrent reservation: the
                 # single-row path says which (and reruns a lost race).
-                lease = req.lease
                 again = await reserve(
-                    db, lease.tenant_id, lease.task_id, req.idempotency_key, req.action, req.input,
-                    lease=lease, retry_failed=retry_failed, actor=actor, trace_id=trace_id,
+                    db,
+                    lease.tenant_id,
+                    lease.task_id,
+                    req.idempotency_key,
+                    req.action,
+                    req.input,
+                    lease=lease,
+                    retry_failed=retry_failed,
+                    actor=actor,
+                    trace_id=trace_id,
                     span_id=span_id,
-                )  # fmt: skip
+                )
                 results.append(again)
             elif row["created"]:
                 results.append(Reservation(Operation.from_record(row), fresh=True))
             else:
-                op = Operation.from_record(row)
-                results.append(await _answer_existing(db, op, req, digest, retry_failed, actor))
+                existing = Operation.from_record(row)
+                results.append(
+                    await _decide(
+                        db,
+                        existing,
+                        req.action,
+                        digest,
+                        retry_failed=retry_failed,
+                        lease=lease,
+                        actor=actor or lease.owner,
+                    )
+                )
         except _PER_ELEMENT as exc:
             results.append(exc)
     return results
 
 
-async def _answer_existing(
-    db: _exec.Executor,
-    op: Operation,
-    req: ReserveRequest,
-    digest: str,
-    retry_failed: bool,
-    actor: str | None,
-) -> Reservation:
-    """What :func:`reserve` decides for a key that already holds ``op``."""
-    if op.input_hash != digest or op.action != req.action:
-        raise IdempotencyConflict(
-            f"idempotency key {req.idempotency_key!r} was used for a different "
-            f"{'action' if op.action != req.action else 'input'}; refusing to reuse its result",
-            tenant_id=req.lease.tenant_id,
-            key=req.idempotency_key,
-            stored_hash=op.input_hash,
-            given_hash=digest,
-        )
-    if op.state == "succeeded" or (op.state == "failed" and not retry_failed):
-        return Reservation(op, fresh=False)
-    if op.state == "failed":
-        rearmed = await _settle(
-            db,
-            op,
-            ("failed",),
-            "reserved",
-            lease=req.lease,
-            actor=actor or req.lease.owner,
-            event_type="operation.retried",
-        )
-        return Reservation(rearmed, fresh=True)
-    raise OperationInFlight(
-        f"operation {op.id} for key {req.idempotency_key!r} is {op.state}; "
-        "its first attempt has not settled - reconcile it, do not call the provider again",
-        tenant_id=req.lease.tenant_id,
-        key=req.idempotency_key,
-        operation_id=op.id,
-        state=op.state,
-    )
-
-
 async def complete_many(
-    db: _exec.Executor, completions: Iterable[Completion], *, actor: str | None = None
+    db: _db.Executor, completions: Iterable[Completion], *, actor: str | None = None
 ) -> list[Operation | AgentDBError]:
     """:func:`complete` for many operations in one statement; one result per element, in order.
 
@@ -556,58 +549,26 @@ async def complete_many(
     batch = list(completions)
     if not batch:
         return []
-    seen: set[tuple[uuid.UUID, uuid.UUID]] = set()
-    for c in batch:
-        key = (c.operation.tenant_id, c.operation.id)
-        if key in seen:
-            raise ConfigurationError(
-                f"operation {c.operation.id} appears twice in one complete_many call"
-            )
-        seen.add(key)
-    rows = await _exec.fetch_many(
+    _unique(((c.operation.tenant_id, c.operation.id) for c in batch), "operation")
+    q = _Q["operation_complete_many"]
+    rows = await _db.fetch_many(
         db,
-        _Q["operation_complete_many"],
-        [c.operation.tenant_id for c in batch],
-        [c.operation.id for c in batch],
-        [c.operation.state_version for c in batch],
-        [c.provider_reference for c in batch],
-        [document(c.result, cap=OBJECT_CAP, what="operation result") for c in batch],
-        [c.lease.owner if c.lease else None for c in batch],
-        [c.lease.token if c.lease else None for c in batch],
-        actor,
+        q,
+        tenant_ids=[c.operation.tenant_id for c in batch],
+        ids=[c.operation.id for c in batch],
+        expected_versions=[c.operation.state_version for c in batch],
+        provider_references=[c.provider_reference for c in batch],
+        results=[document(c.result, cap=OBJECT_CAP, what="operation result") for c in batch],
+        lease_owners=[c.lease.owner if c.lease else None for c in batch],
+        lease_tokens=[c.lease.token if c.lease else None for c in batch],
+        actor_id=actor,
     )
-    by_ord = {row["ord"]: row for row in rows}
+    answered = _db.by_ord(rows, q, len(batch))
     results: list[Operation | AgentDBError] = []
     for i, c in enumerate(batch, start=1):
-        row = by_ord.get(i)
+        row = answered.get(i)
         if row is None:
-            results.append(await _why_not_settled(db, c.operation, c.lease, _UNSETTLED))
+            results.append(await _explain.settle(db, c.operation, c.lease, UNSETTLED))
         else:
             results.append(Operation.from_record(row))
     return results
-
-
-async def _why_not_settled(
-    db: _exec.Executor, op: Operation, lease: Lease | None, from_states: tuple[str, ...]
-) -> AgentDBError:
-    """Say why a settle of ``op`` matched no row (runs only on that failure path)."""
-    if lease is not None:
-        why = await explain_stale_task(db, op.tenant_id, op.task_id, None, lease)
-        if isinstance(why, LeaseLost | NotFound):
-            return why
-    rows = await _exec.fetch_many(db, _Q["operation_get"], op.tenant_id, op.id)
-    if not rows:
-        return NotFound(
-            f"operation {op.id} not found", entity="operation", tenant_id=op.tenant_id, id=op.id
-        )
-    now = rows[0]
-    return StaleVersion(
-        f"operation {op.id} is {now['state']} at state_version {now['state_version']}; "
-        f"expected one of {', '.join(from_states)} at {op.state_version}",
-        entity="operation",
-        tenant_id=op.tenant_id,
-        id=op.id,
-        expected=op.state_version,
-        actual=now["state_version"],
-        actual_state=now["state"],
-    )

@@ -15,18 +15,18 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from agentdb import _exec, telemetry
-from agentdb._json import OBJECT_CAP, document
-from agentdb.errors import AgentDBError, ConfigurationError, LeaseLost, NotFound
+from agentdb import _db, _explain, telemetry
+from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
+from agentdb.errors import ConfigurationError
 from agentdb.models import OutboxMessage
 
 __all__ = ["Delivery", "Failure", "claim", "enqueue", "get", "mark_delivered", "mark_failed"]
 
-_Q = _exec.QUERIES
+_Q = _db.queries(__name__)
 
 
 async def enqueue(
-    conn: _exec.Conn,
+    conn: _db.Conn,
     tenant_id: uuid.UUID,
     topic: str,
     payload: Mapping[str, Any] | None = None,
@@ -51,18 +51,23 @@ async def enqueue(
     mid = message_id or uuid.uuid4()
     trace_id, span_id = telemetry.ids(trace_id, span_id)
 
-    async def never() -> AgentDBError:
-        return AgentDBError("outbox_enqueue returned no row")
-
-    row = await _exec.fetch_one(
-        conn, _Q["outbox_enqueue"], tenant_id, mid, task_id, topic, body, max_attempts,
-        trace_id, span_id, on_zero=never,
-    )  # fmt: skip
+    row = await _db.fetch_one(
+        conn,
+        _Q["outbox_enqueue"],
+        tenant_id=tenant_id,
+        id=mid,
+        task_id=task_id,
+        topic=topic,
+        payload=body,
+        max_attempts=max_attempts,
+        trace_id=trace_id,
+        span_id=span_id,
+    )
     return uuid.UUID(str(row["id"]))
 
 
 async def claim(
-    db: _exec.Executor,
+    db: _db.Executor,
     relay: str,
     *,
     batch: int = 100,
@@ -75,11 +80,13 @@ async def claim(
     """
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
-    rows = await _exec.fetch_many(db, _Q["outbox_claim"], relay, batch, visibility)
+    rows = await _db.fetch_many(
+        db, _Q["outbox_claim"], lease_owner=relay, batch=batch, visibility=visibility
+    )
     return [OutboxMessage.from_record(r) for r in rows]
 
 
-async def mark_delivered(db: _exec.Executor, messages: Sequence[OutboxMessage]) -> set[uuid.UUID]:
+async def mark_delivered(db: _db.Executor, messages: Sequence[OutboxMessage]) -> set[uuid.UUID]:
     """Mark claimed messages delivered, in one statement; return the ids marked.
 
     An id missing from the result was no longer held by this relay (its
@@ -88,12 +95,12 @@ async def mark_delivered(db: _exec.Executor, messages: Sequence[OutboxMessage]) 
     """
     if not messages:
         return set()
-    rows = await _exec.fetch_many(
+    rows = await _db.fetch_many(
         db,
         _Q["outbox_mark_delivered"],
-        [m.tenant_id for m in messages],
-        [m.id for m in messages],
-        [m.lease_token for m in messages],
+        tenant_ids=[m.tenant_id for m in messages],
+        ids=[m.id for m in messages],
+        lease_tokens=[m.lease_token for m in messages],
     )
     return {r["id"] for r in rows}
 
@@ -108,30 +115,25 @@ class Failure:
 
 
 async def mark_failed(
-    db: _exec.Executor, message: OutboxMessage, error: str, *, backoff: timedelta
+    db: _db.Executor, message: OutboxMessage, error: str, *, backoff: timedelta
 ) -> Failure:
     """Record a failed publish: due again after ``backoff``, or dead after its last attempt.
 
     Raises:
-        LeaseLost: this relay no longer holds the message.
+        OutboxLeaseLost: this relay no longer holds the message (a :class:`LeaseLost`).
     """
 
-    async def lost() -> AgentDBError:
-        return LeaseLost(
-            f"outbox message {message.id} is no longer held by this relay",
-            entity="outbox",
-            tenant_id=message.tenant_id,
-            id=message.id,
-            owner="relay",
-            token=message.lease_token,
-            current_owner=None,
-            current_token=None,
-        )
-
-    row = await _exec.fetch_one(
-        db, _Q["outbox_mark_failed"], message.tenant_id, message.id, message.lease_token,
-        backoff, error[:4000], on_zero=lost,
-    )  # fmt: skip
+    row = await _db.fetch_optional(
+        db,
+        _Q["outbox_mark_failed"],
+        tenant_id=message.tenant_id,
+        id=message.id,
+        lease_token=message.lease_token,
+        backoff=backoff,
+        last_error=error[:TEXT_CAP],
+    )
+    if row is None:
+        raise await _explain.outbox_mark(db, message)
     return Failure(row["state"], row["attempts"], row["next_attempt_at"])
 
 
@@ -150,23 +152,24 @@ class Delivery:
     last_error: str | None
 
 
-async def get(db: _exec.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID) -> Delivery:
+async def get(db: _db.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID) -> Delivery:
     """Return a message's delivery state.
 
     Raises:
         NotFound: no such message in this tenant.
     """
 
-    async def missing() -> AgentDBError:
-        return NotFound(
-            f"outbox message {message_id} not found",
-            entity="outbox",
-            tenant_id=tenant_id,
-            id=message_id,
-        )
-
-    r = await _exec.fetch_one(db, _Q["outbox_get"], tenant_id, message_id, on_zero=missing)
+    r = await _db.fetch_optional(db, _Q["outbox_get"], tenant_id=tenant_id, id=message_id)
+    if r is None:
+        raise _explain.not_found("outbox", tenant_id, message_id)
     return Delivery(
-        r["id"], r["tenant_id"], r["topic"], r["state"], r["attempts"], r["max_attempts"],
-        r["next_attempt_at"], r["delivered_at"], r["last_error"],
-    )  # fmt: skip
+        id=r["id"],
+        tenant_id=r["tenant_id"],
+        topic=r["topic"],
+        state=r["state"],
+        attempts=r["attempts"],
+        max_attempts=r["max_attempts"],
+        next_attempt_at=r["next_attempt_at"],
+        delivered_at=r["delivered_at"],
+        last_error=r["last_error"],
+    )

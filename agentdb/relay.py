@@ -14,20 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-import asyncpg
-
-from agentdb import _faults, outbox, telemetry
-from agentdb._listen import nap, wakeups
+from agentdb import _db, _faults, outbox, schema, telemetry
+from agentdb._db.jsonb import TEXT_CAP
+from agentdb._runtime import backoff, nap, owner_id, wakeups
 from agentdb.errors import AgentDBError, TransientError
 from agentdb.models import OutboxMessage
-from agentdb.worker import backoff
 
 __all__ = ["Publisher", "Relay", "RelayStats"]
 
@@ -51,7 +46,7 @@ class Relay:
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        pool: _db.Pool,
         publisher: Publisher,
         *,
         relay_id: str | None = None,
@@ -65,9 +60,7 @@ class Relay:
     ) -> None:
         self.pool = pool
         self.publisher = publisher
-        self.relay_id = (
-            relay_id or f"relay:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        )
+        self.relay_id = relay_id or owner_id("relay")
         self.batch = batch
         self.visibility = visibility
         self.poll_interval = poll_interval
@@ -153,17 +146,27 @@ class Relay:
                     type(exc).__name__,
                     exc,
                 )
-                return f"{type(exc).__name__}: {exc}"[:4000]
+                return f"{type(exc).__name__}: {exc}"[:TEXT_CAP]
         return None
 
     async def run(self, *, install_signals: bool = True) -> RelayStats:
-        """Run until :meth:`stop` (or SIGTERM / SIGINT when ``install_signals``)."""
+        """Run until :meth:`stop` (or SIGTERM / SIGINT when ``install_signals``).
+
+        Raises:
+            MigrationError: the schema is older than this code (checked before any claim).
+        """
+        await schema.check(self.pool)
         async with wakeups(
-            dsn=self.listen_dsn, channel="agentdb_outbox", wake=self._wake,
-            poll_interval=self.poll_interval, stop=self.stop, install_signals=install_signals,
-        ):  # fmt: skip
+            dsn=self.listen_dsn,
+            channel="agentdb_outbox",
+            wake=self._wake,
+            poll_interval=self.poll_interval,
+            stop=self.stop,
+            install_signals=install_signals,
+        ):
             log.info("relay %s started", self.relay_id)
             while not self._stopping.is_set():
+                self._wake.clear()
                 if await self.run_once() >= self.batch:
                     continue  # a full batch: more are probably due
                 await nap(self._wake, self.poll_interval)

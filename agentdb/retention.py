@@ -25,11 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from agentdb import _exec
-from agentdb.errors import AgentDBError
+from agentdb import _db
+from agentdb.errors import ConfigurationError
 
 __all__ = ["CLASSES", "DEFAULT_AGES", "PurgeReport", "purge"]
 
+_Q = _db.queries(__name__)
 #: In dependency order: payloads and events first, so operations and tasks
 #: whose audit trail expired can go in the same run.
 CLASSES = ("event_payloads", "events", "outbox_delivered", "inbox", "operations", "tasks")
@@ -54,7 +55,7 @@ class PurgeReport:
 
 
 async def purge(
-    db: _exec.Executor,
+    db: _db.Executor,
     *,
     batch: int = 1000,
     ages: Mapping[str, timedelta] | None = None,
@@ -68,10 +69,8 @@ async def purge(
     Raises:
         ConfigurationError: an unknown class or a batch outside 1..100000
             (mapped from SQLSTATE 22023).
-        asyncpg.InsufficientPrivilegeError: the role may not purge.
+        asyncpg.InsufficientPrivilegeError: the role may not purge (SQLSTATE 42501).
     """
-    from agentdb.errors import ConfigurationError
-
     unknown = set(classes) - set(CLASSES)
     if unknown:
         raise ConfigurationError(f"unknown retention class(es): {', '.join(sorted(unknown))}")
@@ -81,14 +80,11 @@ async def purge(
     report = PurgeReport()
     started = time.perf_counter()
 
-    async def never() -> AgentDBError:
-        return AgentDBError("agentdb_purge returned no row")
-
     for kind in classes:
         while True:
             t0 = time.perf_counter()
-            row = await _exec.fetch_one(
-                db, _exec.QUERIES["purge_step"], kind, batch, wanted[kind], on_zero=never
+            row = await _db.fetch_one(
+                db, _Q["purge_step"], kind=kind, batch=batch, older_than=wanted[kind]
             )
             report.longest_statement = max(report.longest_statement, time.perf_counter() - t0)
             report.statements += 1

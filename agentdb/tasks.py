@@ -6,21 +6,15 @@ outbox messages commit together or not at all.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final, Literal
 
-from agentdb import _exec, telemetry
-from agentdb._json import EVENT_PAYLOAD_CAP, OBJECT_CAP, document
-from agentdb.errors import (
-    AgentDBError,
-    ConfigurationError,
-    IdempotencyConflict,
-    LeaseLost,
-    NotFound,
-    StaleVersion,
-)
+from agentdb import _db, _explain, telemetry
+from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
+from agentdb.errors import AgentDBError, ConfigurationError, IdempotencyConflict, TransientError
 from agentdb.hashing import input_hash
 from agentdb.models import Lease, Message, Task
 from agentdb.redaction import redact
@@ -28,8 +22,12 @@ from agentdb.redaction import redact
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_ATTEMPTS",
+    "FINISHED_STATES",
+    "KEEP",
     "complete_many",
+    "count_unhandled",
     "create",
+    "finish_many",
     "get",
     "transition",
     "wait_until",
@@ -38,12 +36,24 @@ __all__ = [
 
 DEFAULT_MAX_ATTEMPTS = 10
 DEFAULT_LEASE_TTL = timedelta(minutes=5)
-_Q = _exec.QUERIES
-_UNSET: Any = object()
+#: The states a task ends in (the claim path never picks them up again).
+FINISHED_STATES: Final = ("succeeded", "failed", "cancelled", "dead")
+_Q = _db.queries(__name__)
+# task_create and operation_reserve lose a race when a concurrent insert of
+# the same key commits after their snapshot: a new statement sees it.
+_RACE_RERUNS = 3
+
+
+class _Keep(enum.Enum):
+    KEEP = "keep"
+
+
+#: ``step=KEEP`` (the default) leaves ``current_step`` as it is.
+KEEP: Final = _Keep.KEEP
 
 
 async def create(
-    db: _exec.Executor,
+    db: _db.Executor,
     tenant_id: uuid.UUID,
     task_type: str,
     *,
@@ -74,17 +84,31 @@ async def create(
     """
     body = document(params or {}, cap=OBJECT_CAP, what="task params")
     digest = input_hash(dict(params or {})) if dedupe_key is not None else None
-    new_id = task_id or uuid.uuid4()
     trace_id, span_id = telemetry.ids(trace_id, span_id)
-    args = (
-        tenant_id, new_id, task_type, workflow_version, "waiting" if waiting else "pending",
-        body, dedupe_key, digest, wake_at, max_attempts, lease_ttl, trace_id, span_id, actor,
-    )  # fmt: skip
-
-    async def race() -> AgentDBError:
-        return _exec.Rerun("a concurrent create of the same dedupe key is still settling")
-
-    row = await _exec.fetch_one(db, _Q["task_create"], *args, on_zero=race, reruns=2)
+    new_id = task_id or uuid.uuid4()
+    for _ in range(_RACE_RERUNS):
+        row = await _db.fetch_optional(
+            db,
+            _Q["task_create"],
+            tenant_id=tenant_id,
+            id=new_id,
+            task_type=task_type,
+            workflow_version=workflow_version,
+            state="waiting" if waiting else "pending",
+            params=body,
+            dedupe_key=dedupe_key,
+            input_hash=digest,
+            wake_at=wake_at,
+            max_attempts=max_attempts,
+            lease_ttl=lease_ttl,
+            trace_id=trace_id,
+            span_id=span_id,
+            actor_id=actor,
+        )
+        if row is not None:
+            break
+    else:
+        raise TransientError("a concurrent create of the same dedupe key is still settling")
     task = Task.from_record(row, created=row["created"])
     if not task.created and task.input_hash != digest:
         raise IdempotencyConflict(
@@ -97,68 +121,36 @@ async def create(
     return task
 
 
-async def get(db: _exec.Executor, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task:
+async def get(db: _db.Executor, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task:
     """Return one task.
 
     Raises:
         NotFound: no such task in this tenant.
     """
-
-    async def missing() -> AgentDBError:
-        return NotFound(f"task {task_id} not found", entity="task", tenant_id=tenant_id, id=task_id)
-
-    return Task.from_record(
-        await _exec.fetch_one(db, _Q["task_get"], tenant_id, task_id, on_zero=missing)
-    )
+    row = await _db.fetch_optional(db, _Q["task_get"], tenant_id=tenant_id, id=task_id)
+    if row is None:
+        raise _explain.not_found("task", tenant_id, task_id)
+    return Task.from_record(row)
 
 
-async def explain_stale_task(
-    db: _exec.Executor,
-    tenant_id: uuid.UUID,
-    task_id: uuid.UUID,
-    expected: int | None,
-    lease: Lease | None,
-) -> AgentDBError:
-    """Say why a write to a task matched no row (runs only on that failure path)."""
-    rows = await _exec.fetch_many(db, _Q["lease_check"], tenant_id, task_id)
-    if not rows:
-        return NotFound(f"task {task_id} not found", entity="task", tenant_id=tenant_id, id=task_id)
-    now = rows[0]
-    if lease is not None and (
-        now["state"] != "running"
-        or now["lease_owner"] != lease.owner
-        or now["lease_token"] != lease.token
-    ):
-        return LeaseLost(
-            f"lease {lease.token} of {lease.owner} on task {task_id} is gone "
-            f"(now: {now['state']}, owner {now['lease_owner']}, token {now['lease_token']})",
-            entity="task",
-            tenant_id=tenant_id,
-            id=task_id,
-            owner=lease.owner,
-            token=lease.token,
-            current_owner=now["lease_owner"],
-            current_token=now["lease_token"],
-        )
-    return StaleVersion(
-        f"task {task_id} is at state_version {now['state_version']}, not {expected}",
-        entity="task",
-        tenant_id=tenant_id,
-        id=task_id,
-        expected=expected if expected is not None else -1,
-        actual=now["state_version"],
-        actual_state=now["state"],
-    )
+async def count_unhandled(db: _db.Executor, task_types: Iterable[str]) -> list[tuple[str, int]]:
+    """Due tasks whose type is not in ``task_types``, counted per type.
+
+    A worker with only these handlers never claims them; it says so instead
+    of letting them wait in silence.
+    """
+    rows = await _db.fetch_many(db, _Q["task_count_unhandled"], task_types=sorted(task_types))
+    return [(r["task_type"], r["n"]) for r in rows]
 
 
 async def transition(
-    db: _exec.Executor,
+    db: _db.Executor,
     tenant_id: uuid.UUID,
     task_id: uuid.UUID,
     *,
     expected_version: int,
     to_state: str,
-    step: str | None = _UNSET,
+    step: str | Literal[_Keep.KEEP] | None = KEEP,
     wake_at: datetime | None = None,
     error: str | None = None,
     lease: Lease | None = None,
@@ -176,8 +168,10 @@ async def transition(
     messages in the same statement. Trace ids default to the current
     OpenTelemetry span's, else the task's. A lease holder passes its
     ``lease``: the write then also requires that lease to be current (G12).
-    ``to_state`` may equal the current state to record progress (``step``).
-    The event's actor is ``actor``, else the lease owner, else ``"agentdb"``.
+    ``to_state`` may equal the current state to record progress (``step``;
+    ``KEEP`` leaves it, ``None`` clears it). ``error`` is cut to the 4,000
+    characters the column holds. The event's actor is ``actor``, else the
+    lease owner, else ``"agentdb"``.
 
     Raises:
         StaleVersion: another writer moved the task on; reload it.
@@ -192,43 +186,40 @@ async def transition(
     bodies = [
         document(m.payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}") for m in messages
     ]
-
-    async def stale() -> AgentDBError:
-        return await explain_stale_task(db, tenant_id, task_id, expected_version, lease)
-
-    row = await _exec.fetch_one(
+    row = await _db.fetch_optional(
         db,
         _Q["task_transition"],
-        tenant_id,
-        task_id,
-        expected_version,
-        to_state,
-        step is not _UNSET,
-        None if step is _UNSET else step,
-        wake_at,
-        error,
-        lease.owner if lease else None,
-        lease.token if lease else None,
-        event_type or f"task.{to_state}",
-        actor or (lease.owner if lease else "agentdb"),
-        event_body,
-        [m.id for m in messages],
-        [m.topic for m in messages],
-        bodies,
-        trace_id,
-        span_id,
-        on_zero=stale,
+        tenant_id=tenant_id,
+        id=task_id,
+        expected_version=expected_version,
+        to_state=to_state,
+        set_step=step is not KEEP,
+        current_step=None if step is KEEP else step,
+        wake_at=wake_at,
+        last_error=error[:TEXT_CAP] if error is not None else None,
+        lease_owner=lease.owner if lease else None,
+        lease_token=lease.token if lease else None,
+        event_type=event_type or f"task.{to_state}",
+        actor_id=actor or (lease.owner if lease else "agentdb"),
+        payload=event_body,
+        outbox_ids=[m.id for m in messages],
+        outbox_topics=[m.topic for m in messages],
+        outbox_payloads=bodies,
+        trace_id=trace_id,
+        span_id=span_id,
     )
+    if row is None:
+        raise await _explain.task_write(db, tenant_id, task_id, expected_version, lease)
     return Task.from_record(row)
 
 
 async def wait_until(
-    db: _exec.Executor,
+    db: _db.Executor,
     task: Task,
     wake_at: datetime,
     *,
     lease: Lease | None = None,
-    step: str | None = _UNSET,
+    step: str | Literal[_Keep.KEEP] | None = KEEP,
 ) -> Task:
     """Put a task to sleep until ``wake_at`` (state ``waiting``); a claim picks it up then.
 
@@ -236,12 +227,18 @@ async def wait_until(
         as :func:`transition`.
     """
     return await transition(
-        db, task.tenant_id, task.id, expected_version=task.state_version, to_state="waiting",
-        wake_at=wake_at, lease=lease, step=step,
-    )  # fmt: skip
+        db,
+        task.tenant_id,
+        task.id,
+        expected_version=task.state_version,
+        to_state="waiting",
+        wake_at=wake_at,
+        lease=lease,
+        step=step,
+    )
 
 
-async def wake(db: _exec.Executor, task: Task) -> Task:
+async def wake(db: _db.Executor, task: Task) -> Task:
     """Make a waiting task due now (state ``pending``).
 
     Raises:
@@ -252,16 +249,14 @@ async def wake(db: _exec.Executor, task: Task) -> Task:
     )
 
 
-# Batched completion. A worker that finishes tasks one statement at a time is
+# Batched finishing. A worker that finishes tasks one statement at a time is
 # bound by Python client CPU (round trips), not by Postgres; finishing a whole
 # claimed batch in one statement and one commit is what lets it keep up with
 # queues that batch their acknowledgements (see ``agentdb bench``).
 
-_FINISHED_STATES = ("succeeded", "failed", "cancelled", "dead")
 
-
-async def complete_many(
-    db: _exec.Executor,
+async def finish_many(
+    db: _db.Executor,
     claimed: Iterable[Task],
     *,
     to_state: str = "succeeded",
@@ -303,10 +298,9 @@ async def complete_many(
         InvalidTransition, PayloadTooLarge, SecretInPayload: the statement was
             refused as a whole; nothing was written for any task.
     """
-    # Imported here so this appended section needs no change to the module header.
-    if to_state not in _FINISHED_STATES:
+    if to_state not in FINISHED_STATES:
         raise ConfigurationError(
-            f"complete_many finishes tasks: to_state must be one of {', '.join(_FINISHED_STATES)}"
+            f"finish_many finishes tasks: to_state must be one of {', '.join(FINISHED_STATES)}"
         )
     batch = list(claimed)
     if not batch:
@@ -318,7 +312,7 @@ async def complete_many(
         if lease is None:
             raise ConfigurationError(f"task {task.id} holds no lease; claim it before finishing it")
         if task.id in position:
-            raise ConfigurationError(f"task {task.id} appears twice in one complete_many call")
+            raise ConfigurationError(f"task {task.id} appears twice in one finish_many call")
         position[task.id] = i
         held.append(lease)
     ords: list[int] = []
@@ -335,32 +329,37 @@ async def complete_many(
             topics.append(m.topic)
             bodies.append(document(m.payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}"))
     event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
-    rows = await _exec.fetch_many(
+    q = _Q["task_finish_many"]
+    rows = await _db.fetch_many(
         db,
-        _Q["task_complete_many"],
-        [t.tenant_id for t in batch],
-        [t.id for t in batch],
-        [t.state_version for t in batch],
-        [lease.owner for lease in held],
-        [lease.token for lease in held],
-        to_state,
-        error,
-        event_type or f"task.{to_state}",
-        actor,
-        event_body,
-        ords,
-        ids,
-        topics,
-        bodies,
+        q,
+        tenant_ids=[t.tenant_id for t in batch],
+        ids=[t.id for t in batch],
+        expected_versions=[t.state_version for t in batch],
+        lease_owners=[lease.owner for lease in held],
+        lease_tokens=[lease.token for lease in held],
+        to_state=to_state,
+        last_error=error[:TEXT_CAP] if error is not None else None,
+        event_type=event_type or f"task.{to_state}",
+        actor_id=actor,
+        payload=event_body,
+        outbox_ords=ords,
+        outbox_ids=ids,
+        outbox_topics=topics,
+        outbox_payloads=bodies,
     )
-    done = {r["ord"]: Task.from_record(r) for r in rows}
+    done = {n: Task.from_record(r) for n, r in _db.by_ord(rows, q, len(batch)).items()}
     results: list[Task | AgentDBError] = []
     for i, (task, lease) in enumerate(zip(batch, held, strict=True), start=1):
         finished = done.get(i)
         if finished is None:
             results.append(
-                await explain_stale_task(db, task.tenant_id, task.id, task.state_version, lease)
+                await _explain.task_write(db, task.tenant_id, task.id, task.state_version, lease)
             )
         else:
             results.append(finished)
     return results
+
+
+#: The 0.1 name of :func:`finish_many`.
+complete_many = finish_many

@@ -25,7 +25,9 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["current_ids", "pin_semconv", "pinned_semconv", "span"]
+from agentdb import _db
+
+__all__ = ["current_ids", "ids", "pin_semconv", "pinned_semconv", "span"]
 
 try:  # an optional dependency
     from opentelemetry import trace as _trace
@@ -33,6 +35,7 @@ except ImportError:  # pragma: no cover - exercised by a test that hides the pac
     _trace = None  # type: ignore[assignment]
 
 _TRACER_NAME = "agentdb"
+_Q = _db.queries(__name__)
 
 
 def current_ids() -> tuple[str | None, str | None]:
@@ -76,7 +79,7 @@ def span(name: str, attributes: Mapping[str, Any]) -> Iterator[None]:
         yield
 
 
-async def pin_semconv(db: Any, version: str) -> bool:
+async def pin_semconv(db: _db.Executor, version: str) -> bool:
     """Record ``version`` as the GenAI semantic conventions in use from now on.
 
     Returns false (and writes nothing) if it is already the latest pin.
@@ -85,15 +88,11 @@ async def pin_semconv(db: Any, version: str) -> bool:
         InvariantViolation: ``version`` is not a version number
             (``agent_semconv_pins_version_format``).
     """
-    from agentdb import _exec
-
-    rows = await _exec.fetch_many(db, _exec.QUERIES["semconv_pin"], version)
+    rows = await _db.fetch_many(db, _Q["semconv_pin"], version=version)
     return bool(rows)
 
 
-async def pinned_semconv(db: Any) -> str | None:
+async def pinned_semconv(db: _db.Executor) -> str | None:
     """The GenAI semantic-conventions version pinned last, if any."""
-    from agentdb import _exec
-
-    rows = await _exec.fetch_many(db, _exec.QUERIES["semconv_latest"])
+    rows = await _db.fetch_many(db, _Q["semconv_latest"])
     return str(rows[0]["version"]) if rows else None

@@ -15,16 +15,15 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
-from agentdb import _exec
-from agentdb.errors import AgentDBError, NotFound
+from agentdb import _db, _explain
 
 __all__ = ["DeletionStep", "TenantDeletion", "create_tenant", "delete_tenant", "tenant_scope"]
 
-_Q = _exec.QUERIES
+_Q = _db.queries(__name__)
 
 
 async def create_tenant(
-    db: _exec.Executor, name: str, *, tenant_id: uuid.UUID | None = None
+    db: _db.Executor, name: str, *, tenant_id: uuid.UUID | None = None
 ) -> uuid.UUID:
     """Register a tenant and return its id.
 
@@ -33,32 +32,20 @@ async def create_tenant(
         InvariantViolation: ``name`` is empty or over 200 characters.
     """
 
-    async def never() -> AgentDBError:
-        return AgentDBError("tenant_create returned no row")
-
-    row = await _exec.fetch_one(
-        db, _Q["tenant_create"], tenant_id or uuid.uuid4(), name, on_zero=never
-    )
+    row = await _db.fetch_one(db, _Q["tenant_create"], id=tenant_id or uuid.uuid4(), name=name)
     return uuid.UUID(str(row["id"]))
 
 
 @asynccontextmanager
-async def tenant_scope(db: _exec.Executor, tenant_id: uuid.UUID) -> AsyncIterator[_exec.Conn]:
+async def tenant_scope(db: _db.Executor, tenant_id: uuid.UUID) -> AsyncIterator[_db.Conn]:
     """Open a transaction scoped to ``tenant_id`` and yield its connection.
 
     Raises:
         whatever the block raises (the transaction is rolled back).
     """
-    async with _exec.connection(db) as conn, conn.transaction():
-        await _set(conn, tenant_id)
+    async with _db.transaction(db) as conn:
+        await _db.fetch_one(conn, _Q["tenant_scope_set"], tenant_id=str(tenant_id))
         yield conn
-
-
-async def _set(conn: _exec.Conn, tenant_id: uuid.UUID) -> None:
-    async def never() -> AgentDBError:
-        return AgentDBError("set_config returned no row")
-
-    await _exec.fetch_one(conn, _Q["tenant_scope_set"], str(tenant_id), on_zero=never)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +95,7 @@ class TenantDeletion:
 
 
 async def delete_tenant(
-    db: _exec.Executor, tenant_id: uuid.UUID, *, dry_run: bool, actor: str = "agentdb"
+    db: _db.Executor, tenant_id: uuid.UUID, *, dry_run: bool, actor: str = "agentdb"
 ) -> TenantDeletion:
     """Apply the tenant deletion policy (see ``sql/0009.tenant_deletion.sql`` and the README).
 
@@ -119,13 +106,14 @@ async def delete_tenant(
 
     Raises:
         NotFound: no such tenant.
-        asyncpg.InsufficientPrivilegeError: the caller is not the schema owner.
+        asyncpg.InsufficientPrivilegeError: the caller is not the schema owner (SQLSTATE
+            42501; agentdb does not wrap privilege errors: they are the DBA's to read).
     """
-    rows = await _exec.fetch_many(db, _Q["tenant_delete"], tenant_id, dry_run, actor)
+    rows = await _db.fetch_many(
+        db, _Q["tenant_delete"], tenant_id=tenant_id, dry_run=dry_run, actor_id=actor
+    )
     if not rows:
-        raise NotFound(
-            f"tenant {tenant_id} not found", entity="tenant", tenant_id=tenant_id, id=tenant_id
-        )
+        raise _explain.not_found("tenant", tenant_id, tenant_id)
     steps = tuple(
         DeletionStep(
             r["step"],

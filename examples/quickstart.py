@@ -12,10 +12,8 @@ import asyncio
 import os
 import uuid
 
-import asyncpg
-
+import agentdb
 from agentdb import Message, leases, operations, tasks, tenancy
-from agentdb.embedded import embedded_postgres
 
 
 async def send_email(to: str, idempotency_key: str) -> str:
@@ -25,7 +23,7 @@ async def send_email(to: str, idempotency_key: str) -> str:
 
 
 async def main(dsn: str) -> None:
-    pool = await asyncpg.create_pool(dsn)
+    pool = await agentdb.create_pool(dsn)
     try:
         tenant = await tenancy.create_tenant(pool, "acme")
         await tasks.create(
@@ -76,5 +74,8 @@ if __name__ == "__main__":
     if os.environ.get("DATABASE_URL"):
         asyncio.run(main(os.environ["DATABASE_URL"]))
     else:
+        # A throwaway Postgres from a wheel (pip install 'agentdb[embedded]'): a dev tool.
+        from agentdb.tools.embedded import embedded_postgres
+
         with embedded_postgres() as dsn:
             asyncio.run(main(dsn))

@@ -87,7 +87,7 @@ CREATE INDEX agent_tasks_lease_expiry_idx ON agent_tasks (lease_expires_at)
 CREATE TRIGGER agent_tasks_transition_guard
     BEFORE INSERT OR UPDATE OF state ON agent_tasks
     FOR EACH ROW EXECUTE FUNCTION agentdb_guard_transition('task');
--- G7, G2, G12
+-- G7, G2, G4, G12: one rule each (AG002, AG004, AG008 from 0011 on, AG005).
 CREATE TRIGGER agent_tasks_version_guard
     BEFORE INSERT OR UPDATE ON agent_tasks
     FOR EACH ROW EXECUTE FUNCTION agentdb_guard_version('task');

@@ -38,7 +38,9 @@ CREATE TABLE agent_operations (
     CONSTRAINT agent_operations_state_version_valid CHECK (state_version >= 0),
     CONSTRAINT agent_operations_idempotency_key_valid CHECK (length(idempotency_key) BETWEEN 1 AND 255),
     CONSTRAINT agent_operations_action_valid CHECK (length(action) BETWEEN 1 AND 200),
+    -- G4: the key's request hash is a sha256 hex digest.
     CONSTRAINT agent_operations_input_hash_format CHECK (input_hash ~ '^[0-9a-f]{64}$'),
+    -- G5
     CONSTRAINT agent_operations_attempts_valid CHECK (attempts >= 1),
     CONSTRAINT agent_operations_provider_reference_valid CHECK (length(provider_reference) BETWEEN 1 AND 500),
     CONSTRAINT agent_operations_error_valid CHECK (length(error) <= 4000),
@@ -62,7 +64,7 @@ CREATE INDEX agent_operations_unsettled_idx ON agent_operations (updated_at)
 CREATE TRIGGER agent_operations_transition_guard
     BEFORE INSERT OR UPDATE OF state ON agent_operations
     FOR EACH ROW EXECUTE FUNCTION agentdb_guard_transition('operation');
--- G7, G2
+-- G7, G2, G4: one rule each (AG002, AG004, AG008 from 0011 on).
 CREATE TRIGGER agent_operations_version_guard
     BEFORE INSERT OR UPDATE ON agent_operations
     FOR EACH ROW EXECUTE FUNCTION agentdb_guard_version('operation');

@@ -16,11 +16,11 @@ BEGIN
 END
 $$;
 
--- G10: a new outbox row wakes the relay.
+-- A hint no guarantee rests on: a new outbox row wakes idle relays.
 CREATE TRIGGER agent_outbox_notify
     AFTER INSERT ON agent_outbox
     FOR EACH STATEMENT EXECUTE FUNCTION agentdb_notify('agentdb_outbox');
--- G12: a new task wakes idle workers.
+-- A hint no guarantee rests on: a new task wakes idle workers.
 CREATE TRIGGER agent_tasks_notify
     AFTER INSERT ON agent_tasks
     FOR EACH STATEMENT EXECUTE FUNCTION agentdb_notify('agentdb_tasks');

@@ -103,7 +103,7 @@ def _docker(stack: contextlib.ExitStack) -> Server:
 
 def start_embedded(stack: contextlib.ExitStack) -> Server:
     """Start a private embedded PostgreSQL in a temp dir, removed on exit."""
-    from agentdb.embedded import embedded_postgres
+    from agentdb.tools.embedded import embedded_postgres
 
     return Server(stack.enter_context(embedded_postgres(migrate=False)), "embedded")
 

@@ -8,6 +8,7 @@ always bound parameters.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -188,3 +189,15 @@ async def expire_lease(admin: asyncpg.Connection, task_id: uuid.UUID) -> None:
         " WHERE id = $1",
         task_id,
     )
+
+
+async def wait_until_blocked(admin: asyncpg.Connection, pid: int) -> None:
+    """Until backend ``pid`` waits on a lock - observed in pg_stat_activity, not slept for."""
+    for _ in range(1000):
+        waiting = await admin.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} never blocked on a lock")

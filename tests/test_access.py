@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from agentdb import migrate
-from agentdb.cli import main as cli
+from agentdb.tools.cli import main as cli
 from tests import _pg
 from tests import factories as F
 from tests.conftest import (
@@ -175,28 +175,49 @@ async def test_G15_unpinned_agent_is_scoped_per_transaction(db: Database, seeded
 
 
 @pytest.mark.parametrize(
-    "statement",
+    ("statement", "table", "privilege"),
     [
-        "INSERT INTO agent_tasks (tenant_id, task_type, workflow_version) VALUES ($1, 't', 'v')",
-        "UPDATE agent_tasks SET current_step = 'x' WHERE tenant_id = $1",
-        "DELETE FROM agent_tasks WHERE tenant_id = $1",
-        "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version)"
-        " SELECT $1, id, 'forged', 'me', 'p' FROM agent_tasks LIMIT 1",
-        "SELECT count(*) FROM agent_outbox WHERE tenant_id = $1",
-        "SELECT count(*) FROM agent_inbox WHERE tenant_id = $1",
-        "SELECT secret_ref FROM agent_credential_refs WHERE tenant_id = $1",
-        "UPDATE agent_operations SET state = 'succeeded' WHERE tenant_id = $1",
+        (
+            "INSERT INTO agent_tasks (tenant_id, task_type, workflow_version)"
+            " VALUES ($1, 't', 'v')",
+            "agent_tasks",
+            "INSERT",
+        ),
+        ("UPDATE agent_tasks SET current_step = 'x' WHERE tenant_id = $1", "agent_tasks", "UPDATE"),
+        ("DELETE FROM agent_tasks WHERE tenant_id = $1", "agent_tasks", "DELETE"),
+        (
+            "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version)"
+            " SELECT $1, id, 'forged', 'me', 'p' FROM agent_tasks LIMIT 1",
+            "agent_events",
+            "INSERT",
+        ),
+        ("SELECT count(*) FROM agent_outbox WHERE tenant_id = $1", "agent_outbox", "SELECT"),
+        ("SELECT count(*) FROM agent_inbox WHERE tenant_id = $1", "agent_inbox", "SELECT"),
+        (
+            "SELECT secret_ref FROM agent_credential_refs WHERE tenant_id = $1",
+            "agent_credential_refs",
+            "SELECT",
+        ),
+        (
+            "UPDATE agent_operations SET state = 'succeeded' WHERE tenant_id = $1",
+            "agent_operations",
+            "UPDATE",
+        ),
     ],
 )
 async def test_G15_agent_has_no_direct_writes_or_hidden_tables(
-    db: Database, seeded: Tenants, statement: str
+    db: Database, seeded: Tenants, statement: str, table: str, privilege: str
 ) -> None:
+    """Refused by the missing GRANT (42501), not by a policy: the privilege itself is absent."""
     conn = await db.connect(AGENT_A)
     try:
         assert await conn.fetchval("SELECT count(*) FROM agent_tasks") == 1  # control
+        assert await conn.fetchval("SELECT has_table_privilege($1, 'SELECT')", "agent_tasks")
         with pytest.raises(asyncpg.PostgresError) as refused:
             await conn.execute(statement, seeded.a)
         assert refused.value.sqlstate == "42501"
+        # RLS would refuse with the same SQLSTATE; which one did is read from the catalog.
+        assert not await conn.fetchval("SELECT has_table_privilege($1, $2)", table, privilege)
     finally:
         await conn.close()
 
@@ -250,6 +271,11 @@ async def test_G15_runtime_policies_span_tenants_but_grant_no_delete(
                 f"DELETE FROM {table} WHERE false"  # noqa: S608 - table from constant list
             )
         assert refused.value.sqlstate == "42501", table
+        # The GRANT refused it (RLS shares the SQLSTATE): the privilege is absent.
+        assert not await runtime_conn.fetchval("SELECT has_table_privilege($1, 'DELETE')", table), (
+            table
+        )
+        assert await runtime_conn.fetchval("SELECT has_table_privilege($1, 'SELECT')", table)
 
 
 async def test_G15_policies_open_nothing_to_other_roles(db: Database, seeded: Tenants) -> None:
@@ -391,3 +417,105 @@ POLICY_NAMES = {
     *(f"{t}_agent_scope" for t in (*AGENT_SCOPED, "agent_tenants")),
     "agentdb_tenant_scope",
 }
+
+
+# The whole privilege story, pinned: any GRANT added or REVOKE dropped fails here.
+_TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
+    "agentdb_runtime": {
+        "agent_tenants": "SELECT",
+        "agent_transitions": "SELECT",
+        "agent_credential_refs": "SELECT",
+        "agent_tasks": "INSERT,SELECT,UPDATE",
+        "agent_operations": "INSERT,SELECT,UPDATE",
+        "agent_outbox": "INSERT,SELECT,UPDATE",
+        "agent_events": "INSERT,SELECT",
+        "agent_inbox": "INSERT,SELECT",
+        "agent_artifacts": "INSERT,SELECT",
+    },
+    "agentdb_agent": {
+        "agent_tenants": "SELECT",
+        "agent_transitions": "SELECT",
+        "agent_tasks": "SELECT",
+        "agent_operations": "SELECT",
+        "agent_events": "SELECT",
+        "agent_artifacts": "SELECT",
+    },
+    STRANGER: {"agent_tasks": "SELECT", "agent_events": "SELECT"},  # granted by the test setup
+}
+# SECURITY DEFINER routines and the owner's tools: who may EXECUTE them (STRANGER,
+# a role with no agentdb membership, stands for PUBLIC). Trigger functions and the
+# pure secret checks stay executable by PUBLIC: calling them directly does nothing.
+_ROUTINES: dict[str, set[str]] = {
+    "agentdb_current_tenant": {"agentdb_runtime", "agentdb_agent"},
+    "agentdb_request_task": {"agentdb_runtime", "agentdb_agent"},
+    "agentdb_delete_tenant": set(),
+    "agentdb_grant_roles": set(),
+    "agentdb_pin_search_paths": set(),
+    "agentdb_purge": set(),
+}
+_PRIVILEGES = ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"]
+
+
+async def test_G15_the_privilege_matrix_is_exactly_the_documented_one(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    rows = await admin_conn.fetch(
+        "SELECT r, c.relname, string_agg(priv, ',' ORDER BY priv)"
+        " FROM unnest($1::text[]) r, pg_class c, unnest($2::text[]) priv"
+        " WHERE c.relname LIKE 'agent\\_%' AND c.relkind = 'r'"
+        "   AND c.relnamespace = current_schema()::regnamespace"
+        "   AND has_table_privilege(r, c.oid, priv)"
+        " GROUP BY 1, 2",
+        list(_TABLE_PRIVILEGES),
+        _PRIVILEGES,
+    )
+    granted: dict[str, dict[str, str]] = {role: {} for role in _TABLE_PRIVILEGES}
+    for role, table, privs in rows:
+        granted[role][table] = privs
+    assert granted == _TABLE_PRIVILEGES
+
+
+async def test_G15_only_the_approved_roles_may_execute_the_security_definer_routines(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    roles = ("agentdb_runtime", "agentdb_agent", STRANGER)
+    for routine, allowed in _ROUTINES.items():
+        oid = await admin_conn.fetchval(
+            "SELECT oid FROM pg_proc"
+            " WHERE proname = $1 AND pronamespace = current_schema()::regnamespace",
+            routine,
+        )
+        assert oid is not None, routine
+        may = {
+            role
+            for role in roles
+            if await admin_conn.fetchval(
+                "SELECT has_function_privilege($1, $2::oid, 'EXECUTE')", role, oid
+            )
+        }
+        assert may == allowed, routine
+    definers = {
+        r[0]
+        for r in await admin_conn.fetch(
+            "SELECT proname FROM pg_proc WHERE prosecdef AND proname LIKE 'agentdb\\_%'"
+        )
+    }
+    assert definers <= set(_ROUTINES)
+
+
+async def test_G15_a_role_outside_agentdb_cannot_request_a_task_even_with_a_scope(
+    db: Database, seeded: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    conn = await db.connect(STRANGER)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('agentdb.tenant_id', $1, true)", str(seeded.a))
+            with pytest.raises(asyncpg.PostgresError) as refused:
+                await conn.fetchval("SELECT agentdb_request_task('triage', 'v1')")
+        assert refused.value.sqlstate == "42501"
+    finally:
+        await conn.close()
+    assert (
+        await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE task_type = 'triage'")
+        == 0
+    )

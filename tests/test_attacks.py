@@ -2,18 +2,22 @@
 
 Each case pairs a positive control (a valid write that must be accepted, so
 the attack cannot pass vacuously) with an attack that Postgres must refuse
-with the expected SQLSTATE and the attacked object's name. Attacks run as the
+with the expected SQLSTATE and the attacked object's name - and the refusal,
+passed through agentdb's error mapping, must come out as the expected error
+class carrying the guarantee of the object's rule. Attacks run as the
 role that would make them: the runtime login for ordinary writes; the
 superuser for owner-only tables and for CHECKs that a guard trigger would
 otherwise refuse first (with session_replication_role = replica, so the CHECK
 is shown to hold even when triggers are switched off).
 
 test_every_constraint_is_attacked ties this list to the schema: a new
-constraint without an attack fails the suite.
+constraint without an attack fails the suite; test_every_guard_rule_is_attacked
+does the same for each rule of a guard that raises several SQLSTATEs.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,7 +27,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentdb.errors import CONSTRAINTS
+from agentdb import _db, errors
+from agentdb.guarantees import RULES, guarantee_of
 from tests import factories as F
 from tests.conftest import Database, Tenants
 
@@ -56,9 +61,13 @@ class Case:
     constraint: str | None = field(default=None)
 
     @property
+    def guarantee(self) -> str | None:
+        return guarantee_of(self.name, self.sqlstate)
+
+    @property
     def id(self) -> str:
         suffix = f"-{self.label}" if self.label else ""
-        return f"{CONSTRAINTS[self.name]}-{self.name}{suffix}"
+        return f"{self.guarantee}-{self.name}{suffix}"
 
 
 def _resolve(ctx: Ctx, kw: dict[str, Any]) -> dict[str, Any]:
@@ -371,7 +380,48 @@ async def _runtime_appends_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
     await F.event(conn, ctx.a, ctx.task_a)
 
 
+def keyed_task_change(**changes: Any) -> Step:
+    """Create a task created under a dedupe key (with its hash), then update it."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        tid = await F.create_task(conn, ctx.a, dedupe_key=f"k-{uuid.uuid4()}", input_hash=F.HASH)
+        return await F.update_task(conn, ctx.a, tid, state_version=1, **_resolve(ctx, changes))
+
+    return step
+
+
+async def _finish_task(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = await F.create_task(conn, ctx.a)
+    await F.claim_task(conn, ctx.a, tid)
+    await F.update_task(
+        conn, ctx.a, tid, state="succeeded", state_version=2, lease_owner=None,
+        lease_acquired_at=None, lease_expires_at=None,
+    )  # fmt: skip
+    await conn.execute("SELECT set_config('agentdb_test.last_task', $1, false)", str(tid))
+
+
+async def _reopen_last_task(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    tid = uuid.UUID(await conn.fetchval("SELECT current_setting('agentdb_test.last_task')"))
+    await F.update_task(conn, ctx.a, tid, state="pending", state_version=3)
+
+
+async def _op_moves_to_another_task(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    other = await F.create_task(conn, ctx.a)
+    oid = await F.create_operation(conn, ctx.a, ctx.task_a)
+    await F.update_operation(conn, ctx.a, oid, state_version=1, task_id=other)
+
+
+async def _rewrite_payload(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    eid = await F.event(conn, ctx.a, ctx.task_a, payload='{"k": 1}')
+    await conn.execute(
+        """UPDATE agent_events SET payload = '{"k": 2}' WHERE tenant_id = $1 AND id = $2""",
+        ctx.a,
+        eid,
+    )
+
+
 FIXED = uuid.UUID("00000000-0000-4000-8000-000000000001")
+H2 = "b" * 64
 BIG = '{"blob": "' + "y" * 70000 + '"}'
 BIG_EVENT = '{"blob": "' + "y" * 9000 + '"}'
 H = F.HASH
@@ -516,6 +566,14 @@ CASES: list[Case] = [
         task_change(state="running"),
     ),
     Case(
+        "agent_tasks_running_is_leased",
+        "23514",
+        raw_task(state="pending"),
+        raw_task(state="pending", lease_expires_at=NOW + timedelta(minutes=1), **LEASE),
+        role="replica",
+        label="leased-means-running",
+    ),
+    Case(
         "agent_tasks_lease_owner_valid",
         "23514",
         task_change(state="running", lease_expires_at=NOW + timedelta(minutes=1), **LEASE),
@@ -559,6 +617,13 @@ CASES: list[Case] = [
         task(state="waiting"),
         task(state="succeeded"),
         label="born-finished",
+    ),
+    Case(
+        "agent_tasks_transition_guard",
+        "AG001",
+        _finish_task,
+        seq(_finish_task, _reopen_last_task),
+        label="finished-is-final",
     ),
     Case(
         "agent_tasks_version_guard",
@@ -641,6 +706,28 @@ CASES: list[Case] = [
         task_change(current_step="a"),
         task_change(id=lambda c: uuid.uuid4()),
         label="id-is-immutable",
+    ),
+    # G4: what a key was issued for stays bound to it (AG008).
+    Case(
+        "agent_tasks_version_guard",
+        "AG008",
+        keyed_task_change(current_step="a"),
+        keyed_task_change(input_hash=H2),
+        label="input-hash-is-bound-to-the-key",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG008",
+        keyed_task_change(current_step="a"),
+        keyed_task_change(dedupe_key="another-request"),
+        label="dedupe-key-is-bound",
+    ),
+    Case(
+        "agent_tasks_version_guard",
+        "AG008",
+        keyed_task_change(current_step="a"),
+        keyed_task_change(task_type="another.type"),
+        label="task-type-is-bound",
     ),
     Case(
         "agent_tasks_event_required",
@@ -730,6 +817,41 @@ CASES: list[Case] = [
         label="tenant-is-immutable",
     ),
     Case(
+        "agent_operations_version_guard",
+        "AG004",
+        op_change({"state": "in_flight"}),
+        op_change({"created_at": PAST}),
+        label="created-at-is-immutable",
+    ),
+    Case(
+        "agent_operations_version_guard",
+        "AG008",
+        op_change({"state": "in_flight"}),
+        op_change({"input_hash": H2}),
+        label="input-hash-is-bound-to-the-key",
+    ),
+    Case(
+        "agent_operations_version_guard",
+        "AG008",
+        op_change({"state": "in_flight"}),
+        op_change({"action": "refund"}),
+        label="action-is-bound",
+    ),
+    Case(
+        "agent_operations_version_guard",
+        "AG008",
+        op_change({"state": "in_flight"}),
+        op_change({"idempotency_key": "another-key"}),
+        label="idempotency-key-is-bound",
+    ),
+    Case(
+        "agent_operations_version_guard",
+        "AG008",
+        op_change({"state": "in_flight"}),
+        _op_moves_to_another_task,
+        label="task-is-bound",
+    ),
+    Case(
         "agent_operations_event_required",
         "AG006",
         op_change({"state": "in_flight"}),
@@ -778,6 +900,27 @@ CASES: list[Case] = [
         ev(payload='{"note": "used sk-abcdefghijklmnopqrstuvwx"}'),
         label="secret-value",
     ),
+    *(
+        Case(
+            "agent_events_payload_no_secrets",
+            "23514",
+            ev(payload='{"tokens_used": 512, "model": "m"}'),
+            ev(payload=json.dumps(secret)),
+            label=f"secret-{label}",
+        )
+        for label, secret in (
+            ("password-key", {"db": {"password": "hunter2"}}),
+            ("api-key", {"headers": {"x-api-key": "abc"}}),
+            ("session-token-key", {"session_token": "abc"}),
+            ("cookie-key", {"cookie": "sid=1"}),
+            ("pem", {"note": "-----BEGIN RSA PRIVATE KEY-----\nMIIEow"}),
+            ("bearer", {"note": "Authorization was Bearer abcdefgh12345678"}),
+            ("aws", {"note": "key AKIAABCDEFGHIJKLMNOP"}),
+            ("github", {"note": "ghp_" + "a" * 36}),
+            ("slack", {"note": "xoxb-1234567890-abc"}),
+            ("jwt", {"note": "eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.sig"}),
+        )
+    ),
     Case(
         "agent_events_retention_order",
         "23514",
@@ -813,6 +956,14 @@ CASES: list[Case] = [
         _erase_and_rewrite,
         role="admin",
         label="erasure-cannot-smuggle",
+    ),
+    Case(
+        "agent_events_append_only",
+        "AG003",
+        _erase_payload,
+        _rewrite_payload,
+        role="admin",
+        label="payload-is-erased-never-rewritten",
     ),
     Case(
         "agent_events_append_only",
@@ -868,6 +1019,14 @@ CASES: list[Case] = [
         "23514",
         outbox_change({"state": "delivered", "delivered_at": NOW}),
         outbox_change({"state": "delivered"}),
+    ),
+    Case(
+        "agent_outbox_delivered_at_valid",
+        "23514",
+        outbox(state="pending"),
+        outbox(state="pending", delivered_at=NOW),
+        role="replica",
+        label="pending-has-no-delivery-time",
     ),
     Case(
         "agent_outbox_lease_owner_valid",
@@ -1005,10 +1164,54 @@ async def test_attack_is_refused(
         await case.bad(conn, ctx)
     assert refused.value.sqlstate == case.sqlstate, refused.value
     expected = case.name if case.constraint is None else case.constraint
-    if expected:
-        assert refused.value.constraint_name == expected, refused.value
+    if not expected:
+        # A GRANT refused it: not a named object, so agentdb leaves it unmapped.
+        assert _db.translate(refused.value) is refused.value
+        return
+    assert refused.value.constraint_name == expected, refused.value
+    mapped = _db.translate(refused.value)
+    assert type(mapped) is expected_error(case), mapped
+    assert isinstance(mapped, errors.InvariantViolation)
+    assert (mapped.guarantee, mapped.constraint, mapped.sqlstate) == (
+        case.guarantee,
+        case.name,
+        case.sqlstate,
+    )
+
+
+# Written out here, apart from agentdb.errors, so a broken mapping cannot agree with itself.
+_BY_SQLSTATE: dict[str, type[errors.InvariantViolation]] = {
+    "AG001": errors.InvalidTransition,
+    "AG002": errors.VersionRuleViolation,
+    "AG003": errors.AppendOnlyViolation,
+    "AG004": errors.ImmutableColumn,
+    "AG005": errors.LeaseTokenRegression,
+    "AG006": errors.MissingEvent,
+    "AG007": errors.TenantScopeMissing,
+    "AG008": errors.ImmutableKey,
+    "23503": errors.TenantMismatch,
+    "23505": errors.DuplicateKey,
+    "23514": errors.InvariantViolation,
+}
+_BY_NAME: dict[str, type[errors.InvariantViolation]] = {
+    "agent_tasks_params_valid": errors.PayloadTooLarge,
+    "agent_operations_result_valid": errors.PayloadTooLarge,
+    "agent_events_payload_size": errors.PayloadTooLarge,
+    "agent_outbox_payload_size": errors.PayloadTooLarge,
+    "agent_events_payload_no_secrets": errors.SecretInPayload,
+}
+
+
+def expected_error(case: Case) -> type[errors.InvariantViolation]:
+    return _BY_NAME.get(case.name, _BY_SQLSTATE[case.sqlstate])
 
 
 def attacked_names() -> set[str]:
     """Objects some case shows refusing a write by name (grant-only refusals don't count)."""
     return {c.name for c in CASES if c.constraint != ""}
+
+
+def test_every_guard_rule_is_attacked() -> None:
+    """Each rule of a multi-rule guard has its own attack, refused with that rule's SQLSTATE."""
+    attacked = {(c.name, c.sqlstate) for c in CASES if c.constraint != ""}
+    assert {(r.name, r.sqlstate) for r in RULES} <= attacked

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from agentdb import audit
 from agentdb.errors import ConfigurationError, DatabaseUnavailable
+from agentdb.tools.audit import api as audit
 from tests import _pg
 from tests.conftest import _ROLE_LOCK, Database
 
@@ -179,7 +179,7 @@ def test_fresh_agentdb_schema_enforces_every_guarantee(agentdb_dsn: str) -> None
     assert [f.guarantee for f in report.findings] == ALL
     for f in report.findings:
         assert f.evidence, f.guarantee  # enforced always names what enforces it
-        assert f.problems == []
+        assert f.problems == ()
         assert f.fix is None
     assert {k: r.name if r else None for k, r in report.tables.items()} == {
         "tasks": "agent_tasks",

@@ -18,7 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentdb.cli import build_parser
+import pytest
+
+from agentdb.tools.bench.command import main
+from agentdb.tools.cli import build_parser
 from tests import _pg
 
 #: The measured series in results.json: every value must be a positive, finite number.
@@ -47,9 +50,37 @@ def test_bench_is_an_agentdb_subcommand() -> None:
     assert (args.quick, args.reps, args.skip_1m, args.out) == (True, 2, True, Path("bench-results"))
 
 
+def test_the_command_module_stays_light() -> None:
+    # `agentdb --help` imports every command module: the benchmark itself
+    # (its modules, the peers, matplotlib) must load only when it runs.
+    probe = (
+        "import sys, agentdb.tools.bench.command; "
+        "print(sorted(m for m in sys.modules if m.startswith(('agentdb.tools.bench.', "
+        "'pgqueuer', 'procrastinate', 'matplotlib'))))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert run.stdout.strip() == "['agentdb.tools.bench.command']"
+
+
+def test_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--quick", "--dsn", "mysql://localhost/x"]) == 2
+    assert main(["--quick", "--reps", "0", "--dsn", "postgresql://localhost/x"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert all(line.startswith("agentdb bench: ") for line in err)
+
+
+def test_an_unreachable_server_exits_1_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--quick", "--dsn", "postgresql://u:secret@127.0.0.1:1/x"]) == 1
+    [err] = capsys.readouterr().err.splitlines()
+    assert err.startswith("agentdb bench: cannot connect to postgresql://u:***@127.0.0.1:1/x")
+
+
 def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "agentdb.bench", "--quick", "--dsn", pg_server.admin_dsn]
+    cmd = [sys.executable, "-m", "agentdb.tools.bench", "--quick", "--dsn", pg_server.admin_dsn]
     run = subprocess.run(
         [*cmd, "--out", str(out)], capture_output=True, text=True, timeout=280, check=False
     )

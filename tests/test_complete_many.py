@@ -61,7 +61,7 @@ async def test_G8_complete_many_finishes_a_batch_with_events_and_outbox_in_one_s
 ) -> None:
     batch = await _claimed(pool, tenants.a, 3)
     msg = Message("invoice.sent", {"n": 1})
-    results = await tasks.complete_many(
+    results = await tasks.finish_many(
         pool, batch, payload={"result": "ok"}, outbox={batch[0].id: [msg], batch[2].id: ()}
     )
     assert [r.id for r in results if isinstance(r, Task)] == [t.id for t in batch]
@@ -89,7 +89,7 @@ async def test_G8_complete_many_finishes_a_batch_with_events_and_outbox_in_one_s
         == msg.id
     )
     assert await _outbox(admin_conn, batch[1].id) == []
-    assert await tasks.complete_many(pool, []) == []
+    assert await tasks.finish_many(pool, []) == []
 
 
 async def test_G12_complete_many_refuses_a_fenced_out_lease_and_finishes_the_rest(
@@ -107,7 +107,7 @@ async def test_G12_complete_many_refuses_a_fenced_out_lease_and_finishes_the_res
         [taken] = await leases.claim(w2, "w2", lease_ttl=HOUR)
         assert (taken.id, taken.lease_token) == (stalled.id, stalled.lease_token + 1)
 
-        results = await tasks.complete_many(
+        results = await tasks.finish_many(
             w1,
             [stalled, healthy],
             outbox={stalled.id: [Message("late")], healthy.id: [Message("on.time")]},
@@ -130,7 +130,7 @@ async def test_G12_complete_many_refuses_a_fenced_out_lease_and_finishes_the_res
         assert await _outbox(admin_conn, stalled.id) == []
         assert await _outbox(admin_conn, healthy.id) == ["on.time"]
         # The holder finishes it normally.
-        [mine] = await tasks.complete_many(w2, [taken])
+        [mine] = await tasks.finish_many(w2, [taken])
         assert isinstance(mine, Task)
         assert mine.state == "succeeded"
     finally:
@@ -151,7 +151,7 @@ async def test_G7_complete_many_refuses_a_stale_version_written_by_another_conne
             other, tenants.a, first.id, expected_version=first.state_version,
             to_state="running", step="half-way", lease=first.lease,
         )  # fmt: skip
-        results = await tasks.complete_many(w1, batch, to_state="failed", error="boom")
+        results = await tasks.finish_many(w1, batch, to_state="failed", error="boom")
         stale, done = results
         assert isinstance(stale, StaleVersion)
         assert (stale.id, stale.expected, stale.actual) == (
@@ -174,7 +174,7 @@ async def test_complete_many_reports_a_missing_task_and_refuses_bad_input(
 ) -> None:
     [claimed] = await _claimed(pool, tenants.a, 1)
     ghost = dataclasses.replace(claimed, id=uuid.uuid4())
-    gone, done = await tasks.complete_many(pool, [ghost, claimed])
+    gone, done = await tasks.finish_many(pool, [ghost, claimed])
     assert isinstance(gone, NotFound)
     assert gone.id == ghost.id
     assert isinstance(done, Task)
@@ -182,15 +182,15 @@ async def test_complete_many_reports_a_missing_task_and_refuses_bad_input(
     [held] = await _claimed(pool, tenants.a, 1)
     pending = await tasks.create(pool, tenants.a, "t")
     with pytest.raises(ConfigurationError, match="no lease"):
-        await tasks.complete_many(pool, [pending])
+        await tasks.finish_many(pool, [pending])
     with pytest.raises(ConfigurationError, match="twice"):
-        await tasks.complete_many(pool, [held, held])
+        await tasks.finish_many(pool, [held, held])
     with pytest.raises(ConfigurationError, match="to_state"):
-        await tasks.complete_many(pool, [held], to_state="pending")
+        await tasks.finish_many(pool, [held], to_state="pending")
     with pytest.raises(ConfigurationError, match="not in the batch"):
-        await tasks.complete_many(pool, [held], outbox={uuid.uuid4(): [Message("x")]})
+        await tasks.finish_many(pool, [held], outbox={uuid.uuid4(): [Message("x")]})
     with pytest.raises(PayloadTooLarge):
-        await tasks.complete_many(
+        await tasks.finish_many(
             pool, [held], outbox={held.id: [Message("big", {"blob": "x" * 70_000})]}
         )
     assert (await tasks.get(pool, tenants.a, held.id)).state == "running"

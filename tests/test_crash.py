@@ -3,8 +3,11 @@
 Each test arms one fault point (``AGENTDB_FAULTS``) in a worker or relay
 process running the demo's handlers, lets it kill itself there, then
 restarts it without faults and checks the outcome in the database: the
-provider executed every effect once, and the consumer applied every message
-once.
+provider executed every effect once, it never had to answer a repeat request
+from its key that agentdb's ledger does not justify (see
+:mod:`agentdb.tools.demo.workload`: effects alone would not show a worker
+that called the provider again blindly, the key would hide it), and the
+consumer applied every message once.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import asyncpg
 import pytest
 
 from agentdb import tasks
-from agentdb.demo import _SCHEMA, TASK_TYPE
+from agentdb.tools.demo.fleet import PUBLISHER_TARGET, WORKER_TARGET
+from agentdb.tools.demo.provider import SCHEMA, TASK_TYPE
+from agentdb.tools.demo.workload import count
 from tests.conftest import Database, Tenants
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 async def demo_tables(admin_conn: asyncpg.Connection) -> None:
-    for statement in _SCHEMA:
+    for statement in SCHEMA:
         await admin_conn.execute(statement)
 
 
@@ -40,7 +45,7 @@ def _start(
     env = dict(os.environ, DATABASE_URL=db.admin_dsn, AGENTDB_FAULTS=faults, AGENTDB_DEMO_CALM="1")
     if fault_log is not None:
         env["AGENTDB_FAULTS_LOG"] = str(fault_log)
-    target = "agentdb.demo:WORKER" if kind == "worker" else "agentdb.demo:PUBLISHER"
+    target = WORKER_TARGET if kind == "worker" else PUBLISHER_TARGET
     extra = [] if kind == "worker" else ["--visibility", "1"]
     return subprocess.Popen(
         [sys.executable, "-m", "agentdb", kind, target, "--dsn", db.admin_dsn,
@@ -80,6 +85,24 @@ async def _wait(admin: asyncpg.Connection, sql: str, expected: object, within: f
     raise AssertionError(f"{sql} never returned {expected!r}")
 
 
+async def _requests(admin: asyncpg.Connection, task_id: uuid.UUID) -> list[tuple[str, str]]:
+    """What the provider saw for the task, in arrival order: (action, outcome)."""
+    rows = await admin.fetch(
+        "SELECT action, outcome FROM agentdb_demo.provider_requests WHERE task_id = $1"
+        " ORDER BY at, id",
+        task_id,
+    )
+    return [(r["action"], r["outcome"]) for r in rows]
+
+
+async def _assert_no_replay(admin: asyncpg.Connection, tenant: uuid.UUID) -> None:
+    """No request was answered from its key (so none unjustified), and no duplicate effect."""
+    counts = await count(admin, [tenant])
+    assert counts["unjustified_replays"] == 0, counts
+    assert counts["replayed"] == 0, counts
+    assert counts["duplicates"] == 0, counts
+
+
 async def _one_task(pool: asyncpg.Pool, tenant: uuid.UUID) -> uuid.UUID:
     task = await tasks.create(
         pool, tenant, TASK_TYPE, params={"invoice": 1, "amount": 5}, lease_ttl=timedelta(seconds=1)
@@ -109,6 +132,8 @@ async def test_G10_crash_after_the_business_commit_before_the_queue_ack(
         await _wait(admin_conn, "SELECT count(*) FROM agent_outbox WHERE state = 'delivered'", 1)
     finally:
         _stop(relay)
+    assert await _requests(admin_conn, task_id) == [("charge", "executed"), ("email", "executed")]
+    await _assert_no_replay(admin_conn, tenants.a)
 
 
 async def test_G11_crash_after_publish_before_mark_delivered_is_absorbed_by_the_inbox(
@@ -132,9 +157,35 @@ async def test_G11_crash_after_publish_before_mark_delivered_is_absorbed_by_the_
         _stop(relay)
     assert await admin_conn.fetchval("SELECT count(*) FROM agentdb_demo.consumer_ledger") == 1
     assert await admin_conn.fetchval("SELECT count(*) FROM agentdb_demo.consumer_redeliveries") == 1
+    assert await admin_conn.fetchval("SELECT count(*) FROM agentdb_demo.provider_requests") == 0
 
 
-@pytest.mark.parametrize("point", ["after_reserve", "during_call", "after_call", "after_complete"])
+# Per crash point: what the provider sees, and what becomes of the charge in
+# agentdb's ledger. A crash before the charge reached the provider leaves no
+# effect: the next attempt's reconcile hook finds none, the operation is
+# recorded failed and re-armed, and the one call it is granted executes. A
+# crash after the effect is reconciled from the provider, never called again.
+_G13 = {
+    "after_reserve": (
+        [("charge", "executed"), ("email", "executed")],
+        ["operation.reserved", "operation.failed", "operation.retried", "operation.succeeded"],
+    ),
+    "during_call": (
+        [("charge", "received"), ("charge", "executed"), ("email", "executed")],
+        ["operation.reserved", "operation.failed", "operation.retried", "operation.succeeded"],
+    ),
+    "after_call": (
+        [("charge", "executed"), ("email", "executed")],
+        ["operation.reserved", "operation.reconciled"],
+    ),
+    "after_complete": (
+        [("charge", "executed"), ("email", "executed")],
+        ["operation.reserved", "operation.succeeded"],
+    ),
+}
+
+
+@pytest.mark.parametrize("point", list(_G13))
 async def test_G13_crash_around_the_provider_call_never_duplicates_the_effect(
     db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection,
     demo_tables: None, tmp_path: Path, point: str,
@@ -157,3 +208,15 @@ async def test_G13_crash_around_the_provider_call_never_duplicates_the_effect(
         "SELECT state FROM agent_operations WHERE task_id = $1", task_id
     )
     assert sorted(r["state"] for r in states) == ["succeeded", "succeeded"]
+    # Effects alone would pass a worker that called the provider again blindly:
+    # the key would answer it. The requests and the replay rule do not.
+    await _assert_no_replay(admin_conn, tenants.a)
+    requests, charge_events = _G13[point]
+    assert await _requests(admin_conn, task_id) == requests
+    events = await admin_conn.fetch(
+        "SELECT e.event_type FROM agent_events e JOIN agent_operations o"
+        " ON o.tenant_id = e.tenant_id AND o.id = e.operation_id"
+        " WHERE o.task_id = $1 AND o.action = 'charge' ORDER BY e.id",
+        task_id,
+    )
+    assert [r["event_type"] for r in events] == charge_events

@@ -8,25 +8,42 @@ import uuid
 import asyncpg
 import pytest
 
-from agentdb import _exec, leases, tasks
-from agentdb.errors import AgentDBError, NotFound, TransientError
+from agentdb import _db, errors, leases, tasks
+from agentdb._db.sqlfile import parse
+from agentdb.errors import NotFound, TransientError
 from agentdb.models import Lease
 from tests.conftest import Database, Tenants
 
+_TWO_ROWS = """
+-- name: two_rows :one
+-- A :one statement that breaks its contract.
+-- guarantee: none
+-- zero rows: never.
+-- params: $1 n int4
+SELECT g FROM generate_series(1, $1) AS g;
+"""
 
-async def test_fetch_one_reruns_then_gives_up(pool: asyncpg.Pool, tenants: Tenants) -> None:
-    calls = 0
 
-    async def zero() -> AgentDBError:
-        nonlocal calls
-        calls += 1
-        return _exec.Rerun("still settling")
+async def test_a_one_statement_that_returns_two_rows_is_a_bug_not_a_row(
+    pool: asyncpg.Pool,
+) -> None:
+    (q,) = parse(_TWO_ROWS, "test.sql")
+    assert (await _db.fetch_one(pool, q, n=1))["g"] == 1
+    assert await _db.fetch_optional(pool, q, n=0) is None
+    with pytest.raises(_db.StatementBug, match="returned 2 rows"):
+        await _db.fetch_optional(pool, q, n=2)
+    with pytest.raises(_db.StatementBug, match="returned no row"):
+        await _db.fetch_one(pool, q, n=0)
 
-    with pytest.raises(_exec.Rerun):
-        await _exec.fetch_one(
-            pool, _exec.QUERIES["task_get"], tenants.a, uuid.uuid4(), on_zero=zero, reruns=2
-        )
-    assert calls == 3
+
+async def test_parameters_bind_by_declared_name(pool: asyncpg.Pool) -> None:
+    (q,) = parse(_TWO_ROWS, "test.sql")
+    with pytest.raises(TypeError, match="missing parameter"):
+        await _db.fetch_one(pool, q)
+    with pytest.raises(TypeError, match="unknown parameter"):
+        await _db.fetch_one(pool, q, n=1, m=2)
+    with pytest.raises(_db.StatementBug, match="declared :one"):
+        await _db.fetch_many(pool, q, n=1)
 
 
 async def test_renew_of_a_missing_task_is_not_found(pool: asyncpg.Pool, tenants: Tenants) -> None:
@@ -69,3 +86,48 @@ async def test_serialization_failure_is_transient(
     finally:
         await c1.close()
         await c2.close()
+
+
+_PROBE = """
+-- name: probe_read :many
+-- Reads a scratch table whose column type the test changes under it.
+-- guarantee: none
+-- params: none
+SELECT x FROM agentdb_probe;
+"""
+
+
+async def test_a_plan_invalidated_by_a_migration_is_transient(
+    db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """A schema change under a cached statement: retrying the whole transaction is safe."""
+    await admin_conn.execute(
+        "CREATE TABLE agentdb_probe (x int); INSERT INTO agentdb_probe VALUES (1)"
+    )
+    (q,) = parse(_PROBE, "probe.sql")
+    conn = await db.connect()
+    try:
+        assert [r["x"] for r in await _db.fetch_many(conn, q)] == [1]  # now cached
+        await admin_conn.execute("ALTER TABLE agentdb_probe ALTER COLUMN x TYPE bigint")
+        with pytest.raises(TransientError) as stale:
+            async with conn.transaction():
+                await _db.fetch_many(conn, q)
+        assert "invalidated" in str(stale.value)
+        assert [r["x"] for r in await _db.fetch_many(conn, q)] == [1]  # re-prepared
+    finally:
+        await conn.close()
+
+
+def test_error_for_maps_agentdb_objects_and_leaves_everything_else_alone() -> None:
+    """Constraint names outside the catalogue belong to the user's schema: never mapped."""
+    assert errors.error_for("23505", "users_email_key", "dup") is None
+    assert errors.error_for("23514", "users_age_check", "no") is None
+    assert errors.error_for("23505", None, "dup") is None
+    assert errors.error_for("42P01", "agent_tasks_pkey", "no such table") is None
+    dup = errors.error_for("23505", "agent_tasks_dedupe_key", "dup")
+    assert isinstance(dup, errors.DuplicateKey)
+    assert dup.guarantee == "G3"
+    for code in ("40001", "40P01", "55P03", "57P01", "08006"):
+        transient = errors.error_for(code, None, "x")
+        assert isinstance(transient, TransientError), code
+        assert transient.sqlstate == code

@@ -157,3 +157,19 @@ async def test_G12_release_after_the_last_attempt_is_dead_and_exhausted_expired_
     assert await leases.bury_exhausted(pool) == [(tenants.a, two.id)]
     assert (await tasks.get(pool, tenants.a, two.id)).state == "dead"
     assert one.id != two.id
+
+
+async def test_G12_a_due_task_without_attempts_left_is_never_claimed_and_spoils_no_batch(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """An operator lowered max_attempts below what a pending task already used: claiming it
+    would break agent_tasks_attempts_valid for the whole batch. It waits to be buried."""
+    spent = await tasks.create(pool, tenants.a, "t", max_attempts=3)
+    await F.update_task(
+        admin_conn, tenants.a, spent.id, state_version=1, attempts=2, max_attempts=2
+    )
+    fresh = await tasks.create(pool, tenants.a, "t")
+    claimed = await leases.claim(pool, "w", batch=5)
+    assert [t.id for t in claimed] == [fresh.id]
+    assert await leases.bury_exhausted(pool) == [(tenants.a, spent.id)]
+    assert (await tasks.get(pool, tenants.a, spent.id)).state == "dead"

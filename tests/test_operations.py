@@ -19,6 +19,7 @@ from agentdb.errors import (
     StaleVersion,
     TenantMismatch,
 )
+from tests import factories as F
 from tests.conftest import Database, Tenants
 
 
@@ -130,7 +131,7 @@ async def test_G7_settling_twice_is_stale(pool: asyncpg.Pool, tenants: Tenants) 
 
 
 async def test_G3_two_connections_reserving_one_key_get_one_reservation(
-    db: Database, tenants: Tenants, pool: asyncpg.Pool
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
 ) -> None:
     task = await _task(pool, tenants.a)
     c1 = await db.connect("agentdb_test_runtime")
@@ -144,7 +145,7 @@ async def test_G3_two_connections_reserving_one_key_get_one_reservation(
         theirs = asyncio.ensure_future(
             operations.reserve(c2, tenants.a, task, "dup", "a", {"v": 1})
         )
-        await asyncio.sleep(0.2)
+        await F.wait_until_blocked(admin_conn, c2.get_server_pid())
         assert not theirs.done()
         await tx.commit()
         with pytest.raises(OperationInFlight):

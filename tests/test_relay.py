@@ -132,8 +132,17 @@ async def test_G10_notify_wakes_an_idle_relay(
         got.append(message.id)
 
     relay = Relay(pool, publish, poll_interval=60, listen_dsn=db.url("agentdb_test_runtime"))
+    listening = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND query = 'LISTEN \"agentdb_outbox\"'"
+    )
     async with running(relay):
-        await asyncio.sleep(0.3)  # idle, waiting for a minute-long poll
+
+        async def idle() -> bool:
+            # Its LISTEN is in place: from now on a NOTIFY cannot be missed.
+            return bool(await pool.fetchval(listening))
+
+        await _until(idle)
         [mid] = await _enqueue(pool, tenants.a, 1)
 
         async def arrived() -> bool:
@@ -160,6 +169,50 @@ async def test_G10_a_raising_publisher_loses_nothing(
     assert any("is dead after 2 attempts" in line for line in lines)
 
 
+async def test_G10_a_failed_message_backs_off_and_is_not_claimed_again_at_once(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    async def publish(message: OutboxMessage) -> None:
+        raise ConnectionError("broker down")
+
+    [mid] = await _enqueue(pool, tenants.a, 1)
+    relay = Relay(pool, publish, retry_base=30)
+    assert await relay.run_once() == 1
+    state = await outbox.get(pool, tenants.a, mid)
+    assert (state.state, state.attempts, state.delivered_at) == ("pending", 1, None)
+    wait = await pool.fetchval("SELECT $1::timestamptz - now()", state.next_attempt_at)
+    assert wait.total_seconds() > 20  # 30 s +/- 20 % jitter
+    assert await relay.run_once() == 0  # still backing off
+
+
+async def test_G10_G11_concurrent_relays_publish_each_message_once(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Three relays on their own connections drain one outbox at once: SKIP LOCKED keeps their
+    claims disjoint, so without failures nothing is published twice."""
+    ids = await _enqueue(pool, tenants.a, 300)
+    published: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        published.append(message.id)
+        await asyncio.sleep(0)  # let the other relays claim meanwhile
+
+    pools = [
+        await asyncpg.create_pool(db.url("agentdb_test_runtime"), min_size=1, max_size=2)
+        for _ in range(3)
+    ]
+    try:
+        relays = [Relay(p, publish, batch=20) for p in pools]
+        await asyncio.gather(*(r.drain() for r in relays))
+    finally:
+        for p in pools:
+            await p.close()
+    assert sorted(published) == sorted(ids)
+    assert sum(r.stats.delivered for r in relays) == 300
+    assert all(r.stats.delivered > 0 for r in relays)  # they really shared the work
+    assert await pool.fetchval("SELECT count(*) FROM agent_outbox WHERE state = 'delivered'") == 300
+
+
 def test_cli_relay_with_a_broken_publisher_logs_one_line_per_failure(
     db: Database, tenants: Tenants
 ) -> None:
@@ -173,7 +226,15 @@ def test_cli_relay_with_a_broken_publisher_logs_one_line_per_failure(
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(2)
+    # Wait for the first failed attempt to be recorded, then stop the relay.
+    deadline = time.monotonic() + 30
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        while conn.execute("SELECT attempts FROM agent_outbox").fetchone() != (1,):
+            assert time.monotonic() < deadline, "the relay never tried"
+            time.sleep(0.05)
+        while conn.execute("SELECT last_error IS NOT NULL FROM agent_outbox").fetchone() != (True,):
+            assert time.monotonic() < deadline, "the failure was never recorded"
+            time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err

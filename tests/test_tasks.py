@@ -150,7 +150,7 @@ async def test_G7_two_connections_race_one_transition_exactly_one_wins(
         second = asyncio.ensure_future(
             tasks.transition(c2, tenants.a, task.id, expected_version=0, to_state="cancelled")
         )
-        await asyncio.sleep(0.2)
+        await F.wait_until_blocked(admin_conn, c2.get_server_pid())
         assert not second.done(), "c2 should be waiting for c1's row lock"
         await tx.commit()
         with pytest.raises(StaleVersion) as lost:

@@ -31,6 +31,26 @@ async def test_G15_tenant_scope_sees_one_tenant_and_never_leaks_on_a_pooled_conn
         await agents.close()
 
 
+async def test_G15_tenant_scope_ends_with_its_transaction_on_a_plain_connection(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool
+) -> None:
+    """No pool resets the session here (nor does a transaction-pooling proxy between
+    transactions): only a transaction-local setting keeps the scope from outliving its
+    transaction."""
+    await tasks.create(pool, tenants.a, "t")
+    conn = await db.connect(AGENT_UNPINNED)
+    try:
+        async with tenancy.tenant_scope(conn, tenants.a) as scoped:
+            assert await scoped.fetchval("SELECT count(*) FROM agent_tasks") == 1
+        assert await conn.fetchval("SELECT count(*) FROM agent_tasks") == 0
+        assert await conn.fetchval("SELECT current_setting('agentdb.tenant_id', true)") in (
+            None,
+            "",
+        )
+    finally:
+        await conn.close()
+
+
 async def test_create_tenant(pool: asyncpg.Pool, admin_conn: asyncpg.Connection) -> None:
     tid = await tenancy.create_tenant(admin_conn, "acme")
     assert await admin_conn.fetchval("SELECT name FROM agent_tenants WHERE id = $1", tid) == "acme"

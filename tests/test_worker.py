@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -15,9 +16,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from agentdb import leases, operations, tasks
-from agentdb.models import Operation
+from agentdb.errors import OperationInFlight, TransientError
+from agentdb.models import Lease, Operation
 from agentdb.worker import Fail, Job, Reconciled, Retry, Worker
 from tests import factories as F
 from tests.conftest import Database, Tenants
@@ -83,10 +86,10 @@ async def test_G12_heartbeat_keeps_a_task_longer_than_its_ttl(
     worker = Worker(pool, {"t": handler}, poll_interval=0.05)
     async with running(worker):
         await _until(lambda: _state_is(pool, tenants.a, task.id, "running"))
-        for _ in range(8):  # a rival keeps trying to take the task over
+        # A rival keeps trying to take the task over until it is done.
+        while (await tasks.get(pool, tenants.a, task.id)).state == "running":
             assert await leases.claim(pool, "rival") == []
-            await asyncio.sleep(0.5)
-        await _until(lambda: _state_is(pool, tenants.a, task.id, "succeeded"))
+            await asyncio.sleep(0.05)
     done = await tasks.get(pool, tenants.a, task.id)
     assert (done.lease_token, done.attempts) == (1, 1)  # never taken over
     assert worker.stats.lease_lost == 0
@@ -125,6 +128,156 @@ async def test_G12_a_renewal_that_finds_the_lease_gone_cancels_the_handler(
 
 async def _lease_lost(worker: Worker) -> bool:
     return worker.stats.lease_lost == 1
+
+
+async def test_G12_the_heartbeat_renews_each_lease_well_before_it_runs_out(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Read from the lease row: each renewal lands while the previous lease still had time.
+
+    A renewal at ``now()`` sets ``lease_expires_at = now() + ttl``, so the server
+    time of each renewal is ``new expiry - ttl``; renewing every TTL would land
+    after the previous expiry, every TTL/3 lands with two thirds of it left.
+    """
+    ttl = timedelta(seconds=3)
+    release = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        await release.wait()
+
+    task = await tasks.create(pool, tenants.a, "t", lease_ttl=ttl)
+    worker = Worker(pool, {"t": handler}, poll_interval=0.05)
+    expiries: list[object] = []
+    async with running(worker):
+        while len(expiries) < 4:
+            row = await tasks.get(pool, tenants.a, task.id)
+            if row.lease_expires_at is not None and row.lease_expires_at not in expiries:
+                expiries.append(row.lease_expires_at)
+            await asyncio.sleep(0.02)
+        release.set()
+    pairs = list(itertools.pairwise(expiries))
+    assert len(pairs) == 3
+    for previous, renewed in pairs:
+        renewed_at = renewed - ttl  # type: ignore[operator]
+        assert renewed_at < previous, (previous, renewed)  # type: ignore[operator]
+    assert worker.stats.lease_lost == 0
+
+
+async def test_G12_a_heartbeat_that_cannot_renew_stops_the_handler_once_the_lease_is_gone(
+    pool: asyncpg.Pool, tenants: Tenants, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewals keep failing transiently (the database is unreachable): once the lease has
+    expired the worker must assume it was taken over and stop the handler."""
+    cancelled = asyncio.Event()
+    renewals = 0
+
+    async def unreachable(db: object, lease: Lease, **kw: object) -> Lease:
+        nonlocal renewals
+        renewals += 1
+        raise TransientError("lost the database connection: test")
+
+    async def handler(job: Job) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    monkeypatch.setattr(leases, "renew", unreachable)
+    # One attempt only, so the worker cannot reclaim the task itself once the lease expires.
+    task = await tasks.create(pool, tenants.a, "t", lease_ttl=timedelta(seconds=1), max_attempts=1)
+    worker = Worker(pool, {"t": handler}, poll_interval=0.05, maintenance_interval=3600)
+    async with running(worker):
+        await asyncio.wait_for(cancelled.wait(), 15)
+        await _until(lambda: _lease_lost(worker))
+    assert renewals >= 2  # it did retry while the lease was still valid
+    # It wrote nothing after stopping: the task is left running for a rescuer to reclaim.
+    now = await tasks.get(pool, tenants.a, task.id)
+    assert (now.state, now.lease_token, now.state_version) == ("running", 1, 1)
+
+
+async def test_G13_no_transaction_is_open_while_the_provider_is_called(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The provider looks, from its own connection, at every backend of the test database."""
+    open_tx = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+    )
+    seen: list[int] = []
+
+    async def provider() -> str:
+        seen.append(await admin_conn.fetchval(open_tx))
+        return "ref-1"
+
+    async def handler(job: Job) -> None:
+        res = await job.reserve("charge-1", "charge", {"amount": 5})
+        assert res.fresh
+        ref = await provider()
+        await job.complete(res.operation, result={"ref": ref}, provider_reference=ref)
+
+    # Control: the check does see a transaction left open on another connection.
+    other = await db.connect("agentdb_test_runtime")
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await other.execute("SELECT 1")
+        assert await admin_conn.fetchval(open_tx) == 1
+        await tx.rollback()
+    finally:
+        await other.close()
+
+    task = await tasks.create(pool, tenants.a, "t")
+    worker = Worker(pool, {"t": handler}, poll_interval=0.05)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "succeeded"))
+    assert seen == [0]
+
+
+async def test_G4_a_key_held_by_another_tasks_unsettled_operation_is_in_flight_not_recovered(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Recovery is for this task's own crashed attempts; another task's operation is left alone."""
+    hook_calls: list[uuid.UUID] = []
+
+    async def lookup(op: Operation) -> Reconciled | None:
+        hook_calls.append(op.id)
+        return None
+
+    other = await tasks.create(pool, tenants.a, "other")
+    theirs = await operations.reserve(pool, tenants.a, other.id, "shared-key", "charge", {"n": 1})
+    await tasks.create(pool, tenants.a, "t")
+    [claimed] = await leases.claim(pool, "w", task_types=["t"])
+    job = Job(pool, claimed, reconcilers={"charge": lookup})
+    before = await admin_conn.fetchrow(
+        "SELECT * FROM agent_operations WHERE id = $1", theirs.operation.id
+    )
+    with pytest.raises(OperationInFlight) as busy:
+        await job.reserve("shared-key", "charge", {"n": 1})
+    assert busy.value.operation.id == theirs.operation.id
+    assert hook_calls == []
+    after = await admin_conn.fetchrow(
+        "SELECT * FROM agent_operations WHERE id = $1", theirs.operation.id
+    )
+    assert after == before
+
+
+async def test_G13_an_attempt_that_stops_marks_its_unsettled_reservations_unknown(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The provider may have been called before the handler raised: the retry must see
+    'unknown' and reconcile, never find a plain 'reserved' it could take for untouched."""
+
+    async def handler(job: Job) -> None:
+        await job.reserve("charge-1", "charge", {"amount": 5})
+        raise TimeoutError("the provider did not answer")
+
+    task = await tasks.create(pool, tenants.a, "t")
+    worker = Worker(pool, {"t": handler}, poll_interval=0.05, retry_base=60)
+    async with running(worker):
+        await _until(lambda: _retried(worker))
+    assert await admin_conn.fetchval("SELECT state FROM agent_operations") == "unknown"
+    assert (await tasks.get(pool, tenants.a, task.id)).state == "pending"
 
 
 async def test_retries_with_backoff_then_dead(pool: asyncpg.Pool, tenants: Tenants) -> None:
@@ -283,9 +436,15 @@ async def test_unknown_task_type_is_reported_and_left_pending(
     db: Database, tenants: Tenants, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     stray = await tasks.create(pool, tenants.a, "nobody_handles_me")
-    proc = _spawn(db, "worker", "tests.fixture_handlers:HANDLERS", "--poll-interval", "0.1")
+    marker = tmp_path / "started"
+    slow = await tasks.create(pool, tenants.a, "slow")
+    proc = _spawn(
+        db, "worker", "tests.fixture_handlers:HANDLERS", "--poll-interval", "0.1", marker=marker
+    )
     try:
-        await asyncio.sleep(1.5)
+        # The worker reports unhandled types before its first claim; the handled task
+        # starting shows that moment has passed.
+        await _until(lambda: _exists(marker))
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -295,6 +454,7 @@ async def test_unknown_task_type_is_reported_and_left_pending(
     assert "1 due task(s) of type 'nobody_handles_me' have no handler in this worker" in err
     assert "Traceback" not in err
     assert (await tasks.get(pool, tenants.a, stray.id)).state == "pending"  # nothing lost
+    assert (await tasks.get(pool, tenants.a, slow.id)).state == "pending"  # released
 
 
 async def test_G4_a_handler_reusing_a_key_for_other_input_fails_the_task_at_once(

@@ -4,6 +4,88 @@
 -- caller holds the task's lease, that the lease is still theirs (G12): the
 -- task row is locked FOR SHARE so a concurrent take-over waits or wins.
 
+-- name: operation_complete_many :many
+-- operation_settle to 'succeeded' for many operations in one statement (one
+-- commit): each element moves only if the operation is still unsettled
+-- (reserved, in_flight or unknown) at its expected state_version and, when
+-- the element names a lease, that lease on the operation's task is current
+-- (the task row is locked FOR SHARE). Writes one event per operation
+-- settled. Returns one row per settled element, tagged with its 1-based
+-- position in the input (ord); an element with no row was refused and
+-- nothing was written for it - the caller reads the row again to say why.
+-- guarantee: G7, G12, G13, G8
+-- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 provider_references text[], $5 results jsonb[], $6 lease_owners text[], $7 lease_tokens int8[], $8 actor_id text
+WITH input AS (
+    SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.provider_reference, i.result,
+           i.lease_owner, i.lease_token
+    FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[],
+                $7::int8[])
+         WITH ORDINALITY AS i (tenant_id, id, expected_version, provider_reference, result,
+                               lease_owner, lease_token, ord)
+), upd AS (
+    UPDATE agent_operations o
+    SET state = 'succeeded',
+        state_version = o.state_version + 1,
+        provider_reference = coalesce(i.provider_reference, o.provider_reference),
+        result = coalesce(i.result, o.result),
+        error = NULL,
+        updated_at = now()
+    FROM input i
+    WHERE o.tenant_id = i.tenant_id AND o.id = i.id AND o.state_version = i.expected_version
+      AND o.state IN ('reserved', 'in_flight', 'unknown')
+      AND (i.lease_owner IS NULL OR EXISTS (
+          SELECT 1 FROM agent_tasks t
+          WHERE t.tenant_id = o.tenant_id AND t.id = o.task_id AND t.state = 'running'
+            AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
+          FOR SHARE))
+    RETURNING i.ord, i.lease_owner AS settled_by, o.id, o.tenant_id, o.task_id,
+              o.idempotency_key, o.action, o.input_hash, o.state, o.state_version,
+              o.provider_reference, o.result, o.error, o.attempts, o.trace_id, o.span_id,
+              o.created_at, o.updated_at
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, operation_id, event_type, actor_id,
+                              policy_version, to_state, operation_state_version, payload,
+                              trace_id, span_id)
+    SELECT u.tenant_id, u.task_id, u.id, 'operation.succeeded',
+           coalesce($8, u.settled_by, 'agentdb'), t.workflow_version, u.state,
+           u.state_version,
+           jsonb_strip_nulls(jsonb_build_object('provider_reference', u.provider_reference,
+                                                'attempts', u.attempts)),
+           u.trace_id, u.span_id
+    FROM upd u JOIN agent_tasks t ON t.tenant_id = u.tenant_id AND t.id = u.task_id
+)
+SELECT ord, id, tenant_id, task_id, idempotency_key, action, input_hash, state,
+       state_version, provider_reference, result, error, attempts, trace_id, span_id,
+       created_at, updated_at
+FROM upd
+ORDER BY ord;
+
+-- name: operation_get :one
+-- Read one operation of one tenant.
+-- guarantee: G2
+-- zero rows: no such operation in this tenant.
+-- params: $1 tenant_id uuid, $2 id uuid
+SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, state, state_version,
+       provider_reference, result, error, attempts, trace_id, span_id, created_at, updated_at
+FROM agent_operations
+WHERE tenant_id = $1 AND id = $2;
+
+-- name: operation_list_unsettled :many
+-- Operations left reserved, in flight or unknown whose task is not under a
+-- live lease: the work recovery must reconcile, never blindly re-run (G13).
+-- guarantee: G13
+-- params: $1 older_than interval, $2 batch int8
+SELECT o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash, o.state,
+       o.state_version, o.provider_reference, o.result, o.error, o.attempts, o.trace_id,
+       o.span_id, o.created_at, o.updated_at
+FROM agent_operations o
+JOIN agent_tasks t ON t.tenant_id = o.tenant_id AND t.id = o.task_id
+WHERE o.state IN ('reserved', 'in_flight', 'unknown')
+  AND o.updated_at <= now() - $1::interval
+  AND NOT (t.state = 'running' AND t.lease_expires_at > now())
+ORDER BY o.updated_at
+LIMIT $2;
+
 -- name: operation_reserve :one
 -- Reserve (tenant, idempotency key) for this input hash and write the event,
 -- or return the row that already holds the key (created = false). The caller
@@ -46,74 +128,6 @@ SELECT false, o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input
 FROM agent_operations o, fence
 WHERE fence.ok AND o.tenant_id = $1 AND o.idempotency_key = $4
   AND NOT EXISTS (SELECT 1 FROM ins);
-
--- name: operation_get :one
--- Read one operation of one tenant.
--- guarantee: G2
--- zero rows: no such operation in this tenant.
--- params: $1 tenant_id uuid, $2 id uuid
-SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, state, state_version,
-       provider_reference, result, error, attempts, trace_id, span_id, created_at, updated_at
-FROM agent_operations
-WHERE tenant_id = $1 AND id = $2;
-
--- name: operation_settle :one
--- Record what happened to an operation: move it from one of the states in
--- $4 to $5 (succeeded, failed, unknown, in_flight, or reserved for a retry of
--- a failed one), with provider reference, result and error, if it is still
--- at the expected state_version and the caller's lease (if any) is current.
--- Writes the event. A retry (reserved) counts an attempt.
--- guarantee: G7, G12, G13, G8
--- zero rows: the operation is gone, in another state, at another version, or the caller's lease was taken over; reload before deciding anything.
--- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 from_states text[], $5 to_state text, $6 provider_reference text, $7 result jsonb, $8 error text, $9 actor_id text, $10 lease_owner text, $11 lease_token int8, $12 event_type text
-WITH upd AS (
-    UPDATE agent_operations o
-    SET state = $5,
-        state_version = o.state_version + 1,
-        provider_reference = coalesce($6, o.provider_reference),
-        result = coalesce($7, o.result),
-        error = CASE WHEN $5 = 'succeeded' THEN NULL ELSE coalesce($8, o.error) END,
-        attempts = CASE WHEN $5 = 'reserved' THEN o.attempts + 1 ELSE o.attempts END,
-        updated_at = now()
-    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)
-      AND ($10::text IS NULL OR EXISTS (
-          SELECT 1 FROM agent_tasks t
-          WHERE t.tenant_id = o.tenant_id AND t.id = o.task_id AND t.state = 'running'
-            AND t.lease_owner = $10 AND t.lease_token = $11
-          FOR SHARE))
-    RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash,
-              o.state, o.state_version, o.provider_reference, o.result, o.error, o.attempts,
-              o.trace_id, o.span_id, o.created_at, o.updated_at
-), ev AS (
-    INSERT INTO agent_events (tenant_id, task_id, operation_id, event_type, actor_id,
-                              policy_version, to_state, operation_state_version, payload,
-                              trace_id, span_id)
-    SELECT u.tenant_id, u.task_id, u.id, $12, $9, t.workflow_version, u.state,
-           u.state_version,
-           jsonb_strip_nulls(jsonb_build_object('provider_reference', u.provider_reference,
-                                                'attempts', u.attempts)),
-           u.trace_id, u.span_id
-    FROM upd u JOIN agent_tasks t ON t.tenant_id = u.tenant_id AND t.id = u.task_id
-)
-SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, state, state_version,
-       provider_reference, result, error, attempts, trace_id, span_id, created_at, updated_at
-FROM upd;
-
--- name: operation_list_unsettled :many
--- Operations left reserved, in flight or unknown whose task is not under a
--- live lease: the work recovery must reconcile, never blindly re-run (G13).
--- guarantee: G13
--- params: $1 older_than interval, $2 batch int8
-SELECT o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash, o.state,
-       o.state_version, o.provider_reference, o.result, o.error, o.attempts, o.trace_id,
-       o.span_id, o.created_at, o.updated_at
-FROM agent_operations o
-JOIN agent_tasks t ON t.tenant_id = o.tenant_id AND t.id = o.task_id
-WHERE o.state IN ('reserved', 'in_flight', 'unknown')
-  AND o.updated_at <= now() - $1::interval
-  AND NOT (t.state = 'running' AND t.lease_expires_at > now())
-ORDER BY o.updated_at
-LIMIT $2;
 
 -- name: operation_reserve_many :many
 -- operation_reserve for many keys of lease holders in one statement (one
@@ -180,58 +194,44 @@ FROM fence f
 JOIN agent_operations o ON o.tenant_id = f.tenant_id AND o.idempotency_key = f.idempotency_key
 ORDER BY ord;
 
--- name: operation_complete_many :many
--- operation_settle to 'succeeded' for many operations in one statement (one
--- commit): each element moves only if the operation is still unsettled
--- (reserved, in_flight or unknown) at its expected state_version and, when
--- the element names a lease, that lease on the operation's task is current
--- (the task row is locked FOR SHARE). Writes one event per operation
--- settled. Returns one row per settled element, tagged with its 1-based
--- position in the input (ord); an element with no row was refused and
--- nothing was written for it - the caller reads the row again to say why.
+-- name: operation_settle :one
+-- Record what happened to an operation: move it from one of the states in
+-- $4 to $5 (succeeded, failed, unknown, in_flight, or reserved for a retry of
+-- a failed one), with provider reference, result and error, if it is still
+-- at the expected state_version and the caller's lease (if any) is current.
+-- Writes the event. A retry (reserved) counts an attempt.
 -- guarantee: G7, G12, G13, G8
--- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 provider_references text[], $5 results jsonb[], $6 lease_owners text[], $7 lease_tokens int8[], $8 actor_id text
-WITH input AS (
-    SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.provider_reference, i.result,
-           i.lease_owner, i.lease_token
-    FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::jsonb[], $6::text[],
-                $7::int8[])
-         WITH ORDINALITY AS i (tenant_id, id, expected_version, provider_reference, result,
-                               lease_owner, lease_token, ord)
-), upd AS (
+-- zero rows: the operation is gone, in another state, at another version, or the caller's lease was taken over; reload before deciding anything.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 from_states text[], $5 to_state text, $6 provider_reference text, $7 result jsonb, $8 error text, $9 actor_id text, $10 lease_owner text, $11 lease_token int8, $12 event_type text
+WITH upd AS (
     UPDATE agent_operations o
-    SET state = 'succeeded',
+    SET state = $5,
         state_version = o.state_version + 1,
-        provider_reference = coalesce(i.provider_reference, o.provider_reference),
-        result = coalesce(i.result, o.result),
-        error = NULL,
+        provider_reference = coalesce($6, o.provider_reference),
+        result = coalesce($7, o.result),
+        error = CASE WHEN $5 = 'succeeded' THEN NULL ELSE coalesce($8, o.error) END,
+        attempts = CASE WHEN $5 = 'reserved' THEN o.attempts + 1 ELSE o.attempts END,
         updated_at = now()
-    FROM input i
-    WHERE o.tenant_id = i.tenant_id AND o.id = i.id AND o.state_version = i.expected_version
-      AND o.state IN ('reserved', 'in_flight', 'unknown')
-      AND (i.lease_owner IS NULL OR EXISTS (
+    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)
+      AND ($10::text IS NULL OR EXISTS (
           SELECT 1 FROM agent_tasks t
           WHERE t.tenant_id = o.tenant_id AND t.id = o.task_id AND t.state = 'running'
-            AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
+            AND t.lease_owner = $10 AND t.lease_token = $11
           FOR SHARE))
-    RETURNING i.ord, i.lease_owner AS settled_by, o.id, o.tenant_id, o.task_id,
-              o.idempotency_key, o.action, o.input_hash, o.state, o.state_version,
-              o.provider_reference, o.result, o.error, o.attempts, o.trace_id, o.span_id,
-              o.created_at, o.updated_at
+    RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash,
+              o.state, o.state_version, o.provider_reference, o.result, o.error, o.attempts,
+              o.trace_id, o.span_id, o.created_at, o.updated_at
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, operation_id, event_type, actor_id,
                               policy_version, to_state, operation_state_version, payload,
                               trace_id, span_id)
-    SELECT u.tenant_id, u.task_id, u.id, 'operation.succeeded',
-           coalesce($8, u.settled_by, 'agentdb'), t.workflow_version, u.state,
+    SELECT u.tenant_id, u.task_id, u.id, $12, $9, t.workflow_version, u.state,
            u.state_version,
            jsonb_strip_nulls(jsonb_build_object('provider_reference', u.provider_reference,
                                                 'attempts', u.attempts)),
            u.trace_id, u.span_id
     FROM upd u JOIN agent_tasks t ON t.tenant_id = u.tenant_id AND t.id = u.task_id
 )
-SELECT ord, id, tenant_id, task_id, idempotency_key, action, input_hash, state,
-       state_version, provider_reference, result, error, attempts, trace_id, span_id,
-       created_at, updated_at
-FROM upd
-ORDER BY ord;
+SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, state, state_version,
+       provider_reference, result, error, attempts, trace_id, span_id, created_at, updated_at
+FROM upd;

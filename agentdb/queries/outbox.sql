@@ -1,17 +1,7 @@
--- Outbox (G10) and inbox (G11). Rows are enqueued in the caller's own
--- transaction; the relay claims them under a lease, publishes outside any
--- transaction, then marks them - fenced by the lease token, because a relay
--- that stalled past its visibility timeout may have lost the row to another.
-
--- name: outbox_enqueue :one
--- Add a message in the caller's transaction, so it commits (or not) with the
--- business rows it announces.
--- guarantee: G10
--- zero rows: never (an INSERT without ON CONFLICT returns its row or raises).
--- params: $1 tenant_id uuid, $2 id uuid, $3 task_id uuid, $4 topic text, $5 payload jsonb, $6 max_attempts int4, $7 trace_id text, $8 span_id text
-INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, max_attempts, trace_id, span_id)
-VALUES ($2, $1, $3, $4, $5, $6, $7, $8)
-RETURNING id, created_at;
+-- Outbox (G10). Rows are enqueued in the caller's own transaction; the relay
+-- claims them under a lease, publishes outside any transaction, then marks
+-- them - fenced by the lease token, because a relay that stalled past its
+-- visibility timeout may have lost the row to another.
 
 -- name: outbox_claim :many
 -- Lease up to $2 due pending messages to relay $1 for $3: each gets a new
@@ -33,7 +23,28 @@ SET lease_owner = $1, lease_token = o.lease_token + 1, attempts = o.attempts + 1
 FROM due
 WHERE o.tenant_id = due.tenant_id AND o.id = due.id
 RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
-          o.lease_token, o.trace_id, o.span_id, o.created_at;
+          o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at;
+
+-- name: outbox_enqueue :one
+-- Add a message in the caller's transaction, so it commits (or not) with the
+-- business rows it announces.
+-- guarantee: G10
+-- zero rows: never (an INSERT without ON CONFLICT returns its row or raises).
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_id uuid, $4 topic text, $5 payload jsonb, $6 max_attempts int4, $7 trace_id text, $8 span_id text
+INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, max_attempts, trace_id, span_id)
+VALUES ($2, $1, $3, $4, $5, $6, $7, $8)
+RETURNING id, created_at;
+
+-- name: outbox_get :one
+-- Read one message's delivery state.
+-- guarantee: G10
+-- zero rows: no such message in this tenant.
+-- params: $1 tenant_id uuid, $2 id uuid
+SELECT id, tenant_id, task_id, topic, payload, state, attempts, max_attempts,
+       next_attempt_at, lease_owner, lease_token, delivered_at, last_error, trace_id,
+       span_id, created_at
+FROM agent_outbox
+WHERE tenant_id = $1 AND id = $2;
 
 -- name: outbox_mark_delivered :many
 -- Mark a batch of claimed messages delivered. Each element is fenced by its
@@ -59,25 +70,3 @@ SET state = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' EN
     last_error = $5
 WHERE o.tenant_id = $1 AND o.id = $2 AND o.lease_token = $3 AND o.state = 'pending'
 RETURNING o.state, o.attempts, o.next_attempt_at;
-
--- name: outbox_get :one
--- Read one message's delivery state.
--- guarantee: G10
--- zero rows: no such message in this tenant.
--- params: $1 tenant_id uuid, $2 id uuid
-SELECT id, tenant_id, task_id, topic, payload, state, attempts, max_attempts,
-       next_attempt_at, lease_owner, lease_token, delivered_at, last_error, trace_id,
-       span_id, created_at
-FROM agent_outbox
-WHERE tenant_id = $1 AND id = $2;
-
--- name: inbox_record :execrows
--- Record that consumer $2 processed message $3, in the consumer's own
--- transaction. One row: first delivery, go ahead. Zero rows: a redelivery,
--- already processed - skip the effect.
--- guarantee: G11
--- zero rows: the message was already processed by this consumer.
--- params: $1 tenant_id uuid, $2 consumer text, $3 message_id uuid
-INSERT INTO agent_inbox (tenant_id, consumer, message_id)
-VALUES ($1, $2, $3)
-ON CONFLICT (tenant_id, consumer, message_id) DO NOTHING;

@@ -1,39 +1,26 @@
--- Operator status (agentdb status). Read-only; each statement is served by a
--- partial index, so it stays cheap as finished rows pile up.
-
--- name: status_tenants :many
--- Tenant names for the report.
--- guarantee: G17
--- params: none
-SELECT id, name, state FROM agent_tenants;
-
--- name: status_tasks :many
--- Tasks per tenant and state.
--- guarantee: G6
--- params: none
-SELECT tenant_id, state, count(*) AS n FROM agent_tasks GROUP BY tenant_id, state;
+-- Operator status (agentdb status). Read-only diagnostics: no guarantee rests
+-- on them. status_expired_leases, status_unsettled_operations, status_outbox
+-- and the purge backlog are served by partial indexes; status_tasks,
+-- status_tenants and status_inbox count every row of their table.
 
 -- name: status_expired_leases :many
 -- Running tasks whose lease expired and nobody has reclaimed yet.
--- guarantee: G12
+-- guarantee: none
 -- params: none
 SELECT tenant_id, count(*) AS n
 FROM agent_tasks
 WHERE state = 'running' AND lease_expires_at < now()
 GROUP BY tenant_id;
 
--- name: status_unsettled_operations :many
--- Operations not yet settled, by state ('unknown' needs reconciling).
--- guarantee: G13
+-- name: status_inbox :many
+-- Inbox rows per tenant.
+-- guarantee: none
 -- params: none
-SELECT tenant_id, state, count(*) AS n
-FROM agent_operations
-WHERE state IN ('reserved', 'in_flight', 'unknown')
-GROUP BY tenant_id, state;
+SELECT tenant_id, count(*) AS n FROM agent_inbox GROUP BY tenant_id;
 
 -- name: status_outbox :many
 -- Pending messages and the age of the oldest; dead messages.
--- guarantee: G10
+-- guarantee: none
 -- params: none
 SELECT tenant_id, count(*) AS pending, extract(epoch FROM now() - min(created_at)) AS oldest,
        0::bigint AS dead
@@ -41,15 +28,9 @@ FROM agent_outbox WHERE state = 'pending' GROUP BY tenant_id
 UNION ALL
 SELECT tenant_id, 0, NULL, count(*) FROM agent_outbox WHERE state = 'dead' GROUP BY tenant_id;
 
--- name: status_inbox :many
--- Inbox rows per tenant.
--- guarantee: G11
--- params: none
-SELECT tenant_id, count(*) AS n FROM agent_inbox GROUP BY tenant_id;
-
 -- name: status_purge_backlog :one
 -- What `agentdb purge` would remove now, per retention class.
--- guarantee: G9
+-- guarantee: none
 -- zero rows: never (an aggregate without GROUP BY returns one row).
 -- params: $1 outbox_delivered interval, $2 inbox interval
 SELECT
@@ -59,3 +40,24 @@ SELECT
     (SELECT count(*) FROM agent_outbox WHERE state = 'delivered' AND delivered_at <= now() - $1::interval)
         AS outbox_delivered,
     (SELECT count(*) FROM agent_inbox WHERE processed_at <= now() - $2::interval) AS inbox;
+
+-- name: status_tasks :many
+-- Tasks per tenant and state.
+-- guarantee: none
+-- params: none
+SELECT tenant_id, state, count(*) AS n FROM agent_tasks GROUP BY tenant_id, state;
+
+-- name: status_tenants :many
+-- Tenant names for the report.
+-- guarantee: none
+-- params: none
+SELECT id, name, state FROM agent_tenants;
+
+-- name: status_unsettled_operations :many
+-- Operations not yet settled, by state ('unknown' needs reconciling).
+-- guarantee: none
+-- params: none
+SELECT tenant_id, state, count(*) AS n
+FROM agent_operations
+WHERE state IN ('reserved', 'in_flight', 'unknown')
+GROUP BY tenant_id, state;

@@ -2,11 +2,22 @@
 -- fenced by the lease when a holder makes it (G12), and writes its event in
 -- the same statement (G8).
 
+-- name: task_count_unhandled :many
+-- Due tasks of types outside $1: a worker with only these handlers never
+-- claims them, so it says so instead of letting them wait in silence.
+-- guarantee: none
+-- params: $1 task_types text[]
+SELECT task_type, count(*) AS n
+FROM agent_tasks
+WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND task_type <> ALL ($1)
+GROUP BY task_type
+ORDER BY task_type;
+
 -- name: task_create :one
 -- Insert a task and its creation event. A retried request with the same
 -- dedupe key inserts nothing and returns the existing task (created = false);
 -- the caller compares input_hash and refuses a different request (G4).
--- guarantee: G3
+-- guarantee: G3, G4
 -- zero rows: a concurrent request committed the same dedupe key after this statement's snapshot was taken; run it again.
 -- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 actor_id text
 WITH ins AS (
@@ -41,6 +52,60 @@ SELECT false, t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.sta
        t.updated_at
 FROM agent_tasks t
 WHERE t.tenant_id = $1 AND t.dedupe_key = $7 AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: task_finish_many :many
+-- Finish many claimed tasks in one statement (one commit): each element
+-- moves running -> $6 (succeeded, failed, cancelled or dead) only if it is
+-- still at its expected state_version and still under the caller's lease
+-- (owner + token), drops the lease, and writes its event and its outbox
+-- messages ($11 names the 1-based input element each message belongs to).
+-- Returns one row per element that was finished, tagged with its 1-based
+-- position in the input (ord); an element with no row was refused and
+-- nothing was written for it - not the state, not the event, not its
+-- messages. The caller reads such rows again to say why.
+-- guarantee: G7, G12, G8, G10
+-- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 lease_owners text[], $5 lease_tokens int8[], $6 to_state text, $7 last_error text, $8 event_type text, $9 actor_id text, $10 payload jsonb, $11 outbox_ords int8[], $12 outbox_ids uuid[], $13 outbox_topics text[], $14 outbox_payloads jsonb[]
+WITH input AS (
+    SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.lease_owner, i.lease_token
+    FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::int8[])
+         WITH ORDINALITY AS i (tenant_id, id, expected_version, lease_owner, lease_token, ord)
+), upd AS (
+    UPDATE agent_tasks t
+    SET state = $6,
+        state_version = t.state_version + 1,
+        last_error = coalesce($7, t.last_error),
+        lease_owner = NULL,
+        lease_acquired_at = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM input i
+    WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state = 'running'
+      AND t.state_version = i.expected_version
+      AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
+    RETURNING i.ord, i.lease_owner AS released_by, t.id, t.tenant_id, t.task_type,
+              t.workflow_version, t.state, t.state_version, t.current_step, t.wake_at,
+              t.dedupe_key, t.input_hash, t.params, t.attempts, t.max_attempts, t.last_error,
+              t.lease_ttl, t.lease_owner, t.lease_token, t.lease_acquired_at,
+              t.lease_expires_at, t.trace_id, t.span_id, t.created_at, t.updated_at
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                              from_state, to_state, task_state_version, payload, trace_id,
+                              span_id)
+    SELECT tenant_id, id, $8, coalesce($9, released_by), workflow_version, 'running', state,
+           state_version, coalesce($10, '{}'::jsonb), trace_id, span_id
+    FROM upd
+), ob AS (
+    INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
+    SELECT m.id, u.tenant_id, u.id, m.topic, m.payload, u.trace_id, u.span_id
+    FROM unnest($11::int8[], $12::uuid[], $13::text[], $14::jsonb[]) AS m (ord, id, topic, payload)
+    JOIN upd u ON u.ord = m.ord
+)
+SELECT ord, id, tenant_id, task_type, workflow_version, state, state_version, current_step,
+       wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       trace_id, span_id, created_at, updated_at
+FROM upd
+ORDER BY ord;
 
 -- name: task_get :one
 -- Read one task of one tenant.
@@ -105,164 +170,3 @@ SELECT id, tenant_id, task_type, workflow_version, state, state_version, current
        lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
        trace_id, span_id, created_at, updated_at
 FROM upd;
-
--- name: task_claim :many
--- Lease up to $2 due tasks to worker $1: pending/waiting tasks whose wake_at
--- has passed, and running tasks whose lease expired (recovery). Each claim
--- takes a new lease token, counts an attempt and writes its event. SKIP
--- LOCKED lets concurrent workers claim disjoint rows. Tasks that used up
--- their attempts are left to task_bury_exhausted. On Citus replace this
--- statement by a per-tenant claim (row locks need a single-shard filter).
--- guarantee: G12, G7, G8
--- params: $1 lease_owner text, $2 batch int8, $3 lease_ttl interval, $4 task_types text[]
-WITH due AS (
-    SELECT tenant_id, id, state AS from_state
-    FROM agent_tasks
-    WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND attempts < max_attempts
-      AND ($4::text[] IS NULL OR task_type = ANY ($4))
-    ORDER BY wake_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT tenant_id, id, state AS from_state
-    FROM agent_tasks
-    WHERE state = 'running' AND lease_expires_at <= now() AND attempts < max_attempts
-      AND ($4::text[] IS NULL OR task_type = ANY ($4))
-    ORDER BY lease_expires_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT tenant_id, id, from_state FROM expired
-    UNION ALL
-    SELECT tenant_id, id, from_state FROM due
-    LIMIT $2
-), claimed AS (
-    UPDATE agent_tasks t
-    SET state = 'running',
-        state_version = t.state_version + 1,
-        lease_owner = $1,
-        lease_token = t.lease_token + 1,
-        lease_acquired_at = now(),
-        lease_expires_at = now() + coalesce($3, t.lease_ttl),
-        attempts = t.attempts + 1,
-        updated_at = now()
-    FROM picked p
-    WHERE t.tenant_id = p.tenant_id AND t.id = p.id
-    RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
-              t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
-              t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
-              t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
-              t.updated_at, p.from_state
-), ev AS (
-    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
-                              from_state, to_state, task_state_version, payload, trace_id,
-                              span_id)
-    SELECT tenant_id, id,
-           CASE WHEN from_state = 'running' THEN 'task.reclaimed' ELSE 'task.claimed' END,
-           lease_owner, workflow_version, from_state, state, state_version,
-           jsonb_build_object('lease_token', lease_token, 'attempt', attempts),
-           trace_id, span_id
-    FROM claimed
-)
-SELECT id, tenant_id, task_type, workflow_version, state, state_version, current_step,
-       wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
-       trace_id, span_id, created_at, updated_at
-FROM claimed;
-
--- name: task_bury_exhausted :many
--- Move tasks that used up their attempts and are not held by a live lease to
--- 'dead', with their event. Running tasks qualify only once their lease
--- expired, so a worker still inside its last attempt is never buried.
--- guarantee: G6, G8
--- params: $1 actor_id text, $2 batch int8
-WITH victims AS (
-    SELECT tenant_id, id, state AS from_state
-    FROM agent_tasks
-    WHERE attempts >= max_attempts
-      AND ((state = 'running' AND lease_expires_at <= now())
-           OR (state IN ('pending', 'waiting') AND wake_at <= now()))
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), buried AS (
-    UPDATE agent_tasks t
-    SET state = 'dead', state_version = t.state_version + 1, lease_owner = NULL,
-        lease_acquired_at = NULL, lease_expires_at = NULL, updated_at = now()
-    FROM victims v
-    WHERE t.tenant_id = v.tenant_id AND t.id = v.id
-    RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.attempts,
-              t.trace_id, t.span_id, v.from_state
-), ev AS (
-    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
-                              from_state, to_state, task_state_version, payload, trace_id,
-                              span_id)
-    SELECT tenant_id, id, 'task.dead', $1, workflow_version, from_state, state,
-           state_version, jsonb_build_object('attempts', attempts), trace_id, span_id
-    FROM buried
-)
-SELECT tenant_id, id FROM buried;
-
--- name: task_count_unhandled :many
--- Due tasks of types outside $1: a worker with only these handlers never
--- claims them, so it says so instead of letting them wait in silence.
--- guarantee: G1
--- params: $1 task_types text[]
-SELECT task_type, count(*) AS n
-FROM agent_tasks
-WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND task_type <> ALL ($1)
-GROUP BY task_type
-ORDER BY task_type;
-
--- name: task_complete_many :many
--- Finish many claimed tasks in one statement (one commit): each element
--- moves running -> $6 (succeeded, failed, cancelled or dead) only if it is
--- still at its expected state_version and still under the caller's lease
--- (owner + token), drops the lease, and writes its event and its outbox
--- messages ($11 names the 1-based input element each message belongs to).
--- Returns one row per element that was finished, tagged with its 1-based
--- position in the input (ord); an element with no row was refused and
--- nothing was written for it - not the state, not the event, not its
--- messages. The caller reads such rows again to say why.
--- guarantee: G7, G12, G8, G10
--- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 lease_owners text[], $5 lease_tokens int8[], $6 to_state text, $7 last_error text, $8 event_type text, $9 actor_id text, $10 payload jsonb, $11 outbox_ords int8[], $12 outbox_ids uuid[], $13 outbox_topics text[], $14 outbox_payloads jsonb[]
-WITH input AS (
-    SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.lease_owner, i.lease_token
-    FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::int8[])
-         WITH ORDINALITY AS i (tenant_id, id, expected_version, lease_owner, lease_token, ord)
-), upd AS (
-    UPDATE agent_tasks t
-    SET state = $6,
-        state_version = t.state_version + 1,
-        last_error = coalesce($7, t.last_error),
-        lease_owner = NULL,
-        lease_acquired_at = NULL,
-        lease_expires_at = NULL,
-        updated_at = now()
-    FROM input i
-    WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state = 'running'
-      AND t.state_version = i.expected_version
-      AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
-    RETURNING i.ord, i.lease_owner AS released_by, t.id, t.tenant_id, t.task_type,
-              t.workflow_version, t.state, t.state_version, t.current_step, t.wake_at,
-              t.dedupe_key, t.input_hash, t.params, t.attempts, t.max_attempts, t.last_error,
-              t.lease_ttl, t.lease_owner, t.lease_token, t.lease_acquired_at,
-              t.lease_expires_at, t.trace_id, t.span_id, t.created_at, t.updated_at
-), ev AS (
-    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
-                              from_state, to_state, task_state_version, payload, trace_id,
-                              span_id)
-    SELECT tenant_id, id, $8, coalesce($9, released_by), workflow_version, 'running', state,
-           state_version, coalesce($10, '{}'::jsonb), trace_id, span_id
-    FROM upd
-), ob AS (
-    INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
-    SELECT m.id, u.tenant_id, u.id, m.topic, m.payload, u.trace_id, u.span_id
-    FROM unnest($11::int8[], $12::uuid[], $13::text[], $14::jsonb[]) AS m (ord, id, topic, payload)
-    JOIN upd u ON u.ord = m.ord
-)
-SELECT ord, id, tenant_id, task_type, workflow_version, state, state_version, current_step,
-       wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
-       trace_id, span_id, created_at, updated_at
-FROM upd
-ORDER BY ord;

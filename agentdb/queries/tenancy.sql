@@ -1,13 +1,5 @@
--- Tenant scope for row-level security (G15).
-
--- name: tenant_scope_set :one
--- Scope the current transaction to one tenant for the agentdb_agent role's
--- row-level security. is_local = true: the setting ends with the
--- transaction and never leaks to the next user of a pooled connection.
--- guarantee: G15
--- zero rows: never (SELECT without FROM returns one row).
--- params: $1 tenant_id text
-SELECT set_config('agentdb.tenant_id', $1, true);
+-- Tenants: registration, per-transaction scope for row-level security (G15)
+-- and the deletion policy (G17).
 
 -- name: tenant_create :one
 -- Register a tenant. Every tenant-owned row references one (G2).
@@ -27,26 +19,11 @@ RETURNING id;
 SELECT step, object, action, affected, retained_until, refs
 FROM agentdb_delete_tenant($1, $2, $3);
 
--- name: semconv_pin :many
--- Append a GenAI semantic-conventions pin unless it is already the latest.
--- One row: pinned now. No row: it already was.
--- guarantee: G16
--- params: $1 version text
-INSERT INTO agent_semconv_pins (version)
-SELECT $1
-WHERE $1 IS DISTINCT FROM (SELECT version FROM agent_semconv_pins ORDER BY since DESC LIMIT 1)
-RETURNING since;
-
--- name: semconv_latest :many
--- The latest GenAI semantic-conventions pin (no row: never pinned).
--- guarantee: G16
--- params: none
-SELECT version, since FROM agent_semconv_pins ORDER BY since DESC LIMIT 1;
-
--- name: purge_step :one
--- Remove at most $2 rows of retention class $1 in one short statement (see
--- agentdb_purge in sql/0010.retention.sql); returns how many.
--- guarantee: G9
--- zero rows: never (a function call returns one row).
--- params: $1 kind text, $2 batch int4, $3 older_than interval
-SELECT agentdb_purge($1, $2, $3) AS removed;
+-- name: tenant_scope_set :one
+-- Scope the current transaction to one tenant for the agentdb_agent role's
+-- row-level security. is_local = true: the setting ends with the
+-- transaction and never leaks to the next user of a pooled connection.
+-- guarantee: G15
+-- zero rows: never (SELECT without FROM returns one row).
+-- params: $1 tenant_id text
+SELECT set_config('agentdb.tenant_id', $1, true);

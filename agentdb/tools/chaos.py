@@ -4,10 +4,12 @@ The matrix arms one fault point at a time (see :mod:`agentdb._faults`): the
 worker or relay process SIGKILLs itself at that exact step boundary, the
 supervisor starts a replacement, and the run goes on until every task is
 terminal and the outbox is drained. Then, from the database: no duplicate
-provider effects, no lost outbox message, no stuck task. The soak arms every
-point at a low rate and adds SIGKILLs from outside at random moments.
+provider effects, no repeat request the provider answered from its key
+without agentdb's ledger justifying it (see :mod:`agentdb.tools.demo.workload`),
+no lost outbox message, no stuck task. The soak arms every point at a low
+rate and adds SIGKILLs from outside at random moments.
 
-    python -m agentdb.chaos [--dsn URL] [--soak-kills 1000] [--quick]
+    python -m agentdb.tools.chaos [--dsn URL] [--soak-kills 1000] [--quick]
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import time
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO
 
 from agentdb._faults import POINTS
-from agentdb.demo import Result, Workload, run_workload, with_database
+from agentdb.tools.demo.fleet import Workload
+from agentdb.tools.demo.workload import Result, run_workload, with_database
 
 __all__ = ["main"]
 
@@ -62,6 +65,16 @@ def _scenarios(quick: bool, soak_kills: int, seed: int) -> list[tuple[str, Workl
     return runs
 
 
+# Columns of the table, in _row's order.
+_HEADER = ["scenario", "tasks", "kills", "dup effects", "replays", "unjustified", "lost msgs",
+           "stuck", "reconciled", "redelivered", "time", ""]  # fmt: skip
+
+
+def _total(rows: list[list[str]], column: str) -> int:
+    i = _HEADER.index(column)
+    return sum(int(row[i]) for row in rows)
+
+
 def _row(name: str, w: Workload, r: Result) -> list[str]:
     c = r.counts
     return [
@@ -69,6 +82,8 @@ def _row(name: str, w: Workload, r: Result) -> list[str]:
         f"{r.tasks_by_state.get('succeeded', 0)}/{w.tasks}",
         str(r.kills),
         str(c["duplicates"]),
+        str(c["replayed"]),
+        str(c["unjustified_replays"]),
         str(c["lost"]),
         str(r.stuck),
         str(c["reconciled"]),
@@ -78,9 +93,7 @@ def _row(name: str, w: Workload, r: Result) -> list[str]:
     ]
 
 
-def _run_all(dsn: str, log: Any, log_path: Path, args: argparse.Namespace) -> int:
-    header = ["scenario", "tasks", "kills", "dup effects", "lost msgs", "stuck", "reconciled",
-              "redelivered", "time", ""]  # fmt: skip
+def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace) -> int:
     rows: list[list[str]] = []
     failures = 0
     kills = 0
@@ -97,21 +110,21 @@ def _run_all(dsn: str, log: Any, log_path: Path, args: argparse.Namespace) -> in
             rows.append(_row(name if runs == 1 else f"{name} #{runs}", w, r))
             failures += 0 if (r.ok and r.kills > 0) else 1
             total = r
-            soak_kills = sum(int(row[2]) for row in rows if row[0].startswith(name))
+            soak_kills = _total([row for row in rows if row[0].startswith(name)], "kills")
             if soak_kills >= min_kills or not r.ok or time.monotonic() - started > args.budget:
                 break
         assert total is not None
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(_HEADER)]
     print()
-    print("  ".join(h.ljust(widths[i]) for i, h in enumerate(header)))
+    print("  ".join(h.ljust(widths[i]) for i, h in enumerate(_HEADER)))
     for row in rows:
         print("  ".join(v.ljust(widths[i]) for i, v in enumerate(row)))
-    dup = sum(int(row[3]) for row in rows)
-    lost = sum(int(row[4]) for row in rows)
-    stuck = sum(int(row[5]) for row in rows)
     print(
-        f"\nchaos: {len(rows)} runs, {kills} SIGKILLs survived, {dup} duplicate effects, "
-        f"{lost} lost messages, {stuck} tasks stuck, {time.monotonic() - started:.0f}s"
+        f"\nchaos: {len(rows)} runs, {kills} SIGKILLs survived, "
+        f"{_total(rows, 'dup effects')} duplicate effects, "
+        f"{_total(rows, 'unjustified')} unjustified replays (of {_total(rows, 'replays')}), "
+        f"{_total(rows, 'lost msgs')} lost messages, {_total(rows, 'stuck')} tasks stuck, "
+        f"{time.monotonic() - started:.0f}s"
     )
     if failures:
         print(f"FAILED: {failures} run(s) broke an invariant or killed nothing; logs: {log_path}")
@@ -121,7 +134,7 @@ def _run_all(dsn: str, log: Any, log_path: Path, args: argparse.Namespace) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentdb.chaos", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m agentdb.tools.chaos", description=__doc__)
     parser.add_argument("--dsn", help="run against this Postgres (default: an embedded one)")
     parser.add_argument("--soak-kills", type=int, default=1000, help="SIGKILLs the soak must reach")
     parser.add_argument("--quick", action="store_true", help="small runs (a smoke test)")

@@ -8,12 +8,15 @@ from typing import Any
 
 from agentdb.errors import ConfigurationError, PayloadTooLarge
 
-__all__ = ["EVENT_PAYLOAD_CAP", "OBJECT_CAP", "document"]
+__all__ = ["EVENT_PAYLOAD_CAP", "OBJECT_CAP", "TEXT_CAP", "document"]
 
 #: agent_events_payload_size (G9).
 EVENT_PAYLOAD_CAP = 8192
 #: agent_tasks_params_valid, agent_operations_result_valid, agent_outbox_payload_size.
 OBJECT_CAP = 65536
+#: Error texts: agent_tasks_last_error_valid, agent_operations_error_valid,
+#: agent_outbox_last_error_valid (length in characters).
+TEXT_CAP = 4000
 
 
 def document(value: Mapping[str, Any] | None, *, cap: int, what: str) -> str | None:

@@ -1,42 +1,34 @@
-"""How the worker and the relay wait: a LISTEN hint, polling always, stopping on signals."""
+"""What the worker and the relay share: backoff, waiting for work, stopping, naming themselves."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import os
 import random
 import signal
+import socket
+import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 
-import asyncpg
+from agentdb._db.listen import listen
 
-log = logging.getLogger("agentdb.listen")
+__all__ = ["backoff", "nap", "owner_id", "wakeups"]
 
 
-async def listen(
-    dsn: str | None, channel: str, wake: asyncio.Event, poll_interval: float
-) -> asyncpg.Connection | None:
-    """Open a dedicated connection that sets ``wake`` on each NOTIFY to ``channel``.
+def backoff(
+    attempt: int, *, base: float = 1.0, cap: float = 300.0, jitter: float = 0.2
+) -> timedelta:
+    """Exponential backoff for ``attempt`` (1-based) with +/- ``jitter`` spread, at most ``cap``."""
+    delay = min(cap, base * 2 ** max(0, attempt - 1))
+    return timedelta(seconds=delay * random.uniform(1 - jitter, 1 + jitter))
 
-    Returns ``None`` (and logs one line) when there is no DSN or LISTEN is
-    unavailable: the caller's polling then carries on alone.
-    """
-    if dsn is None:
-        return None
-    try:
-        conn: asyncpg.Connection = await asyncpg.connect(dsn, timeout=10)
-        await conn.add_listener(channel, lambda *_: wake.set())
-    except Exception as exc:
-        log.warning(
-            "LISTEN %s unavailable (%s: %s); polling every %.1fs",
-            channel,
-            type(exc).__name__,
-            exc,
-            poll_interval,
-        )
-        return None
-    return conn
+
+def owner_id(prefix: str = "") -> str:
+    """A lease owner name unique to this process: ``[prefix:]host:pid:random``."""
+    base = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    return f"{prefix}:{base}" if prefix else base
 
 
 @contextlib.asynccontextmanager
@@ -66,7 +58,10 @@ async def wakeups(
 
 
 async def nap(wake: asyncio.Event, poll_interval: float) -> None:
-    """Wait for a wake-up or one poll interval (jittered so processes drift apart)."""
-    wake.clear()
+    """Wait for a wake-up or one poll interval (jittered so processes drift apart).
+
+    The caller clears ``wake`` *before* it looks for work, not here: a NOTIFY
+    that arrives while it looks then cuts this nap short instead of being lost.
+    """
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(wake.wait(), poll_interval * random.uniform(0.8, 1.2))

@@ -8,12 +8,16 @@ Each statement starts with a header, sqlc-style::
     -- zero rows: what it means when nothing comes back.
     -- params: $1 tenant_id uuid, $2 id uuid
 
-Cardinality is ``:one`` (exactly one row expected; zero is a typed error,
-more is a bug), ``:many`` (any number), ``:execrows`` (no result set; the
-command status gives the row count). The loader refuses at import: a missing
-or unknown tag, a duplicate name, a ``params`` list that does not match the
-highest ``$n`` in the SQL, a ``:one``/``:execrows`` statement without a
-``zero rows`` line. The SQL text is static; nothing is interpolated.
+Cardinality is ``:one`` (at most one row; zero is what the ``zero rows`` line
+says, more is a bug), ``:many`` (any number), ``:execrows`` (no result set;
+the command status gives the row count). ``guarantee`` lists the ids of
+:mod:`agentdb.guarantees` the statement upholds, or ``none`` for a read-only
+diagnostic. The loader refuses at import: a missing or unknown tag, a
+duplicate name, a ``params`` list that does not match the highest ``$n`` in
+the SQL, a ``:one``/``:execrows`` statement without a ``zero rows`` line. The
+SQL text is static; nothing is interpolated. Callers pass parameters by
+their declared names (:meth:`Query.bind`), so a reordered ``$n`` is a loud
+error instead of a silent swap.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import LiteralString
+from typing import Any, LiteralString
 
 __all__ = ["CARDINALITIES", "Param", "Query", "QueryFileError", "load", "parse"]
 
@@ -52,10 +56,35 @@ class Query:
     cardinality: str
     sql: LiteralString
     params: tuple[Param, ...]
-    guarantee: str
+    guarantees: tuple[str, ...]
     zero_rows: str
     doc: str
     source: str
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The parameter names, in ``$n`` order."""
+        return tuple(p.name for p in self.params)
+
+    def bind(self, values: dict[str, Any]) -> tuple[Any, ...]:
+        """Order ``values`` by the declared parameter names, for ``$1``, ``$2``, ...
+
+        Raises:
+            TypeError: a declared parameter is missing or an unknown one is given (a bug
+                in the caller, as with a wrong keyword argument).
+        """
+        try:
+            args = tuple(values[p.name] for p in self.params)
+        except KeyError:
+            args = ()
+        if len(values) != len(args) or len(args) != len(self.params):
+            declared = set(self.names)
+            missing = sorted(declared - values.keys())
+            extra = sorted(values.keys() - declared)
+            raise TypeError(
+                f"{self.name}: missing parameter(s) {missing}, unknown parameter(s) {extra}"
+            )
+        return args
 
 
 def _parse_params(text: str, where: str) -> tuple[Param, ...]:
@@ -96,7 +125,7 @@ def _one(block: list[str], source: str) -> Query:
         raise QueryFileError(f"{where}: no SQL after the header")
     if "params" not in fields:
         raise QueryFileError(f"{where}: missing '-- params:' line (write 'none' if there are none)")
-    if "guarantee" not in fields or not re.fullmatch(r"G\d+(, G\d+)*", fields["guarantee"]):
+    if "guarantee" not in fields or not re.fullmatch(r"none|G\d+(, G\d+)*", fields["guarantee"]):
         raise QueryFileError(f"{where}: missing or malformed '-- guarantee: G<n>' line")
     if tag in (":one", ":execrows") and "zero rows" not in fields:
         raise QueryFileError(f"{where}: {tag} statements must say what zero rows means")
@@ -110,7 +139,7 @@ def _one(block: list[str], source: str) -> Query:
         # Static text from a file shipped with the package, never built from values.
         sql=sql,
         params=params,
-        guarantee=fields["guarantee"],
+        guarantees=() if fields["guarantee"] == "none" else tuple(fields["guarantee"].split(", ")),
         zero_rows=fields.get("zero rows", ""),
         doc=" ".join(doc).strip(),
         source=source,
@@ -130,12 +159,16 @@ def parse(text: str, source: str) -> list[Query]:
     return [_one(block, source) for block in blocks]
 
 
-def load(folder: Path) -> dict[str, Query]:
-    """Load every ``*.sql`` file in ``folder``; names must be unique across files."""
-    queries: dict[str, Query] = {}
+def load(folder: Path) -> dict[str, dict[str, Query]]:
+    """Load every ``*.sql`` file in ``folder``, by file stem; names are unique across files."""
+    files: dict[str, dict[str, Query]] = {}
+    seen: set[str] = set()
     for path in sorted(folder.glob("*.sql")):
+        found: dict[str, Query] = {}
         for q in parse(path.read_text(encoding="utf-8"), path.name):
-            if q.name in queries:
+            if q.name in seen:
                 raise QueryFileError(f"{path.name}: duplicate statement name {q.name}")
-            queries[q.name] = q
-    return queries
+            seen.add(q.name)
+            found[q.name] = q
+        files[path.stem] = found
+    return files

@@ -1,0 +1,207 @@
+"""Run one static statement: bind its parameters by name, check its row count, map its errors.
+
+asyncpg prepares and caches each statement text per connection. The row count
+a header declares is checked here, not by each caller: a ``:one`` statement
+that returns two rows is a bug in the statement and raises, it is never
+silently truncated. Database errors become agentdb's typed errors through
+:func:`agentdb.errors.error_for` (SQLSTATE and constraint name, never the
+message text).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any, NoReturn, TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from agentdb._db.sqlfile import Query
+from agentdb.errors import AgentDBError, TransientError, error_for
+
+__all__ = [
+    "Conn",
+    "Executor",
+    "Pool",
+    "Record",
+    "StatementBug",
+    "by_ord",
+    "connection",
+    "execute_rows",
+    "fetch_many",
+    "fetch_one",
+    "fetch_optional",
+    "parse_status",
+    "transaction",
+    "translate",
+]
+
+Record: TypeAlias = asyncpg.Record
+Pool: TypeAlias = "asyncpg.Pool[Any]"
+Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+#: Anything that can run one statement: a pool (it acquires), or a connection.
+Executor: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+
+_STATUS = re.compile(r"^(?:INSERT \d+|UPDATE|DELETE|SELECT|MERGE|COPY|FETCH|MOVE) (\d+)$")
+
+
+class StatementBug(AgentDBError):
+    """A statement broke its own declared contract (a bug in agentdb, never the caller's).
+
+    For example, a ``:one`` statement returned two rows, or a statement whose
+    header says zero rows never happen returned none.
+    """
+
+
+def parse_status(status: str) -> int:
+    """Return the row count of a command status such as ``INSERT 0 1`` or ``UPDATE 3``.
+
+    Raises:
+        ValueError: the status has no row count (e.g. ``BEGIN``) or an unknown shape.
+    """
+    m = _STATUS.fullmatch(status)
+    if m is None:
+        raise ValueError(f"command status without a row count: {status!r}")
+    return int(m.group(1))
+
+
+def translate(exc: BaseException) -> BaseException:
+    """Map a database or connection error to agentdb's hierarchy.
+
+    Unknown database errors come back unchanged: agentdb never hides what it
+    does not understand.
+    """
+    if isinstance(exc, AgentDBError):
+        return exc
+    if isinstance(exc, asyncpg.InvalidCachedStatementError):
+        return TransientError(
+            "a cached statement was invalidated by a schema change", sqlstate=exc.sqlstate
+        )
+    if isinstance(exc, asyncpg.PostgresError):
+        mapped = error_for(
+            exc.sqlstate or "",
+            getattr(exc, "constraint_name", None),
+            str(getattr(exc, "message", exc)),
+        )
+        return exc if mapped is None else mapped
+    if isinstance(exc, (asyncpg.ConnectionDoesNotExistError, ConnectionError, TimeoutError)):
+        return TransientError(f"lost the database connection: {exc}")
+    return exc
+
+
+def _reraise(exc: BaseException, db: Executor) -> NoReturn:
+    mapped = translate(exc)
+    # asyncpg reports use of a connection it already saw die as a plain
+    # InterfaceError; ask the connection rather than read the message.
+    if (
+        mapped is exc
+        and isinstance(exc, asyncpg.InterfaceError)
+        and not isinstance(db, asyncpg.Pool)
+        and db.is_closed()
+    ):
+        mapped = TransientError(f"lost the database connection: {exc}")
+    if mapped is exc:
+        raise exc
+    raise mapped from exc
+
+
+def _expect(q: Query, cardinality: str) -> None:
+    if q.cardinality != cardinality:
+        raise StatementBug(f"{q.name} is declared {q.cardinality}, not {cardinality}")
+
+
+async def _rows(db: Executor, q: Query, params: dict[str, Any]) -> list[Record]:
+    args = q.bind(params)
+    try:
+        return await db.fetch(q.sql, *args)
+    except Exception as exc:
+        _reraise(exc, db)
+
+
+async def fetch_many(db: Executor, q: Query, /, **params: Any) -> list[Record]:
+    """Run a ``:many`` statement and return its rows.
+
+    Raises:
+        TypeError: a parameter is missing or unknown (see :meth:`Query.bind`).
+        mapped database errors (:func:`translate`).
+    """
+    _expect(q, ":many")
+    return await _rows(db, q, params)
+
+
+async def fetch_optional(db: Executor, q: Query, /, **params: Any) -> Record | None:
+    """Run a ``:one`` statement: its row, or ``None`` when it matched nothing.
+
+    Zero rows means what the statement's ``zero rows`` header says; the caller
+    turns it into the typed error (see :mod:`agentdb._explain`).
+
+    Raises:
+        StatementBug: more than one row came back.
+        mapped database errors (:func:`translate`).
+    """
+    _expect(q, ":one")
+    rows = await _rows(db, q, params)
+    if len(rows) == 1:
+        row: Record = rows[0]
+        return row
+    if rows:
+        raise StatementBug(f"{q.name} is declared :one but returned {len(rows)} rows")
+    return None
+
+
+async def fetch_one(db: Executor, q: Query, /, **params: Any) -> Record:
+    """Run a ``:one`` statement whose header says zero rows never happen.
+
+    Raises:
+        StatementBug: it returned no row, or more than one.
+        mapped database errors (:func:`translate`).
+    """
+    row = await fetch_optional(db, q, **params)
+    if row is None:
+        raise StatementBug(f"{q.name} returned no row ({q.zero_rows})")
+    return row
+
+
+def by_ord(rows: list[Record], q: Query, size: int) -> dict[int, Record]:
+    """The rows of a batch statement by their 1-based ``ord``: at most one per input element.
+
+    Raises:
+        StatementBug: two rows answer one element, or a row answers none.
+    """
+    found: dict[int, Record] = {}
+    for row in rows:
+        n: int = row["ord"]
+        if n in found or not 1 <= n <= size:
+            raise StatementBug(f"{q.name} answered element {n} of {size} twice or out of range")
+        found[n] = row
+    return found
+
+
+async def execute_rows(db: Executor, q: Query, /, **params: Any) -> int:
+    """Run an ``:execrows`` statement and return how many rows it touched."""
+    _expect(q, ":execrows")
+    args = q.bind(params)
+    try:
+        status = await db.execute(q.sql, *args)
+    except Exception as exc:
+        _reraise(exc, db)
+    return parse_status(status)
+
+
+def connection(db: Executor) -> AbstractAsyncContextManager[Conn]:
+    """A connection from ``db``: acquired from a pool (and released), or ``db`` itself."""
+    if isinstance(db, asyncpg.Pool):
+        return db.acquire()
+    return nullcontext(db)
+
+
+@asynccontextmanager
+async def transaction(db: Executor) -> AsyncIterator[Conn]:
+    """A transaction on a connection from ``db``; commits when the block ends, else rolls back.
+
+    On a connection already inside a transaction this is a savepoint.
+    """
+    async with connection(db) as conn, conn.transaction():
+        yield conn

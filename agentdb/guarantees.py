@@ -1,0 +1,454 @@
+"""The guarantees G1-G17, and the catalogue that ties every schema object to one of them.
+
+One registry, read by everything that names a guarantee: the error classes
+(``.guarantee``), the audit's verdicts, the README's tables (generated from
+here, ``make readme``), and the tests that keep the thread true
+(``tests/test_thread.py``): every ``-- Gn`` comment beside a constraint,
+trigger or index in ``sql/`` equals its entry here, every statement header in
+``agentdb/queries`` names a known guarantee, and every attack on an object
+asserts the error class and guarantee its refusal maps to.
+
+Names in :data:`CATALOGUE` are public API: errors map on them. An object
+with one rule has one guarantee. A guard trigger that raises several
+SQLSTATEs has one :class:`Rule` per SQLSTATE, each with its own guarantee
+(the version guard refuses a version skip for G7, an identity change for
+G2, a rebound key for G4 and a recycled lease token for G12).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+__all__ = [
+    "CATALOGUE",
+    "CONSTRAINTS",
+    "GUARANTEES",
+    "RULES",
+    "Entry",
+    "Guarantee",
+    "Rule",
+    "guarantee_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Guarantee:
+    """One guarantee: a stable id, a short title, and the promise in one sentence."""
+
+    id: str
+    title: str
+    statement: str
+    enforced_by: str
+
+
+GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
+    {
+        g.id: g
+        for g in (
+            Guarantee(
+                "G1",
+                "tasks and operations are separate",
+                "Tasks (the workflow) and operations (one effect a task attempts) are separate "
+                "tables; a task may retry one operation or wait between operations.",
+                "tables agent_tasks and agent_operations; edge operation failed -> reserved; "
+                "task state waiting + wake_at",
+            ),
+            Guarantee(
+                "G2",
+                "no row points at another tenant's row",
+                "No row of a tenant-owned child table can point at another tenant's row, and "
+                "a row's tenant and identity never change.",
+                "composite foreign keys (tenant_id, x_id); tenant-leading keys; the version "
+                "guards (AG004)",
+            ),
+            Guarantee(
+                "G3",
+                "one operation per key per tenant",
+                "Two workers cannot create the same logical operation (or the same task of a "
+                "dedupe key) twice.",
+                "UNIQUE (tenant_id, idempotency_key), UNIQUE (tenant_id, dedupe_key)",
+            ),
+            Guarantee(
+                "G4",
+                "a key carries the hash of its request",
+                "Reusing a key with different parameters is refused, never answered with the "
+                "old result; same key and parameters returns the stored result; a key still "
+                "in flight is a distinct, typed answer.",
+                "stored input_hash compared by the runtime; the version guards keep a key "
+                "bound to its request (AG008)",
+            ),
+            Guarantee(
+                "G5",
+                "states and owners are always valid",
+                "State values, ownership, lease and counter columns are always valid.",
+                "NOT NULL and named CHECKs (they hold with triggers switched off)",
+            ),
+            Guarantee(
+                "G6",
+                "lifecycle moves only along allowed edges",
+                "A task's, operation's or message's state only moves along allowed edges.",
+                "agent_transitions + the transition guards (AG001)",
+            ),
+            Guarantee(
+                "G7",
+                "every state write moves a version",
+                "Every state write is conditional on the version the writer read and moves it "
+                "by exactly +1; a stale writer touches nothing and gets a typed error.",
+                "the version guards (AG002); WHERE state_version = $expected in every "
+                "statement; the row-count contract",
+            ),
+            Guarantee(
+                "G8",
+                "state changes are audited, append-only",
+                "Every state change writes its audit event in the same transaction; the event "
+                "table is append-only.",
+                "deferred event triggers (AG006); unique event versions; the append-only "
+                "guard (AG003); no UPDATE/DELETE grants",
+            ),
+            Guarantee(
+                "G9",
+                "payloads bounded, secret-free, retained",
+                "Payloads never carry secrets or unbounded responses; payload retention is "
+                "separate from the audit skeleton.",
+                "size and secret CHECKs; redaction in the write path; retention columns and "
+                "agentdb_purge",
+            ),
+            Guarantee(
+                "G10",
+                "outbox delivery is queryable",
+                "Downstream delivery survives a crash between commit and publish: the outbox "
+                "row commits with the change, the relay publishes and marks it, delivery state "
+                "is queryable.",
+                "agent_outbox written in the caller's transaction; the relay's fenced claim "
+                "and mark",
+            ),
+            Guarantee(
+                "G11",
+                "consumers can deduplicate redeliveries",
+                "The relay may publish twice; consumers deduplicate on the stable message id.",
+                "stable agent_outbox.id; agent_inbox primary key",
+            ),
+            Guarantee(
+                "G12",
+                "fenced leases",
+                "A worker owns a task through a lease it renews; once taken over it cannot "
+                "write: every holder's write names its lease token.",
+                "lease columns and CHECKs; tokens grow with every grant (AG005); "
+                "owner + token in every holder's WHERE",
+            ),
+            Guarantee(
+                "G13",
+                "unsettled operations are findable",
+                "No transaction stays open across a provider call; an operation whose outcome "
+                "is unknown is visible as such and is reconciled, never blindly re-run.",
+                "reserve commits before the call; operation states reserved / in_flight / "
+                "unknown; the unsettled index",
+            ),
+            Guarantee(
+                "G14",
+                "policy facts are typed columns",
+                "Facts used for authorization, scheduling, retention or policy are typed "
+                "columns; JSONB only for model metadata and step-local values.",
+                "the schema's columns (agentdb audit flags JSON paths in indexes and policies)",
+            ),
+            Guarantee(
+                "G15",
+                "RLS and roles scope agents to a tenant",
+                "Agents never get an admin connection: a restricted role runs approved "
+                "statements only, scoped to one tenant by row-level security.",
+                "roles, GRANTs, forced RLS policies, agentdb_request_task (AG007)",
+            ),
+            Guarantee(
+                "G16",
+                "trace and span ids",
+                "Tasks, operations, events and messages carry valid W3C trace and span ids; the "
+                "GenAI semantic-conventions version is pinned.",
+                "format CHECKs; the append-only agent_semconv_pins",
+            ),
+            Guarantee(
+                "G17",
+                "tenant deletion policy, credential refs",
+                "Deleting a tenant follows an explicit, tested policy; credentials are "
+                "references, never secrets.",
+                "agentdb_delete_tenant (dry run and real run); "
+                "agent_credential_refs_is_reference; RESTRICT foreign keys",
+            ),
+        )
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A named schema object (constraint, trigger, index, policy) and what it serves.
+
+    ``guarantee`` is ``None`` for a hint that no guarantee rests on (the
+    NOTIFY triggers: listeners poll anyway). ``error`` names the agentdb
+    error class a refusal by this object maps to when it is not the default
+    for its SQLSTATE.
+    """
+
+    name: str
+    guarantee: str | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule of a guard trigger that raises several SQLSTATEs."""
+
+    name: str
+    sqlstate: str
+    guarantee: str
+    rule: str
+
+
+def _entries(guarantee: str | None, *names: str, error: str = "") -> tuple[Entry, ...]:
+    return tuple(Entry(n, guarantee, error) for n in names)
+
+
+#: Every named constraint, guard trigger, unique/claim index and RLS policy
+#: of the schema (tests/test_catalogue.py checks it equals the migrated schema).
+CATALOGUE: Final[tuple[Entry, ...]] = (
+    # G2: tenant-leading keys and composite tenant foreign keys on every child.
+    *_entries(
+        "G2",
+        "agent_tenants_pkey",
+        "agent_tasks_pkey",
+        "agent_operations_pkey",
+        "agent_events_pkey",
+        "agent_outbox_pkey",
+        "agent_artifacts_pkey",
+        "agent_credential_refs_pkey",
+        "agent_principals_pkey",
+        "agent_principals_tenant_fkey",
+        "agent_tasks_tenant_fkey",
+        "agent_operations_task_fkey",
+        "agent_events_task_fkey",
+        "agent_events_operation_fkey",
+        "agent_outbox_tenant_fkey",
+        "agent_outbox_task_fkey",
+        "agent_inbox_tenant_fkey",
+        "agent_artifacts_tenant_fkey",
+        "agent_artifacts_task_fkey",
+        "agent_artifacts_operation_fkey",
+        "agent_credential_refs_tenant_fkey",
+        "agent_operations_task_idx",
+        "agent_events_task_idx",
+        "agent_outbox_task_idx",
+        "agent_artifacts_task_idx",
+        "agent_artifacts_operation_idx",
+    ),
+    # G3: one logical operation / task per key per tenant.
+    *_entries("G3", "agent_tasks_dedupe_key", "agent_operations_idempotency_key"),
+    # G4: keys come with the hash of the request they answered.
+    *_entries(
+        "G4",
+        "agent_tasks_dedupe_has_hash",
+        "agent_tasks_dedupe_key_valid",
+        "agent_tasks_input_hash_format",
+        "agent_operations_input_hash_format",
+    ),
+    # G5: valid states, owners, leases, counters and lengths.
+    *_entries(
+        "G5",
+        "agent_tenants_state_valid",
+        "agent_tenants_name_valid",
+        "agent_principals_role_name_valid",
+        "agent_tasks_state_valid",
+        "agent_tasks_state_version_valid",
+        "agent_tasks_task_type_valid",
+        "agent_tasks_workflow_version_valid",
+        "agent_tasks_current_step_valid",
+        "agent_tasks_due_has_wake_at",
+        "agent_tasks_attempts_valid",
+        "agent_tasks_last_error_valid",
+        "agent_operations_state_valid",
+        "agent_operations_state_version_valid",
+        "agent_operations_idempotency_key_valid",
+        "agent_operations_action_valid",
+        "agent_operations_attempts_valid",
+        "agent_operations_provider_reference_valid",
+        "agent_operations_error_valid",
+        "agent_operations_succeeded_has_no_error",
+        "agent_events_event_type_valid",
+        "agent_events_actor_id_valid",
+        "agent_events_policy_version_valid",
+        "agent_events_state_valid",
+        "agent_events_operation_version_has_operation",
+        "agent_outbox_state_valid",
+        "agent_outbox_topic_valid",
+        "agent_outbox_attempts_valid",
+        "agent_outbox_delivered_at_valid",
+        "agent_outbox_lease_owner_valid",
+        "agent_outbox_lease_token_valid",
+        "agent_outbox_last_error_valid",
+        "agent_inbox_consumer_valid",
+        "agent_artifacts_kind_valid",
+        "agent_artifacts_uri_valid",
+        "agent_artifacts_sha256_format",
+        "agent_artifacts_size_valid",
+        "agent_artifacts_content_type_valid",
+        "agent_credential_refs_name_key",
+        "agent_credential_refs_name_valid",
+        "agent_credential_refs_provider_valid",
+    ),
+    # G6: lifecycle edges.
+    *_entries(
+        "G6",
+        "agent_transitions_pkey",
+        "agent_transitions_entity_valid",
+        "agent_transitions_no_self_loop",
+        "agent_tasks_transition_guard",
+        "agent_operations_transition_guard",
+        "agent_outbox_transition_guard",
+    ),
+    # G7: versioned writes; the version guards' other rules are in RULES.
+    *_entries("G7", "agent_tasks_version_guard", "agent_operations_version_guard"),
+    # G8: append-only audit, one event per state change.
+    *_entries(
+        "G8",
+        "agent_events_append_only",
+        "agent_events_no_truncate",
+        "agent_tasks_event_required",
+        "agent_operations_event_required",
+        "agent_events_task_version_key",
+        "agent_events_operation_version_key",
+    ),
+    # G9: bounded, redacted payloads and their retention.
+    *_entries(
+        "G9",
+        "agent_tasks_params_valid",
+        "agent_operations_result_valid",
+        "agent_events_payload_size",
+        "agent_outbox_payload_size",
+        error="PayloadTooLarge",
+    ),
+    *_entries("G9", "agent_events_payload_no_secrets", error="SecretInPayload"),
+    *_entries(
+        "G9",
+        "agent_events_retention_order",
+        "agent_events_retain_until_idx",
+        "agent_events_payload_expiry_idx",
+        "agent_operations_settled_idx",
+        "agent_events_operation_idx",
+        "agent_tasks_finished_idx",
+    ),
+    # G10: the relay's paths over delivery state.
+    *_entries(
+        "G10", "agent_outbox_pending_idx", "agent_outbox_delivered_idx", "agent_outbox_dead_idx"
+    ),
+    # G11: consumer-side dedupe.
+    *_entries("G11", "agent_inbox_pkey", "agent_inbox_processed_at_idx"),
+    # G12: leases and fencing tokens.
+    *_entries(
+        "G12",
+        "agent_tasks_lease_complete",
+        "agent_tasks_lease_window",
+        "agent_tasks_running_is_leased",
+        "agent_tasks_lease_owner_valid",
+        "agent_tasks_lease_token_valid",
+        "agent_tasks_lease_ttl_valid",
+        "agent_tasks_due_idx",
+        "agent_tasks_lease_expiry_idx",
+    ),
+    # G13: operations that still need reconciling are found by index.
+    *_entries("G13", "agent_operations_unsettled_idx"),
+    # G15: row-level security and the approved write path.
+    *_entries(
+        "G15",
+        "agentdb_tenant_scope",
+        "agent_tenants_owner_all",
+        "agent_tenants_runtime_all",
+        "agent_tenants_agent_scope",
+        "agent_tasks_owner_all",
+        "agent_tasks_runtime_all",
+        "agent_tasks_agent_scope",
+        "agent_operations_owner_all",
+        "agent_operations_runtime_all",
+        "agent_operations_agent_scope",
+        "agent_events_owner_all",
+        "agent_events_runtime_all",
+        "agent_events_agent_scope",
+        "agent_outbox_owner_all",
+        "agent_outbox_runtime_all",
+        "agent_inbox_owner_all",
+        "agent_inbox_runtime_all",
+        "agent_artifacts_owner_all",
+        "agent_artifacts_runtime_all",
+        "agent_artifacts_agent_scope",
+        "agent_credential_refs_owner_all",
+        "agent_credential_refs_runtime_all",
+    ),
+    # G16: W3C trace-context ids and the pinned semantic conventions.
+    *_entries(
+        "G16",
+        "agent_tasks_trace_id_format",
+        "agent_tasks_span_id_format",
+        "agent_operations_trace_id_format",
+        "agent_operations_span_id_format",
+        "agent_events_trace_id_format",
+        "agent_events_span_id_format",
+        "agent_outbox_trace_id_format",
+        "agent_outbox_span_id_format",
+        "agent_semconv_pins_pkey",
+        "agent_semconv_pins_version_format",
+        "agent_semconv_pins_append_only",
+    ),
+    # G17: credentials are references, never secrets.
+    *_entries("G17", "agent_credential_refs_is_reference"),
+    # Wake-up hints: listeners poll anyway, so nothing is lost without them.
+    *_entries(None, "agent_tasks_notify", "agent_outbox_notify"),
+)
+
+#: The rules of the guard triggers that raise more than one SQLSTATE.
+RULES: Final[tuple[Rule, ...]] = (
+    Rule("agent_tasks_version_guard", "AG002", "G7", "state_version moves by exactly +1"),
+    Rule("agent_tasks_version_guard", "AG004", "G2", "tenant_id, id, created_at never change"),
+    Rule(
+        "agent_tasks_version_guard",
+        "AG008",
+        "G4",
+        "task_type, dedupe_key, input_hash never change",
+    ),
+    Rule(
+        "agent_tasks_version_guard",
+        "AG005",
+        "G12",
+        "lease tokens never go back; every new grant takes a new token",
+    ),
+    Rule("agent_operations_version_guard", "AG002", "G7", "state_version moves by exactly +1"),
+    Rule("agent_operations_version_guard", "AG004", "G2", "tenant_id, id, created_at never change"),
+    Rule(
+        "agent_operations_version_guard",
+        "AG008",
+        "G4",
+        "task_id, idempotency_key, action, input_hash never change",
+    ),
+)
+
+#: Object name -> its guarantee (for a multi-rule guard: the guarantee of
+#: its main rule; :func:`guarantee_of` with the SQLSTATE gives the rule's).
+CONSTRAINTS: Final[Mapping[str, str | None]] = MappingProxyType(
+    {e.name: e.guarantee for e in CATALOGUE}
+)
+_RULES: Final[Mapping[tuple[str, str], str]] = MappingProxyType(
+    {(r.name, r.sqlstate): r.guarantee for r in RULES}
+)
+
+
+def guarantee_of(name: str | None, sqlstate: str | None = None) -> str | None:
+    """The guarantee the object ``name`` enforces with the rule that raised ``sqlstate``.
+
+    ``None`` for names agentdb does not know (and for hints).
+    """
+    if name is None:
+        return None
+    if sqlstate is not None:
+        found = _RULES.get((name, sqlstate))
+        if found is not None:
+            return found
+    return CONSTRAINTS.get(name)

@@ -1,0 +1,29 @@
+-- Read only on the failure path: why a guarded write matched no row, so the
+-- caller gets NotFound, StaleVersion or LeaseLost instead of a bare zero.
+
+-- name: explain_operation :one
+-- The state and version of an operation, to explain a zero-row settle.
+-- guarantee: G7
+-- zero rows: no such operation in this tenant.
+-- params: $1 tenant_id uuid, $2 id uuid
+SELECT state, state_version
+FROM agent_operations
+WHERE tenant_id = $1 AND id = $2;
+
+-- name: explain_outbox :one
+-- The relay lease of an outbox message, to explain a zero-row mark.
+-- guarantee: G10
+-- zero rows: no such message in this tenant.
+-- params: $1 tenant_id uuid, $2 id uuid
+SELECT state, lease_owner, lease_token
+FROM agent_outbox
+WHERE tenant_id = $1 AND id = $2;
+
+-- name: explain_task :one
+-- The state, version and lease of a task, to explain a zero-row write.
+-- guarantee: G7, G12
+-- zero rows: no such task in this tenant.
+-- params: $1 tenant_id uuid, $2 id uuid
+SELECT state, state_version, lease_owner, lease_token, lease_expires_at
+FROM agent_tasks
+WHERE tenant_id = $1 AND id = $2;

@@ -1,0 +1,74 @@
+"""Which schema this code needs, and a startup check that the database has it.
+
+The shipped migrations are the yoyo files in ``sql/`` (inside the wheel as
+``agentdb/_sql``). From 0011 on, every migration replaces
+``agentdb_schema_version()`` with its own id, so a worker or relay started
+against an older schema refuses to run (one clear line) instead of failing
+at its first statement. A newer schema is accepted: migrations only expand
+(``-- phase: expand``), so older code keeps working on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentdb import _db
+from agentdb.errors import MigrationError
+
+__all__ = ["check", "migration_ids", "migrations_dir", "required_version"]
+
+_Q = _db.queries(__name__)
+
+
+def migrations_dir() -> Path:
+    """Return the directory holding the yoyo migration files.
+
+    Raises:
+        MigrationError: the installation carries no migrations.
+    """
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_sql", here.parent / "sql"):
+        if (candidate / "0001.foundation.sql").is_file():
+            return candidate
+    raise MigrationError("agentdb's migration files are missing from this installation")
+
+
+def migration_ids() -> list[str]:
+    """Return the ids of the shipped migrations, in order."""
+    return sorted(
+        p.name.removesuffix(".sql")
+        for p in migrations_dir().glob("*.sql")
+        if not p.name.endswith(".rollback.sql")
+    )
+
+
+def required_version() -> str:
+    """The newest shipped migration: the schema version this code runs against."""
+    return migration_ids()[-1]
+
+
+async def check(db: _db.Executor) -> str:
+    """Return the schema's version if it is at least :func:`required_version`.
+
+    Raises:
+        MigrationError: the schema is older than this code (or not agentdb's):
+            run ``agentdb migrate``.
+    """
+    need = required_version()
+    try:
+        row = await _db.fetch_one(db, _Q["schema_version"])
+    except Exception as exc:
+        # 42883 undefined_function: a schema from before 0011, or not agentdb's.
+        if getattr(exc, "sqlstate", None) != "42883":
+            raise
+        raise MigrationError(
+            f"the database schema is older than this agentdb (it needs migration {need}): "
+            "run `agentdb migrate` first"
+        ) from None
+    have = str(row["version"])
+    if have < need:
+        raise MigrationError(
+            f"the database schema is at migration {have}, this agentdb needs {need}: "
+            "run `agentdb migrate` first"
+        )
+    return have

@@ -1,0 +1,117 @@
+"""What the command-line tools share: the DSN, a pool for one command, logging, imports."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from agentdb import _db, _dsn
+from agentdb.errors import ConfigurationError
+
+__all__ = [
+    "add_dsn",
+    "add_target",
+    "dsn_from",
+    "load",
+    "run_with_pool",
+    "setup_logging",
+]
+
+T = TypeVar("T")
+
+
+def dsn_from(args: argparse.Namespace) -> str:
+    """``--dsn``, else ``$DATABASE_URL``.
+
+    Raises:
+        ConfigurationError: neither is set, or it is not a postgresql:// URL.
+    """
+    return _dsn.from_env(getattr(args, "dsn", None))
+
+
+def add_dsn(
+    p: argparse.ArgumentParser, help: str = "postgresql:// URL (default: $DATABASE_URL)"
+) -> None:
+    p.add_argument("--dsn", help=help)
+
+
+def add_target(p: argparse.ArgumentParser) -> None:
+    add_dsn(p)
+    p.add_argument("--schema", help="schema to work in (default: first on the search_path)")
+
+
+def run_with_pool(
+    dsn: str, size: int, body: Callable[[_db.Pool], Awaitable[T]], *, schema: str | None = None
+) -> T:
+    """Open a pool, run ``body(pool)`` on a fresh event loop, close the pool.
+
+    Raises:
+        DatabaseUnavailable: the pool could not be opened; whatever ``body`` raises.
+    """
+
+    async def main() -> T:
+        pool = await _db.create_pool(dsn, min_size=1, max_size=size, schema=schema)
+        try:
+            return await body(pool)
+        finally:
+            await pool.close()
+
+    return asyncio.run(main())
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    """Log to stderr as text or one JSON object per line (``--log-format``)."""
+    handler = logging.StreamHandler()
+    if args.log_format == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s")
+        )
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
+
+
+def load(spec: str, what: str) -> Any:
+    """Import ``module:attribute`` (the current directory is importable).
+
+    Raises:
+        ConfigurationError: malformed spec, the module does not import, or it lacks the name.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"{what} must be given as MODULE:ATTRIBUTE, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot import {what} module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}") from None

@@ -1,0 +1,1 @@
+"""``agentdb audit``: which guarantees an existing schema enforces (read-only)."""

@@ -1,0 +1,537 @@
+"""The catalog of one schema, read once, read-only, into plain objects the checks inspect.
+
+Only ``pg_catalog`` is read, inside a READ ONLY transaction: a role with no
+table privileges can run the audit, and it cannot write even by mistake.
+Every statement is static text with parameters; names reach fixes already
+quoted by the server (``quote_ident``) or by :func:`quote`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, Final, LiteralString
+
+import psycopg
+
+from agentdb import _dsn
+from agentdb.errors import AgentDBError, ConfigurationError, DatabaseUnavailable
+
+__all__ = [
+    "AuditError",
+    "Catalog",
+    "Column",
+    "Constraint",
+    "Index",
+    "Policy",
+    "Rule",
+    "Table",
+    "Trigger",
+    "quote",
+    "read_only",
+    "snapshot",
+]
+
+
+class AuditError(AgentDBError):
+    """The catalog could not be read (the server refused a catalog query)."""
+
+
+# --- catalog statements --------------------------------------------------------
+# Static text, parameters only; every statement reads pg_catalog. %s is the
+# schema's oid (or name, for the lookup).
+
+_Q_CONTEXT: Final[LiteralString] = """
+SELECT current_user::text, current_database()::text, current_schema()::text,
+       split_part(current_setting('server_version'), ' ', 1),
+       current_setting('transaction_read_only'),
+       r.rolsuper, r.rolbypassrls
+FROM pg_roles r
+WHERE r.rolname = current_user
+"""
+
+_Q_SCHEMA: Final[LiteralString] = """
+SELECT n.oid, quote_ident(n.nspname) FROM pg_namespace n WHERE n.nspname = %s
+"""
+
+_Q_TABLES: Final[LiteralString] = """
+SELECT c.oid, c.relname::text, quote_ident(c.relname), c.relrowsecurity, c.relforcerowsecurity,
+       pg_get_userbyid(c.relowner)::text
+FROM pg_class c
+WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+ORDER BY c.relname
+"""
+
+# Domains are resolved to their base type; enum labels and domain CHECKs come
+# along so a state column's value set can be read whichever way it is declared.
+_Q_COLUMNS: Final[LiteralString] = """
+SELECT a.attrelid, a.attname::text, quote_ident(a.attname), a.attnotnull,
+       format_type(a.atttypid, a.atttypmod), coalesce(bt.typname, t.typname)::text,
+       ARRAY(SELECT e.enumlabel::text FROM pg_enum e
+             WHERE e.enumtypid = a.atttypid ORDER BY e.enumsortorder),
+       ARRAY(SELECT pg_get_constraintdef(d.oid) FROM pg_constraint d
+             WHERE d.contypid = a.atttypid AND d.contype = 'c' ORDER BY d.conname)
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
+WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid, a.attnum
+"""
+
+_Q_CONSTRAINTS: Final[LiteralString] = """
+SELECT con.conrelid, con.conname::text, quote_ident(con.conname), con.contype::text,
+       ARRAY(SELECT a.attname::text
+             FROM unnest(con.conkey) WITH ORDINALITY AS k (num, ord)
+             JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.num
+             ORDER BY k.ord),
+       con.confrelid,
+       CASE WHEN con.contype = 'f' THEN con.confrelid::regclass::text END,
+       ARRAY(SELECT a.attname::text
+             FROM unnest(con.confkey) WITH ORDINALITY AS k (num, ord)
+             JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.num
+             ORDER BY k.ord),
+       con.confdeltype::text, pg_get_constraintdef(con.oid)
+FROM pg_constraint con
+JOIN pg_class c ON c.oid = con.conrelid
+WHERE c.relnamespace = %s AND con.contype IN ('p', 'u', 'f', 'c', 'x')
+ORDER BY con.conrelid, con.conname
+"""
+
+# Key columns only (INCLUDE columns cannot make a row unique); '' marks an
+# expression column.
+_Q_INDEXES: Final[LiteralString] = """
+SELECT x.indrelid, i.relname::text, x.indisunique, x.indisprimary,
+       ARRAY(SELECT coalesce(a.attname::text, '')
+             FROM unnest(x.indkey::int2[]) WITH ORDINALITY AS k (num, ord)
+             LEFT JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.num
+             WHERE k.ord <= x.indnkeyatts
+             ORDER BY k.ord),
+       pg_get_expr(x.indexprs, x.indrelid), pg_get_expr(x.indpred, x.indrelid),
+       EXISTS (SELECT 1 FROM pg_constraint con
+               WHERE con.conindid = x.indexrelid AND con.conrelid = x.indrelid
+                 AND con.contype IN ('p', 'u', 'x')),
+       x.indisvalid
+FROM pg_index x
+JOIN pg_class i ON i.oid = x.indexrelid
+JOIN pg_class c ON c.oid = x.indrelid
+WHERE c.relnamespace = %s
+ORDER BY x.indrelid, i.relname
+"""
+
+_Q_TRIGGERS: Final[LiteralString] = """
+SELECT t.tgrelid, t.tgname::text, t.tgtype::int, t.tgenabled::text,
+       ARRAY(SELECT a.attname::text FROM unnest(t.tgattr::int2[]) AS k (num)
+             JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = k.num),
+       p.proname::text, p.prosrc
+FROM pg_trigger t
+JOIN pg_class c ON c.oid = t.tgrelid
+JOIN pg_proc p ON p.oid = t.tgfoid
+WHERE c.relnamespace = %s AND NOT t.tgisinternal
+ORDER BY t.tgrelid, t.tgname
+"""
+
+_Q_RULES: Final[LiteralString] = """
+SELECT r.ev_class, r.rulename::text, r.ev_type::text, r.is_instead
+FROM pg_rewrite r
+JOIN pg_class c ON c.oid = r.ev_class
+WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND r.ev_enabled <> 'D'
+ORDER BY r.ev_class, r.rulename
+"""
+
+# polroles holds 0 for PUBLIC.
+_Q_POLICIES: Final[LiteralString] = """
+SELECT p.polrelid, p.polname::text, p.polpermissive,
+       ARRAY(SELECT CASE WHEN u.role_oid = 0 THEN 'public'
+                         ELSE pg_get_userbyid(u.role_oid)::text END
+             FROM unnest(p.polroles) AS u (role_oid) ORDER BY 1),
+       pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid)
+FROM pg_policy p
+JOIN pg_class c ON c.oid = p.polrelid
+WHERE c.relnamespace = %s
+ORDER BY p.polrelid, p.polname
+"""
+
+# Grants to anyone but the table's owner (grantee 0 is PUBLIC).
+_Q_GRANTS: Final[LiteralString] = """
+SELECT c.oid, CASE WHEN a.grantee = 0 THEN 'public' ELSE pg_get_userbyid(a.grantee)::text END,
+       a.privilege_type
+FROM pg_class c
+CROSS JOIN LATERAL aclexplode(c.relacl) AS a
+WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner
+ORDER BY 1, 2, 3
+"""
+
+# Roles named in a policy (except PUBLIC and the table's owner, whose
+# owner-only policy exists because of FORCE ROW LEVEL SECURITY), and every
+# role that inherits from them, that is a superuser or has BYPASSRLS: RLS
+# does not apply to them, so a runtime or agent logging in as one is unscoped.
+_Q_ELEVATED_MEMBERS: Final[LiteralString] = """
+WITH RECURSIVE named (roleid) AS (
+    SELECT DISTINCT u.role_oid
+    FROM pg_policy p
+    JOIN pg_class c ON c.oid = p.polrelid
+    CROSS JOIN LATERAL unnest(p.polroles) AS u (role_oid)
+    WHERE c.relnamespace = %s AND u.role_oid <> 0 AND u.role_oid <> c.relowner
+), members (roleid, via) AS (
+    SELECT roleid, roleid FROM named
+    UNION
+    SELECT m.member, members.via
+    FROM pg_auth_members m JOIN members ON m.roleid = members.roleid
+)
+SELECT r.rolname::text, v.rolname::text, r.rolsuper, r.rolbypassrls
+FROM members
+JOIN pg_roles r ON r.oid = members.roleid
+JOIN pg_roles v ON v.oid = members.via
+WHERE r.rolsuper OR r.rolbypassrls
+ORDER BY 1, 2
+"""
+
+_Q_ROUTINES: Final[LiteralString] = """
+SELECT p.proname::text FROM pg_proc p WHERE p.pronamespace = %s ORDER BY 1
+"""
+
+
+# --- the model -------------------------------------------------------------------
+# Names as the catalog spells them (for messages and matching) beside their
+# quoted forms (for fixes); nothing is fetched again after the snapshot.
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column, its type resolved through domains, with the values an enum or domain allows."""
+
+    name: str
+    qname: str
+    notnull: bool
+    type: str
+    base: str  # the type's name; a domain's base type
+    enum_labels: tuple[str, ...]
+    domain_checks: tuple[str, ...]
+
+    @property
+    def is_json(self) -> bool:
+        return self.base in ("json", "jsonb")
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A PRIMARY KEY, UNIQUE, FOREIGN KEY, CHECK or EXCLUDE constraint of a table."""
+
+    name: str
+    qname: str
+    type: str  # p u f c x
+    columns: tuple[str, ...]
+    ref_oid: int
+    ref_display: str
+    ref_columns: tuple[str, ...]
+    on_delete: str  # a r c n d
+    definition: str
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """An index of a table: its key columns, expressions and partial predicate."""
+
+    name: str
+    unique: bool
+    primary: bool
+    columns: tuple[str, ...]  # key columns; '' for an expression
+    expressions: str | None
+    predicate: str | None
+    backs_constraint: bool
+    valid: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    """A user trigger and the source of its function, read for what it guards."""
+
+    name: str
+    tgtype: int
+    enabled: bool
+    columns: tuple[str, ...]  # UPDATE OF columns; empty for any column
+    function: str
+    source: str
+
+    # pg_trigger.tgtype bits (include/catalog/pg_trigger.h).
+    @property
+    def row(self) -> bool:
+        return bool(self.tgtype & 1)
+
+    @property
+    def before(self) -> bool:
+        return bool(self.tgtype & 2)
+
+    @property
+    def on_insert(self) -> bool:
+        return bool(self.tgtype & 4)
+
+    @property
+    def on_delete(self) -> bool:
+        return bool(self.tgtype & 8)
+
+    @property
+    def on_update(self) -> bool:
+        return bool(self.tgtype & 16)
+
+    @property
+    def on_truncate(self) -> bool:
+        return bool(self.tgtype & 32)
+
+    def raises(self) -> bool:
+        return _RAISES.search(self.source) is not None
+
+    def reads_old(self, column: str) -> bool:
+        pattern = rf"\bOLD\s*\.\s*(?:{re.escape(column)}|\"{re.escape(column)}\")(?!\w)"
+        return re.search(pattern, self.source, re.IGNORECASE) is not None
+
+    def mentions(self, name: str) -> bool:
+        return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", self.source, re.IGNORECASE) is not None
+
+
+_RAISES = re.compile(r"\bRAISE\b(?!\s+(?:NOTICE|WARNING|INFO|LOG|DEBUG)\b)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A row-level security policy."""
+
+    name: str
+    permissive: bool
+    roles: tuple[str, ...]
+    qual: str | None
+    with_check: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A rewrite rule (an enabled one: disabled rules change nothing)."""
+
+    name: str
+    event: str  # 1 select, 2 update, 3 insert, 4 delete
+    instead: bool
+
+
+@dataclass(slots=True)
+class Table:
+    """A table of the audited schema with everything the checks look at."""
+
+    oid: int
+    name: str
+    display: str
+    owner: str
+    rls: bool
+    force_rls: bool
+    columns: dict[str, Column] = field(default_factory=dict)
+    constraints: list[Constraint] = field(default_factory=list)
+    indexes: list[Index] = field(default_factory=list)
+    triggers: list[Trigger] = field(default_factory=list)
+    policies: list[Policy] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+    grants: list[tuple[str, str]] = field(default_factory=list)  # (grantee, privilege)
+
+    def col(self, *names: str) -> Column | None:
+        """The first of ``names`` that is a column of this table, else ``None``."""
+        for n in names:
+            if n in self.columns:
+                return self.columns[n]
+        return None
+
+    def q(self, column: str) -> str:
+        """``column`` quoted for a fix, whether or not the table has it yet."""
+        c = self.columns.get(column)
+        return c.qname if c is not None else quote(column)
+
+    def of(self, kind: str) -> list[Constraint]:
+        """The constraints of one ``pg_constraint.contype`` (``p u f c x``)."""
+        return [c for c in self.constraints if c.type == kind]
+
+    @property
+    def pk(self) -> Constraint | None:
+        return next(iter(self.of("p")), None)
+
+    def checks_on(self, column: str) -> list[Constraint]:
+        return [c for c in self.of("c") if column in c.columns]
+
+    def live_triggers(self) -> list[Trigger]:
+        return [t for t in self.triggers if t.enabled]
+
+    def update_guards(self, column: str) -> list[Trigger]:
+        """Live row triggers that run before an UPDATE, read ``OLD.column`` and can RAISE."""
+        return [
+            g
+            for g in self.live_triggers()
+            if g.row and g.before and g.on_update and g.reads_old(column) and g.raises()
+        ]
+
+    def unique_keys(self) -> list[tuple[str, tuple[str, ...], str | None]]:
+        """(name, key columns, partial predicate) of every UNIQUE constraint or index."""
+        keys: list[tuple[str, tuple[str, ...], str | None]]
+        keys = [(c.name, c.columns, None) for c in self.of("u")]
+        keys += [
+            (i.name, i.columns, i.predicate)
+            for i in self.indexes
+            if i.unique and not i.primary and not i.backs_constraint and i.valid
+        ]
+        return keys
+
+
+@dataclass(slots=True)
+class Catalog:
+    """What one snapshot read: the connection's context and the schema's tables."""
+
+    database: str
+    schema: str
+    role: str
+    role_super: bool
+    role_bypassrls: bool
+    server_version: str
+    tables: dict[str, Table]
+    elevated: list[tuple[str, str, bool, bool]]  # (member, via policy role, super, bypassrls)
+    routines: list[str]
+
+    def by_oid(self, oid: int) -> Table | None:
+        for t in self.tables.values():
+            if t.oid == oid:
+                return t
+        return None
+
+
+_SIMPLE_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def quote(name: str) -> str:
+    """Quote an identifier for a suggested fix, the way quote_ident() would (keywords aside)."""
+    name = name[:63]
+    return name if _SIMPLE_IDENT.match(name) else '"' + name.replace('"', '""') + '"'
+
+
+# --- reading it ----------------------------------------------------------------
+
+
+@contextmanager
+def read_only(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """Yield a connection inside a READ ONLY transaction, rolled back at the end.
+
+    Raises:
+        ConfigurationError: no or malformed DSN, or libpq refuses its options.
+        DatabaseUnavailable: the server cannot be reached, refuses the login or
+            drops the connection.
+        AuditError: the server refused a statement run on the connection.
+    """
+    try:
+        conn = psycopg.connect(_dsn.libpq(dsn), connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        # libpq's first line names the failure; later lines are indented hints.
+        text = str(exc).strip()
+        reason = text.splitlines()[0].strip() if text else type(exc).__name__
+        raise DatabaseUnavailable(f"cannot connect to {_dsn.redact(dsn)}: {reason}") from exc
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"cannot use {_dsn.redact(dsn)}: {exc}") from exc
+    try:
+        # Every transaction psycopg opens on this connection is BEGIN READ ONLY:
+        # the audit cannot write even by mistake.
+        conn.read_only = True
+        yield conn
+    except psycopg.Error as exc:
+        raise _translate(exc, dsn) from exc
+    finally:
+        # A failed rollback means the connection is gone; the error above says why.
+        with suppress(psycopg.Error):
+            conn.rollback()
+        conn.close()
+
+
+def _translate(exc: psycopg.Error, dsn: str) -> AgentDBError:
+    """Map a catalog query failure on its SQLSTATE, never its message text."""
+    state = exc.sqlstate or ""
+    primary = exc.diag.message_primary or type(exc).__name__
+    if not state or state.startswith("08") or state in ("57P01", "57P02", "57P03"):
+        return DatabaseUnavailable(f"lost the connection to {_dsn.redact(dsn)}: {primary}")
+    if state == "42501":
+        return AuditError(f"this role may not read the catalog (SQLSTATE 42501): {primary}")
+    return AuditError(f"reading the catalog failed (SQLSTATE {state}): {primary}")
+
+
+def _rows(
+    conn: psycopg.Connection[Any], query: LiteralString, *params: Any
+) -> list[tuple[Any, ...]]:
+    return conn.execute(query, params).fetchall()
+
+
+def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
+    """Read ``schema`` (default: the first on the search_path) from the catalog.
+
+    Raises:
+        ConfigurationError: no such schema, or none on the search_path exists.
+        AuditError: the role is not in pg_roles, or the transaction is not read-only.
+        psycopg.Error: a catalog query failed (:func:`read_only` maps it).
+    """
+    ctx = _rows(conn, _Q_CONTEXT)
+    if not ctx:
+        raise AuditError("the connecting role is not in pg_roles")
+    role, database, current, version, transaction_read_only, rolsuper, bypass = ctx[0]
+    if transaction_read_only != "on":
+        raise AuditError("the audit transaction is not read-only; refusing to continue")
+    target = schema if schema is not None else current
+    if target is None:
+        raise ConfigurationError(
+            "no schema on the search_path exists in this database; pass --schema"
+        )
+    found = _rows(conn, _Q_SCHEMA, target)
+    if not found:
+        raise ConfigurationError(f"schema {target!r} does not exist in database {database!r}")
+    nsp, qschema = found[0]
+    prefix = "" if target == current else f"{qschema}."
+
+    tables: dict[int, Table] = {}
+    for oid, rel, qrel, rls, force, owner in _rows(conn, _Q_TABLES, nsp):
+        tables[oid] = Table(oid, rel, prefix + qrel, owner, rls, force)
+    for rel_oid, col, qcol, notnull, typ, base, labels, checks in _rows(conn, _Q_COLUMNS, nsp):
+        tables[rel_oid].columns[col] = Column(
+            col, qcol, notnull, typ, base, tuple(labels), tuple(checks)
+        )
+    for rel_oid, *con in _rows(conn, _Q_CONSTRAINTS, nsp):
+        name, qname, kind, cols, ref_oid, ref_display, ref_cols, on_delete, definition = con
+        constraint = Constraint(
+            name, qname, kind, tuple(cols), ref_oid or 0, ref_display or "", tuple(ref_cols),
+            on_delete, definition,
+        )  # fmt: skip
+        tables[rel_oid].constraints.append(constraint)
+    for rel_oid, *idx in _rows(conn, _Q_INDEXES, nsp):
+        name, unique, primary, cols, exprs, pred, backs, valid = idx
+        if rel_oid in tables:  # indexes of partitions and the like
+            tables[rel_oid].indexes.append(
+                Index(name, unique, primary, tuple(cols), exprs, pred, backs, valid)
+            )
+    for rel_oid, name, tgtype, enabled, cols, function, source in _rows(conn, _Q_TRIGGERS, nsp):
+        if rel_oid in tables:
+            # 'O' fires in normal sessions, 'A' always; 'D' is disabled and 'R'
+            # fires only on replicas - neither protects anything here.
+            tables[rel_oid].triggers.append(
+                Trigger(name, tgtype, enabled in ("O", "A"), tuple(cols), function, source or "")
+            )
+    for rel_oid, name, event, instead in _rows(conn, _Q_RULES, nsp):
+        tables[rel_oid].rules.append(Rule(name, event, instead))
+    for rel_oid, name, permissive, roles, qual, check in _rows(conn, _Q_POLICIES, nsp):
+        if rel_oid in tables:
+            tables[rel_oid].policies.append(Policy(name, permissive, tuple(roles), qual, check))
+    for rel_oid, grantee, privilege in _rows(conn, _Q_GRANTS, nsp):
+        tables[rel_oid].grants.append((grantee, privilege))
+    elevated = [(r[0], r[1], r[2], r[3]) for r in _rows(conn, _Q_ELEVATED_MEMBERS, nsp)]
+    routines = [r[0] for r in _rows(conn, _Q_ROUTINES, nsp)]
+    return Catalog(
+        database=database,
+        schema=target,
+        role=role,
+        role_super=rolsuper,
+        role_bypassrls=bypass,
+        server_version=version,
+        tables={t.name: t for t in tables.values()},
+        elevated=elevated,
+        routines=routines,
+    )

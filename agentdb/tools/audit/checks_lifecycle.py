@@ -1,0 +1,281 @@
+"""Checks G6-G9: how state may move, and what the audit trail keeps.
+
+Each check reads the :class:`~agentdb.tools.audit.detect.Context` and
+returns one finding; none of them touches the database.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from agentdb.tools.audit.catalog import Column, Table, quote
+from agentdb.tools.audit.detect import STATE, VERSION, Context
+from agentdb.tools.audit.report import Finding
+from agentdb.tools.audit.verdicts import Findings
+
+__all__ = ["check_g6", "check_g7", "check_g8", "check_g9"]
+
+# Most specific first: the first one a table has is the one judged.
+_RETENTION = (
+    "retain_until",
+    "retention_until",
+    "payload_expires_at",
+    "expires_at",
+    "purge_after",
+    "delete_after",
+)
+
+
+def check_g6(ctx: Context) -> Finding:
+    """G6: a BEFORE UPDATE trigger refuses state moves that are not allowed edges."""
+    f = Findings()
+    guarded = 0
+    stateful = [(k, t) for k, t in ctx.stateful() if t.col(*STATE) is not None]
+    for kind, t in stateful:
+        state = t.col(*STATE)
+        assert state is not None
+        # A trigger limited to UPDATE OF other columns never sees a state change.
+        guards = [
+            g for g in t.update_guards(state.name) if not g.columns or state.name in g.columns
+        ]
+        if guards:
+            guarded += 1
+            f.ok(*(f"trigger {g.name}" for g in guards))
+        else:
+            f.bad(
+                f"no trigger guards {t.name}.{state.name}: any UPDATE may move it "
+                "anywhere (e.g. succeeded -> pending)",
+                f"CREATE TRIGGER {quote(t.name + '_transition_guard')} BEFORE INSERT OR "
+                f"UPDATE OF {state.qname} ON {t.display} FOR EACH ROW EXECUTE FUNCTION "
+                f"guard_transition('{kind}'); -- RAISE unless (OLD.{state.name}, "
+                f"NEW.{state.name}) is an allowed edge (agentdb sql has one)",
+            )
+    if not stateful:
+        f.bad("no table with a lifecycle state to guard (see G1, G5)")
+    return f.finding(
+        "G6",
+        core_missing=guarded == 0,
+        enforced="a BEFORE UPDATE trigger refuses moves that are not allowed edges on "
+        + ", ".join(t.name for _, t in stateful),
+    )
+
+
+def check_g7(ctx: Context) -> Finding:
+    """G7: a BEFORE UPDATE trigger makes every write move the version by one."""
+    f = Findings()
+    core = True
+    for t in (ctx.tasks, ctx.ops):
+        if t is None:
+            continue
+        v = t.col(*VERSION)
+        if v is None:
+            f.bad(
+                f"{t.name} has no version column: a stale worker overwrites newer state",
+                f"ALTER TABLE {t.display} ADD COLUMN state_version bigint NOT NULL DEFAULT 0;",
+            )
+            continue
+        if t is ctx.tasks:
+            core = False
+        f.ok(f"column {t.name}.{v.name}")
+        f.ok(*(f"check {c.name}" for c in t.checks_on(v.name) if c.columns == (v.name,)))
+        guards = t.update_guards(v.name)
+        if guards:
+            f.ok(*(f"trigger {g.name}" for g in guards))
+        else:
+            f.bad(
+                f"nothing moves {t.name}.{v.name} on every write: only writers that "
+                f"remember '{v.name} = {v.name} + 1' are fenced",
+                f"CREATE TRIGGER {quote(t.name + '_version_guard')} BEFORE UPDATE ON "
+                f"{t.display} FOR EACH ROW EXECUTE FUNCTION guard_version(); -- RAISE "
+                f"unless NEW.{v.name} = OLD.{v.name} + 1",
+            )
+    if ctx.tasks is None:
+        f.bad("no task table (see G1)")
+    return f.finding(
+        "G7",
+        core_missing=core,
+        enforced="a BEFORE UPDATE trigger requires the version to move by +1 on "
+        + ", ".join(t.name for t in (ctx.tasks, ctx.ops) if t is not None),
+    )
+
+
+def check_g8(ctx: Context) -> Finding:
+    """G8: the event table is append-only and every state change writes an event."""
+    f = Findings()
+    tc = quote(ctx.tc)
+    ev = ctx.events
+    if ev is None:
+        f.bad(
+            "no event table (event/audit/log in the name, with event_type or actor_id); "
+            "--map events=TABLE names it",
+            f"CREATE TABLE events ({tc} uuid NOT NULL, id bigserial, task_id uuid "
+            "NOT NULL, event_type text NOT NULL, actor_id text NOT NULL, payload jsonb, "
+            f"created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY ({tc}, id));",
+        )
+        return f.finding("G8", core_missing=True, enforced="")
+    protected = {op: _protection(ev, op) for op in ("UPDATE", "DELETE", "TRUNCATE")}
+    for by in protected.values():
+        f.ok(*by)
+    missing_ops = [op for op, by in protected.items() if not by]
+    writers = sorted({g for g, p in ev.grants if p in missing_ops})
+    if missing_ops:
+        revoke = (
+            f"\nREVOKE {', '.join(missing_ops)} ON {ev.display} FROM "
+            f"{', '.join(quote(w) if w != 'public' else 'PUBLIC' for w in writers)};"
+            if writers
+            else ""
+        )
+        trig = []
+        if "UPDATE" in missing_ops or "DELETE" in missing_ops:
+            trig.append(
+                f"CREATE TRIGGER {quote(ev.name + '_append_only')} BEFORE UPDATE OR DELETE "
+                f"ON {ev.display} FOR EACH ROW EXECUTE FUNCTION refuse_change(); "
+                "-- a function that RAISEs"
+            )
+        if "TRUNCATE" in missing_ops:
+            trig.append(
+                f"CREATE TRIGGER {quote(ev.name + '_no_truncate')} BEFORE TRUNCATE ON "
+                f"{ev.display} FOR EACH STATEMENT EXECUTE FUNCTION refuse_change();"
+            )
+        f.bad(
+            f"{ev.name} is not append-only: {_and(missing_ops)} "
+            "of audit rows is neither refused by a trigger nor withheld by privileges"
+            + (f" (granted to {', '.join(writers)})" if writers else ""),
+            "\n".join(trig) + revoke,
+        )
+    for t in (ctx.tasks, ctx.ops):
+        if t is None or t.col(*STATE) is None:
+            continue
+        links = [
+            g
+            for g in t.live_triggers()
+            if g.row and (g.on_update or g.on_insert) and g.mentions(ev.name)
+        ]
+        if links:
+            f.ok(*(f"trigger {g.name}" for g in links))
+        else:
+            f.bad(
+                f"nothing ties a state change of {t.name} to an {ev.name} row in the same "
+                "transaction",
+                f"CREATE CONSTRAINT TRIGGER {quote(t.name + '_event_required')} AFTER "
+                f"INSERT OR UPDATE ON {t.display} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+                f"EXECUTE FUNCTION require_event(); -- RAISE at commit unless {ev.name} "
+                "has the change",
+            )
+    core = not protected["UPDATE"] and not protected["DELETE"]
+    return f.finding(
+        "G8",
+        core_missing=core,
+        enforced=f"{ev.name} refuses UPDATE, DELETE and TRUNCATE; a deferred trigger "
+        "requires an event for every state change",
+    )
+
+
+def _protection(t: Table, op: str) -> list[str]:
+    """Objects that stop ``op`` on ``t``: a raising BEFORE trigger, an INSTEAD rule,
+    or privileges - some role other than the owner inserts and none may ``op``
+    (the owner is the migration role; writers connect as someone else)."""
+    by: list[str] = []
+    for g in t.live_triggers():
+        fires = {"UPDATE": g.on_update, "DELETE": g.on_delete, "TRUNCATE": g.on_truncate}[op]
+        if fires and g.before and g.raises():
+            by.append(f"trigger {g.name}")
+    event = {"UPDATE": "2", "DELETE": "4"}.get(op)
+    by += [f"rule {r.name}" for r in t.rules if r.instead and r.event == event]
+    inserters = sorted({g for g, p in t.grants if p == "INSERT"})
+    if inserters and not any(p == op for _, p in t.grants):
+        withheld = [
+            o for o in ("UPDATE", "DELETE", "TRUNCATE") if not any(p == o for _, p in t.grants)
+        ]
+        by.append(
+            f"privileges: {', '.join(inserters)} may INSERT into {t.name}; "
+            f"no role but its owner {t.owner} may {', '.join(withheld)}"
+        )
+    return by
+
+
+def check_g9(ctx: Context) -> Finding:
+    """G9: JSON payloads are size-capped; event payloads are secret-checked and expire."""
+    f = Findings()
+    ev = ctx.events
+    core = True
+    if ev is None:
+        f.bad("no event table (see G8)")
+    else:
+        payloads = [c for c in ev.columns.values() if c.is_json]
+        for c in payloads:
+            sized = _sized(ev, c)
+            secret = [
+                k.name
+                for k in ev.checks_on(c.name)
+                if re.search(r"secret|redact|sensitive|pii", k.definition, re.IGNORECASE)
+            ]
+            if sized:
+                core = False
+                f.ok(*(f"check {n}" for n in sized))
+            else:
+                f.bad(
+                    f"{ev.name}.{c.name} is unbounded: a whole prompt or provider response fits",
+                    _size_fix(ev, c, 8192),
+                )
+            if secret:
+                core = False
+                f.ok(*(f"check {n}" for n in secret))
+            else:
+                f.bad(
+                    f"no CHECK keeps secrets out of {ev.name}.{c.name}",
+                    f"ALTER TABLE {ev.display} ADD CONSTRAINT "
+                    f"{quote(ev.name + '_' + c.name + '_no_secrets')} CHECK (NOT "
+                    f"jsonb_has_secrets({c.qname})); -- agentdb sql has such a function",
+                )
+        keep = ev.col(*_RETENTION)
+        if keep is not None:
+            core = False
+            f.ok(f"column {ev.name}.{keep.name}")
+        else:
+            f.bad(
+                f"{ev.name} has no retention column: payloads cannot expire apart "
+                "from the audit skeleton",
+                f"ALTER TABLE {ev.display} ADD COLUMN retain_until timestamptz NOT NULL "
+                "DEFAULT now() + interval '400 days';",
+            )
+    for t in (ctx.tasks, ctx.ops, ctx.outbox):
+        if t is None:
+            continue
+        for c in t.columns.values():
+            if not c.is_json:
+                continue
+            sized = _sized(t, c)
+            if sized:
+                f.ok(*(f"check {n}" for n in sized))
+            else:
+                f.bad(f"{t.name}.{c.name} is unbounded", _size_fix(t, c, 65536))
+    return f.finding(
+        "G9",
+        core_missing=core,
+        enforced=f"every JSON payload has a size CHECK; {ev.name if ev else ''} payloads "
+        "are checked for secrets and expire apart from the skeleton",
+    )
+
+
+def _sized(t: Table, c: Column) -> list[str]:
+    """The CHECKs that bound the size of ``c``."""
+    return [
+        k.name
+        for k in t.checks_on(c.name)
+        if re.search(r"\b(octet_length|length|pg_column_size)\(", k.definition)
+    ]
+
+
+def _size_fix(t: Table, c: Column, limit: int) -> str:
+    """A CHECK capping ``c`` at ``limit`` bytes of its text form."""
+    return (
+        f"ALTER TABLE {t.display} ADD CONSTRAINT {quote(t.name + '_' + c.name + '_size')} "
+        f"CHECK (octet_length({c.qname}::text) <= {limit});"
+    )
+
+
+def _and(items: Sequence[str]) -> str:
+    """``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"

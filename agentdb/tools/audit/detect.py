@@ -1,0 +1,349 @@
+"""Which table plays which role, from ``--map`` or else from names and columns.
+
+The audit works on schemas agentdb did not create. Tables play roles, found
+from ``mapping`` (``--map tasks=my_jobs,operations=my_effects``) or else by
+heuristics on names and columns:
+
+* tasks: a name with ``task``/``job`` in it, or a ``state``/``status`` column
+  together with a schedule (``wake_at``, ``run_at``...), version or lease column;
+* operations: another table with an ``idempotency_key`` column;
+* events: a name with ``event``/``audit``/``log``/``history`` and an
+  ``event_type`` or ``actor``/``actor_id`` column;
+* outbox: a name with ``outbox``, or ``topic`` plus ``delivered_at``/``published_at``;
+* inbox: a name with ``inbox``, or ``message_id`` plus ``consumer``;
+* credentials: a name with ``credential`` or ``secret``;
+* tenants: the table the tenant column's foreign keys point at.
+
+The tenant column is ``tenant_id`` unless ``mapping["tenant"]`` names another.
+A table is *tenant-owned* when it has that column and is one of the tables
+above, has row-level security, has the column in a key, or is linked by a
+foreign key to a task/operation/event/outbox table; a table that merely
+carries the column (a role -> tenant lookup keyed by role) is not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from agentdb.errors import ConfigurationError
+from agentdb.tools.audit.catalog import Catalog, Table
+from agentdb.tools.audit.report import KINDS, TableRef
+
+__all__ = [
+    "DELIVERED",
+    "HASH",
+    "LEASE_EXPIRES",
+    "LEASE_OWNER",
+    "MAP_KEYS",
+    "MESSAGE_ID",
+    "OP_KEY",
+    "STATE",
+    "VERSION",
+    "WAKE",
+    "Context",
+    "detect",
+    "parse_mapping",
+]
+
+#: Keys ``mapping`` / ``--map`` accepts: a table per role, and the tenant column.
+MAP_KEYS: Final[tuple[str, ...]] = (*KINDS, "tenant")
+#: A ``--map`` value that says "this schema has no such table" (stops the heuristics).
+_NONE: Final = "-"
+
+# Column names that give a table its role, most specific first; the checks
+# then look for the same columns in it.
+STATE = ("state", "status")
+VERSION = ("state_version", "version", "lock_version", "row_version", "revision")
+WAKE = (
+    "wake_at",
+    "run_at",
+    "scheduled_at",
+    "available_at",
+    "not_before",
+    "next_run_at",
+    "execute_after",
+    "start_after",
+)
+LEASE_OWNER = ("lease_owner", "locked_by", "claimed_by", "leased_by", "lease_holder", "worker_id")
+LEASE_EXPIRES = (
+    "lease_expires_at",
+    "lease_expires",
+    "lease_until",
+    "locked_until",
+    "claim_expires_at",
+    "lease_deadline",
+)
+OP_KEY = ("idempotency_key", "idem_key", "idempotency_token")
+HASH = ("input_hash", "request_hash", "params_hash", "payload_hash", "args_hash", "fingerprint")
+DELIVERED = ("delivered_at", "published_at", "sent_at", "published")
+MESSAGE_ID = ("message_id", "msg_id", "event_id")
+_EVENT_MARK = ("event_type", "event_name", "actor", "actor_id", "actor_type")
+_TOPIC = ("topic", "channel", "routing_key", "destination")
+_CONSUMER = ("consumer", "consumer_name", "subscriber", "handler")
+_TASK_NAME = re.compile(r"(^|_)(tasks?|jobs?)($|_)")
+_OP_NAME = re.compile(r"operation|effect|action|call|step")
+_EVENT_NAME = re.compile(r"(^|_)(events?|audits?|audit_log|logs?|history)($|_)")
+_CREDENTIAL_NAME = re.compile(r"credential|secret")
+
+
+@dataclass(slots=True)
+class Context:
+    """The catalog with each role's table decided: what every check reads.
+
+    Attributes:
+        cat: the snapshot.
+        tc: the tenant column's name.
+        kinds: the table playing each role of :data:`KINDS`, ``None`` if none does.
+        refs: the same as the report names them, in :data:`KINDS` order.
+        tenants_oid: the table the tenant column references, even outside the schema.
+        owned: the tenant-owned tables.
+        notes: what the report says about how roles were chosen.
+    """
+
+    cat: Catalog
+    tc: str
+    kinds: dict[str, Table | None]
+    refs: dict[str, TableRef | None]
+    tenants_oid: int | None
+    owned: list[Table]
+    notes: list[str]
+
+    @property
+    def tasks(self) -> Table | None:
+        return self.kinds["tasks"]
+
+    @property
+    def ops(self) -> Table | None:
+        return self.kinds["operations"]
+
+    @property
+    def events(self) -> Table | None:
+        return self.kinds["events"]
+
+    @property
+    def outbox(self) -> Table | None:
+        return self.kinds["outbox"]
+
+    def stateful(self) -> list[tuple[str, Table]]:
+        """The task, operation and outbox tables there are, with their role."""
+        return [
+            (kind, t)
+            for kind in ("tasks", "operations", "outbox")
+            if (t := self.kinds[kind]) is not None
+        ]
+
+    def tenants_display(self) -> str:
+        """The tenants table as a fix names it (``tenants`` when there is none)."""
+        t = self.kinds.get("tenants")
+        return t.display if t is not None else _display_of(self.cat, self.tenants_oid)
+
+
+def detect(cat: Catalog, mapping: Mapping[str, str]) -> Context:
+    """Give every role of :data:`KINDS` its table: the mapped one, else the best guess.
+
+    Raises:
+        ConfigurationError: ``mapping`` has an unknown key, or names a table or
+            tenant column the schema does not have.
+    """
+    _check_mapping(cat, mapping)
+    tc = mapping.get("tenant", "tenant_id")
+    notes: list[str] = []
+    kinds, refs = _roles(cat, mapping, notes)
+    tenants_oid = _tenants_oid(cat, mapping, tc, kinds, refs, notes)
+    owned = [t for t in cat.tables.values() if _tenant_owned(t, tc, tenants_oid, kinds)]
+    return Context(cat, tc, kinds, refs, tenants_oid, owned, notes)
+
+
+def _roles(
+    cat: Catalog, mapping: Mapping[str, str], notes: list[str]
+) -> tuple[dict[str, Table | None], dict[str, TableRef | None]]:
+    kinds: dict[str, Table | None] = {}
+    refs: dict[str, TableRef | None] = {}
+    taken = {v for k, v in mapping.items() if k != "tenant" and v != _NONE}
+    for kind in KINDS:
+        if kind in mapping:
+            value = mapping[kind]
+            table = None if value == _NONE else cat.tables[value]
+            kinds[kind] = table
+            refs[kind] = None if table is None else TableRef(table.name, "map")
+            continue
+        if kind == "tenants":
+            continue  # found from the tenant column's foreign keys, by _tenants_oid
+        scored = [
+            (score, t.name)
+            for t in cat.tables.values()
+            if t.name not in taken and (score := _score(kind, t, kinds)) > 0
+        ]
+        scored.sort(key=lambda s: (-s[0], s[1]))
+        if not scored:
+            kinds[kind], refs[kind] = None, None
+            continue
+        best = cat.tables[scored[0][1]]
+        if len(scored) > 1 and scored[1][0] == scored[0][0]:
+            others = ", ".join(n for s, n in scored[1:] if s == scored[0][0])
+            notes.append(
+                f"{kind}: {best.name} chosen over {others} (equal heuristic score); "
+                f"--map {kind}=TABLE picks another"
+            )
+        taken.add(best.name)
+        kinds[kind], refs[kind] = best, TableRef(best.name, "heuristic")
+    if "tenants" not in mapping:
+        kinds["tenants"], refs["tenants"] = None, None
+    return kinds, {k: refs.get(k) for k in KINDS}
+
+
+def _score(kind: str, t: Table, kinds: Mapping[str, Table | None]) -> int:
+    """How much ``t`` looks like the ``kind`` table (0: not at all); ``kinds`` so far."""
+    name = t.name.lower()
+    if kind == "tasks":
+        named = _TASK_NAME.search(name) is not None
+        shaped = t.col(*STATE) is not None and (
+            t.col(*WAKE, *VERSION, *LEASE_OWNER, *LEASE_EXPIRES) is not None
+        )
+        # A table holding idempotency keys is an operation unless its name says task/job.
+        if not (named or shaped) or (not named and t.col(*OP_KEY) is not None):
+            return 0
+        return (
+            4 * named
+            + (t.col(*STATE) is not None)
+            + (t.col(*WAKE) is not None)
+            + (t.col(*VERSION) is not None)
+            + (t.col(*LEASE_OWNER, *LEASE_EXPIRES) is not None)
+        )
+    if kind == "operations":
+        if t.col(*OP_KEY) is None:
+            return 0
+        tasks = kinds.get("tasks")
+        links = tasks is not None and any(fk.ref_oid == tasks.oid for fk in t.of("f"))
+        return 3 + 2 * bool(_OP_NAME.search(name)) + links + (t.col(*HASH) is not None)
+    if kind == "events":
+        if _EVENT_NAME.search(name) is None or t.col(*_EVENT_MARK) is None:
+            return 0
+        return 1 + sum(c in t.columns for c in _EVENT_MARK) + ("payload" in t.columns)
+    if kind == "outbox":
+        if "outbox" in name:
+            return 3
+        return 2 if t.col(*_TOPIC) and t.col(*DELIVERED) else 0
+    if kind == "inbox":
+        if "inbox" in name:
+            return 3
+        return 2 if t.col(*MESSAGE_ID) and t.col(*_CONSUMER) else 0
+    if kind == "credentials":
+        return 1 if _CREDENTIAL_NAME.search(name) else 0
+    return 0
+
+
+def _tenants_oid(
+    cat: Catalog,
+    mapping: Mapping[str, str],
+    tc: str,
+    kinds: dict[str, Table | None],
+    refs: dict[str, TableRef | None],
+    notes: list[str],
+) -> int | None:
+    """The tenants table's oid; a guessed one inside the schema is recorded in ``kinds``."""
+    mapped = kinds.get("tenants")
+    if mapped is not None:
+        return mapped.oid
+    if "tenants" in mapping:
+        return None
+    targets = Counter(
+        fk.ref_oid for t in cat.tables.values() for fk in t.of("f") if fk.columns == (tc,)
+    )
+    if not targets:
+        return None
+    oid = targets.most_common(1)[0][0]
+    table = cat.by_oid(oid)
+    if table is not None:
+        kinds["tenants"] = table
+        refs["tenants"] = TableRef(table.name, "heuristic")
+    else:
+        notes.append(f"tenants: {_display_of(cat, oid)} (outside this schema)")
+    return oid
+
+
+def _display_of(cat: Catalog, oid: int | None) -> str:
+    """A table outside the schema as the foreign keys that reference it name it."""
+    for table in cat.tables.values():
+        for fk in table.of("f"):
+            if fk.ref_oid == oid:
+                return fk.ref_display
+    return "tenants"
+
+
+def _tenant_owned(
+    t: Table, tc: str, tenants_oid: int | None, kinds: Mapping[str, Table | None]
+) -> bool:
+    if tc not in t.columns or t.oid == tenants_oid:
+        return False
+    # The tenants table is the anchor, not tenant data: a table whose only
+    # link is a foreign key to it (a role -> tenant lookup) is not owned.
+    kind_oids = {k.oid for kind, k in kinds.items() if k is not None and kind != "tenants"}
+    if t.oid in kind_oids or t.rls:
+        return True
+    if any(tc in cols for _, cols, _ in t.unique_keys()) or (
+        t.pk is not None and tc in t.pk.columns
+    ):
+        return True
+    for fk in t.of("f"):
+        if fk.ref_oid in kind_oids or (tc in fk.columns and len(fk.columns) > 1):
+            return True
+    return any(
+        fk.ref_oid == t.oid
+        for kind, k in kinds.items()
+        if k is not None and kind != "tenants"
+        for fk in k.of("f")
+    )
+
+
+# --- mapping ----------------------------------------------------------------------
+
+
+def parse_mapping(specs: Iterable[str]) -> dict[str, str]:
+    """Parse ``--map`` values (``"tasks=my_jobs,operations=my_effects"``, repeatable).
+
+    A table of ``-`` says the schema has no such table. ``tenant=COLUMN``
+    names the tenant column.
+
+    Raises:
+        ConfigurationError: an entry is not ``KEY=VALUE``, the key is unknown, or repeated.
+    """
+    mapping: dict[str, str] = {}
+    for spec in specs:
+        for entry in spec.split(","):
+            entry = entry.strip()
+            if not entry:
+                continue
+            key, sep, value = entry.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key or not value:
+                raise ConfigurationError(f"--map entry {entry!r} must be KEY=TABLE")
+            _check_key(key)
+            if key in mapping:
+                raise ConfigurationError(f"--map names {key!r} twice")
+            mapping[key] = value
+    return mapping
+
+
+def _check_key(key: str) -> None:
+    if key not in MAP_KEYS:
+        raise ConfigurationError(f"--map key {key!r} is unknown; use {', '.join(MAP_KEYS)}")
+
+
+def _check_mapping(cat: Catalog, mapping: Mapping[str, str]) -> None:
+    for key, value in mapping.items():
+        _check_key(key)
+        if key == "tenant":
+            if not any(value in t.columns for t in cat.tables.values()):
+                raise ConfigurationError(
+                    f"--map tenant={value}: no table in schema {cat.schema!r} "
+                    f"has a column {value!r}"
+                )
+        elif value != _NONE and value not in cat.tables:
+            raise ConfigurationError(
+                f"--map {key}={value}: no table {value!r} in schema {cat.schema!r}"
+            )

@@ -1,0 +1,79 @@
+"""Registers ``agentdb bench`` and runs ``python -m agentdb.tools.bench``.
+
+Light on purpose: the CLI imports this module to list its subcommands; the
+benchmark itself (psycopg, the library, the peers) is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import agentdb.tools.bench
+from agentdb.errors import AgentDBError, ConfigurationError
+from agentdb.tools.cli import EXIT_FAILURE, EXIT_USAGE
+
+__all__ = ["add_arguments", "add_bench", "main"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench's options, shared by ``agentdb bench`` and ``python -m agentdb.tools.bench``."""
+    p.add_argument(
+        "--dsn",
+        help="postgresql:// URL of a server where the bench may CREATE DATABASE "
+        "(default: start an embedded Postgres)",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes, under a minute (CI smoke)")
+    p.add_argument("--reps", type=int, default=3, help="interleaved repetitions (default 3)")
+    p.add_argument("--out", type=Path, default=Path("bench-results"), help="output directory")
+    p.add_argument(
+        "--skip-1m", action="store_true", help="scale to 100k tasks instead of 1M (faster)"
+    )
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Run the bench for the parsed ``args``.
+
+    Raises:
+        ConfigurationError, DatabaseUnavailable: as for :func:`agentdb.tools.bench.runner.run`.
+    """
+    from agentdb.tools.bench.runner import Options, run
+
+    run(Options(args.dsn, args.quick, args.reps, args.out, args.skip_1m))
+    return 0
+
+
+def add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``bench`` subcommand to ``agentdb``'s subparsers."""
+    p = sub.add_parser(
+        "bench",
+        help="benchmark agentdb against raw asyncpg, PgQueuer and Procrastinate",
+        description="Create throwaway databases, run each comparison with its contenders "
+        "interleaved, and write report.md, results.json and chart.png.",
+    )
+    add_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m agentdb.tools.bench``: the same as ``agentdb bench``; return the exit status.
+
+    Bad input ends with one line on stderr and status 2, a database or runtime
+    failure with status 1, as for ``agentdb``.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m agentdb.tools.bench",
+        description=agentdb.tools.bench.__doc__,
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return _cmd_bench(args)
+    except ConfigurationError as exc:
+        print(f"agentdb bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except AgentDBError as exc:
+        print(f"agentdb bench: {exc}", file=sys.stderr)
+        return EXIT_FAILURE

@@ -1,0 +1,442 @@
+"""The bench's outputs: ``report.md`` (also printed), ``results.json``, ``chart.png``, targets.
+
+Everything here reads the results dictionary :func:`agentdb.tools.bench.runner.run`
+builds; nothing touches a database.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentdb.tools.bench.harness import median, ratios
+
+__all__ = ["render", "targets", "write_outputs"]
+
+_PGQ_DEFAULT = "PgQueuer default (batch 10)"
+_PGQ_TUNED = "PgQueuer tuned (batch 250)"
+_RAW_DRAIN = "raw SKIP LOCKED, one statement"
+
+
+def _fmt(v: float, digits: int = 0) -> str:
+    return "n/a" if not math.isfinite(v) else f"{v:,.{digits}f}"
+
+
+def _fmt_range(values: Sequence[float], digits: int = 0) -> str:
+    if not values:
+        return "n/a"
+    return (
+        f"{_fmt(median(values), digits)} ({_fmt(min(values), digits)}-{_fmt(max(values), digits)})"
+    )
+
+
+def _pct(values: Sequence[float]) -> str:
+    return "n/a" if not values else f"{median(values) * 100:.0f} %"
+
+
+def _by_name(r: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(c["name"], c["workers"]): c for c in r["cycle"]}
+
+
+def _relays(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {x["name"]: x for x in r["relay"]}
+
+
+def _throughput_ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    """Median tasks/s of ``a`` over ``b``; None if either was not measured."""
+    if not a or not b or not a["tasks_per_s"] or not b["tasks_per_s"]:
+        return None
+    return median(a["tasks_per_s"]) / median(b["tasks_per_s"])
+
+
+# --- Targets -----------------------------------------------------------------
+
+_Target = tuple[str, str, str]
+
+
+def _statement_targets(r: dict[str, Any]) -> list[_Target]:
+    out: list[_Target] = []
+    for s in r["statements"]:
+        ratio = median(ratios(s["agentdb"], s["raw"]))
+        verdict = "met" if ratio >= 0.95 else "missed"
+        out.append((f"{s['statement']}: helper ≥ 0.95x raw asyncpg", f"{ratio:.3f}x", verdict))
+    return out
+
+
+def _cycle_targets(r: dict[str, Any]) -> list[_Target]:
+    out: list[_Target] = []
+    by = _by_name(r)
+    # The no-op rows do less than the cycle the target is about: they stay out.
+    agentdb4 = [
+        c
+        for c in r["cycle"]
+        if c["kind"] in ("agentdb-single", "agentdb-batched") and c["workers"] == 4
+    ]
+    best = max(agentdb4, key=lambda c: median(c["tasks_per_s"]), default=None)
+    for peer in (_PGQ_DEFAULT, _PGQ_TUNED):
+        ratio = _throughput_ratio(best, by.get((peer, 4)))
+        if best is None or ratio is None:
+            out.append((f"task cycle, 4 workers ≥ {peer}", "peer not measured", "n/a"))
+            continue
+        bar = "first bar" if "default" in peer else "aim"
+        out.append(
+            (
+                f"task cycle, 4 workers ≥ {peer} ({bar})",
+                f"{best['name']}: {ratio:.3f}x",
+                "met" if ratio >= 1 else "missed",
+            )
+        )
+    noop = by.get(("agentdb no-op tasks, batch 250", 4))
+    for peer in (_PGQ_DEFAULT, _PGQ_TUNED):
+        ratio = _throughput_ratio(noop, by.get((peer, 4)))
+        if ratio is not None:
+            out.append(
+                (
+                    f"(the same work as a no-op job) agentdb no-op tasks, 4 workers, vs {peer}",
+                    f"{ratio:.3f}x",
+                    "for reference",
+                )
+            )
+    return out
+
+
+def _relay_targets(r: dict[str, Any]) -> list[_Target]:
+    relays = _relays(r)
+    raw = relays[_RAW_DRAIN]["rows_per_s"]
+    out: list[_Target] = []
+    for name in ("agentdb Relay.drain()", "agentdb outbox.claim + mark_delivered"):
+        ratio = median(ratios(relays[name]["rows_per_s"], raw))
+        verdict = "met" if ratio >= 0.8 else "missed"
+        out.append((f"{name} ≥ 0.8x raw one-statement drain", f"{ratio:.3f}x", verdict))
+    return out
+
+
+def _scaling_target(r: dict[str, Any]) -> _Target:
+    sc = r["scaling"]
+    small, large = (str(n) for n in sc["sizes"])
+    ratio = median(sc["p50_ms"][large]) / median(sc["p50_ms"][small])
+    return (
+        f"claim p50 at {int(large):,} rows ≤ 1.2x at {int(small):,}",
+        f"{ratio:.3f}x",
+        "met" if ratio <= 1.2 else "missed",
+    )
+
+
+def targets(r: dict[str, Any]) -> list[_Target]:
+    """(target, measured, verdict) for the issue's four targets."""
+    return [*_statement_targets(r), *_cycle_targets(r), *_relay_targets(r), _scaling_target(r)]
+
+
+# --- report.md ---------------------------------------------------------------
+
+
+def _header(r: dict[str, Any]) -> list[str]:
+    m = r["meta"]
+    v = m["versions"]
+    settings = ", ".join(f"{k}={val}" for k, val in sorted(m["settings"].items()))
+    return [
+        "# agentdb benchmarks",
+        "",
+        f"{m['date']} · {m['mode']} run · {m['reps']} interleaved repetitions · "
+        f"{m['cpu_count']} CPU cores ({m['machine']}, {m['platform']}) · "
+        f"load average {m['load_before'][0]:.2f} before, {m['load_after'][0]:.2f} after · "
+        f"{m['seconds']:.0f} s in all",
+        "",
+        f"Server: PostgreSQL {v['postgres']} ({m['server']}; {settings}); client and server "
+        "share this machine.",
+        "",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if k != "postgres"),
+        "",
+        "Every figure is the median over the repetitions, with min-max in brackets. Contenders "
+        "ran back to back inside each repetition (A B A B …) in one Python process on the "
+        "default asyncio loop; ratios are taken per repetition, then the median.",
+        "",
+    ]
+
+
+def _table(head: Sequence[tuple[str, str]], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown table: ``head`` is (title, ``"<"`` left or ``">"`` right aligned) per column."""
+
+    def line(cells: Iterable[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    rule = "|" + "".join("---|" if align == "<" else "---:|" for _, align in head)
+    return [line(title for title, _ in head), rule, *(line(row) for row in rows), ""]
+
+
+def _statements_section(r: dict[str, Any]) -> list[str]:
+    s0 = r["statements"][0]
+    head = [
+        ("statement", "<"),
+        ("agentdb helper, ops/s", ">"),
+        ("raw asyncpg, same SQL, ops/s", ">"),
+        ("helper ÷ raw", ">"),
+        ("client CPU µs/op, helper / raw", ">"),
+        ("server CPU µs/op, helper / raw", ">"),
+    ]
+    rows = [
+        (
+            s["statement"],
+            _fmt_range(s["agentdb"]),
+            _fmt_range(s["raw"]),
+            _fmt_range(ratios(s["agentdb"], s["raw"]), 2),
+            f"{_fmt(median(s['helper_client_us']))} / {_fmt(median(s['raw_client_us']))}",
+            f"{_fmt(median(s['helper_server_us']))} / {_fmt(median(s['raw_server_us']))}",
+        )
+        for s in r["statements"]
+    ]
+    return [
+        "## 1. Statement overhead",
+        "",
+        f"{s0['connections']} connections, {s0['ops_per_rep']:,} statements per variant per "
+        "repetition; the raw variant sends the same SQL text with the same arguments through "
+        "`conn.fetch` on the same connections.",
+        "",
+        *_table(head, rows),
+    ]
+
+
+def _cycle_section(r: dict[str, Any]) -> list[str]:
+    by = _by_name(r)
+    head = [
+        ("path", "<"),
+        *((title, ">") for title in ("workers", "tasks/run", "tasks/s", "vs PgQueuer default")),
+        *((title, ">") for title in ("client CPU", "server CPU", "client CPU µs/task")),
+        *((title, ">") for title in ("server CPU µs/task", "WAL bytes/task")),
+    ]
+    rows = []
+    for c in r["cycle"]:
+        ratio = _throughput_ratio(c, by.get((_PGQ_DEFAULT, c["workers"])))
+        rows.append(
+            (
+                c["name"],
+                str(c["workers"]),
+                f"{c['tasks_per_run']:,}",
+                _fmt_range(c["tasks_per_s"]),
+                "n/a" if ratio is None else f"{ratio:.2f}x",
+                _pct(c["client_cpu_share"]),
+                _pct(c["server_cpu_share"]),
+                _fmt(median(c["client_cpu_us_per_task"])),
+                _fmt(median(c["server_cpu_us_per_task"])),
+                _fmt(median(c["wal_bytes_per_task"])),
+            )
+        )
+    return [
+        "## 2. Task cycle",
+        "",
+        "agentdb: claim under a lease → reserve an operation → complete it → finish the task "
+        "(state + event + one outbox row; the lease is dropped). PgQueuer and Procrastinate run "
+        "no-op jobs (no operation ledger, no audit event, no outbox). Throughput is counted "
+        "from the first job handed out to the last completion committed.",
+        "",
+        *_table(head, rows),
+        "Client CPU is the bench process's CPU time over the run's wall time (100 % = one core "
+        "busy: the Python client is the bottleneck); server CPU is the run database's backends "
+        "on the same scale (the machine has "
+        f"{r['meta']['cpu_count']} cores for both); WAL is cluster-wide.",
+        "",
+    ]
+
+
+def _relay_section(r: dict[str, Any]) -> list[str]:
+    raw = _relays(r)[_RAW_DRAIN]["rows_per_s"]
+    first = r["relay"][0]
+    head = [
+        ("relay", "<"),
+        ("how", "<"),
+        ("rows/s", ">"),
+        ("÷ raw one-statement", ">"),
+        ("client CPU", ">"),
+    ]
+    rows = [
+        (
+            x["name"],
+            x["how"],
+            _fmt_range(x["rows_per_s"]),
+            _fmt_range(ratios(x["rows_per_s"], raw), 2),
+            _pct(x["client_cpu_share"]),
+        )
+        for x in r["relay"]
+    ]
+    return [
+        "## 3. Outbox relay",
+        "",
+        f"One relay, batch {first['batch']}, {first['rows_per_run']:,} rows per "
+        "run, a publisher that returns at once.",
+        "",
+        *_table(head, rows),
+    ]
+
+
+def _scaling_section(r: dict[str, Any]) -> list[str]:
+    sc = r["scaling"]
+    head = [("tasks in the table", ">"), ("claim p50, ms", ">"), ("claim p99, ms", ">")]
+    rows = [
+        (f"{n:,}", _fmt_range(sc["p50_ms"][str(n)], 3), _fmt_range(sc["p99_ms"][str(n)], 3))
+        for n in sc["sizes"]
+    ]
+    small, large = (str(n) for n in sc["sizes"])
+    return [
+        "## 4. Scaling: claim latency",
+        "",
+        f"`leases.claim(batch=1)` on one connection, {sc['claims_per_rep']:,} timed claims per "
+        "table per repetition, all tasks pending (a backlog: every row is in the claim index).",
+        "",
+        *_table(head, rows),
+        f"p50 ratio {int(large):,} ÷ {int(small):,}: "
+        f"{_fmt_range(ratios(sc['p50_ms'][large], sc['p50_ms'][small]), 2)}; index path: "
+        f"{'yes' if sc['index_path'] else 'NO'}.",
+        "",
+        f"The claim's plan at {sc['explain_rows']:,} rows (EXPLAIN ANALYZE, rolled back):",
+        "",
+        "```",
+        sc["explain"],
+        "```",
+        "",
+    ]
+
+
+def _targets_section(r: dict[str, Any]) -> list[str]:
+    head = [("target", "<"), ("measured", "<"), ("verdict", "<")]
+    return ["## Targets", "", *_table(head, targets(r))]
+
+
+def _notes_section(r: dict[str, Any]) -> list[str]:
+    problems = [f"{c['name']} ({c['workers']} w): {e}" for c in r["cycle"] for e in c["errors"]]
+    problems += [f"{x['name']}: {e}" for x in r["relay"] for e in x["errors"]]
+    if not r["notes"] and not problems:
+        return []
+    return ["## Notes", "", *(f"- {note}" for note in (*r["notes"], *problems)), ""]
+
+
+def render(r: dict[str, Any]) -> str:
+    """The markdown report (also printed to stdout)."""
+    sections = (
+        _header,
+        _statements_section,
+        _cycle_section,
+        _relay_section,
+        _scaling_section,
+        _targets_section,
+        _notes_section,
+    )
+    return "\n".join(line for section in sections for line in section(r))
+
+
+# --- chart.png ---------------------------------------------------------------
+
+
+def _bars(
+    ax: Any,
+    labels: list[str],
+    series: list[tuple[str, list[list[float]]]],
+    title: str,
+    unit: str,
+    log: bool = False,
+) -> None:
+    """Grouped bars of the medians, one group per label, error bars spanning min-max."""
+    width = 0.8 / max(1, len(series))
+    for k, (name, samples) in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(labels))]
+        med = [median(s) if s else 0.0 for s in samples]
+        lo = [m - min(s) if s else 0.0 for m, s in zip(med, samples, strict=True)]
+        hi = [max(s) - m if s else 0.0 for m, s in zip(med, samples, strict=True)]
+        ax.bar(xs, med, width, yerr=[lo, hi], capsize=3, label=name)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(unit)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=7)
+
+
+def _draw(r: dict[str, Any], axes: Any) -> None:
+    st = r["statements"]
+    _bars(
+        axes[0][0],
+        [s["statement"] for s in st],
+        [("agentdb helper", [s["agentdb"] for s in st]), ("raw asyncpg", [s["raw"] for s in st])],
+        "1. Statement overhead (same SQL)",
+        "statements/s",
+    )
+    names = list(dict.fromkeys(c["name"] for c in r["cycle"]))
+    by = {key: c["tasks_per_s"] for key, c in _by_name(r).items()}
+    _bars(
+        axes[0][1],
+        names,
+        [
+            (f"{w} worker{'s' if w > 1 else ''}", [by.get((n, w), []) for n in names])
+            for w in (1, 4)
+        ],
+        "2. Task cycle",
+        "tasks/s (log)",
+        log=True,
+    )
+    _bars(
+        axes[1][0],
+        [x["name"] for x in r["relay"]],
+        [("rows/s", [x["rows_per_s"] for x in r["relay"]])],
+        "3. Outbox relay",
+        "rows/s",
+    )
+    sc = r["scaling"]
+    _bars(
+        axes[1][1],
+        [f"{n:,} tasks" for n in sc["sizes"]],
+        [
+            ("p50", [sc["p50_ms"][str(n)] for n in sc["sizes"]]),
+            ("p99", [sc["p99_ms"][str(n)] for n in sc["sizes"]]),
+        ],
+        "4. Claim latency",
+        "ms",
+    )
+
+
+def _chart(r: dict[str, Any], path: Path) -> str | None:
+    """Draw chart.png; return why not if matplotlib is missing."""
+    try:
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        return f"no chart: matplotlib is not importable ({exc})"
+    fig, axes = plt.subplots(2, 2, figsize=(14, 10))
+    _draw(r, axes)
+    m = r["meta"]
+    fig.suptitle(
+        f"agentdb bench ({m['mode']}, {m['reps']} reps, "
+        f"PostgreSQL {m['versions']['postgres'].split()[0]}, "
+        f"{m['cpu_count']} cores) - medians, bars span min-max",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def write_outputs(r: dict[str, Any], out: Path) -> None:
+    """Write chart.png, report.md and results.json to ``out``, print the report.
+
+    A missing matplotlib is a note in the report, not an error.
+
+    Raises:
+        OSError: ``out`` cannot be created or written.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    why = _chart(r, out / "chart.png")
+    if why is not None:
+        r["notes"].append(why)
+    text = render(r)
+    (out / "report.md").write_text(text + "\n", encoding="utf-8")
+    (out / "results.json").write_text(json.dumps(r, indent=2) + "\n", encoding="utf-8")
+    print(text, flush=True)
+    print(
+        f"\nwrote {out / 'report.md'}, {out / 'results.json'}"
+        f"{'' if why else ', ' + str(out / 'chart.png')}"
+    )

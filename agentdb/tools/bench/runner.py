@@ -1,0 +1,521 @@
+"""The run: create the databases, interleave the contenders of each comparison, write the report.
+
+Inside every repetition each contender runs once, back to back (A B A B
+...), on the same server and in the same process, so noisy neighbours hit
+every contender alike; each timed run starts from freshly analysed tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib.metadata
+import importlib.util
+import math
+import os
+import platform
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, LiteralString
+
+from agentdb import _db, _dsn, tenancy
+from agentdb.errors import ConfigurationError
+from agentdb.tools.bench.cycle import AGENTDB_RUNS
+from agentdb.tools.bench.harness import (
+    ANALYZE,
+    FULL,
+    QUICK,
+    SKIP_1M_LARGE,
+    Clock,
+    Cycle,
+    Database,
+    Databases,
+    Probe,
+    Sizes,
+    Window,
+    hold,
+    migrate_locked,
+    seed_tasks,
+)
+from agentdb.tools.bench.peers import (
+    Peers,
+    pgqueuer_install,
+    pgqueuer_run,
+    procrastinate_install,
+    procrastinate_run,
+)
+from agentdb.tools.bench.relay import RELAYS, deliver_pending, seed_outbox
+from agentdb.tools.bench.report import write_outputs
+from agentdb.tools.bench.scaling import bench_scaling
+from agentdb.tools.bench.statements import STATEMENTS, Body, Slot, open_slots
+
+__all__ = ["Options", "bench_cycle", "bench_relay", "bench_statements", "run"]
+
+# Untimed statements per connection and variant before the timed ones.
+_WARM = 4
+_RELAY_BATCH = 100
+_COUNT_DONE: LiteralString = (
+    "SELECT count(*) FROM agent_tasks WHERE task_type = $1 AND state = 'succeeded'"
+)
+
+
+@dataclass
+class Options:
+    """The command line's choices (see :func:`agentdb.tools.bench.command.add_arguments`)."""
+
+    dsn: str | None
+    quick: bool
+    reps: int
+    out: Path
+    skip_1m: bool
+
+
+# --- 1. Statement overhead --------------------------------------------------
+
+
+async def _each(held: list[_db.Conn], slots: list[Slot], body: Body, n: int, tag: str) -> None:
+    """``body`` ``n`` times on every connection at once, each for its own slot."""
+    await asyncio.gather(
+        *(body(c, s, n, f"{tag}-{k}") for k, (c, s) in enumerate(zip(held, slots, strict=True)))
+    )
+
+
+async def _statement(
+    held: list[_db.Conn],
+    slots: list[Slot],
+    pair: tuple[str, Body, Body],
+    per_conn: int,
+    reps: int,
+    probe: Probe,
+    dbname: str,
+) -> dict[str, Any]:
+    """One statement's helper and raw variants, interleaved over ``reps`` repetitions.
+
+    Raises:
+        RuntimeError: a variant's statement matched nothing.
+    """
+    name, helper, raw = pair
+    total = per_conn * len(held)
+    variants = (("agentdb", "helper", helper), ("raw", "raw", raw))
+    if name == "complete":
+        # The raw reserve runs reserved operations too: complete those as well,
+        # so both variants have enough to settle.
+        for s in slots:
+            s.adopt_raw()
+    # Untimed warm-up: prepares the statements on every connection and gives
+    # empty tables rows, so the plans Postgres caches (its own foreign-key
+    # checks included) are made with real statistics.
+    for variant, _, body in variants:
+        await _each(held, slots, body, _WARM, f"warm-{variant}")
+    rates: dict[str, list[float]] = {"agentdb": [], "raw": []}
+    cpu: dict[str, list[float]] = {
+        f"{v}_{k}": [] for v in ("helper", "raw") for k in ("client_us", "server_us")
+    }
+    for rep in range(reps):
+        for variant, who, body in variants:
+            await held[0].execute(ANALYZE)
+            work = functools.partial(_each, held, slots, body, per_conn, f"{variant}-{rep}")
+            _, window = await probe.timed(dbname, work)
+            rates[variant].append(total / window.seconds)
+            usage = probe.usage(window, total)
+            cpu[f"{who}_client_us"].append(usage["client_cpu_us_per_unit"])
+            if "server_cpu_us_per_unit" in usage:
+                cpu[f"{who}_server_us"].append(usage["server_cpu_us_per_unit"])
+    return {"statement": name, "ops_per_rep": total, "connections": len(held), **rates, **cpu}
+
+
+async def bench_statements(
+    db: Database, sizes: Sizes, reps: int, probe: Probe
+) -> list[dict[str, Any]]:
+    """Each helper against its raw SQL, on ``sizes.stmt_conns`` connections at once.
+
+    Raises:
+        DatabaseUnavailable: the pool could not be opened.
+        RuntimeError: a raw statement matched nothing (its statement changed shape).
+    """
+    conns = sizes.stmt_conns
+    per_conn = max(1, sizes.stmt_ops // conns)
+    total = per_conn * conns
+    pool = await _db.create_pool(db.url, min_size=conns, max_size=conns)
+    try:
+        tenant = await tenancy.create_tenant(pool, "bench-statements")
+        await seed_tasks(pool, tenant, "slot", conns)
+        await seed_tasks(pool, tenant, "claim", (total + _WARM * conns) * 2 * reps)
+        slots = await open_slots(pool, tenant, conns)
+        async with hold(pool, conns) as held:
+            return [
+                await _statement(held, slots, pair, per_conn, reps, probe, db.name)
+                for pair in STATEMENTS
+            ]
+    finally:
+        await pool.close()
+
+
+# --- 2. Task cycle -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Contender:
+    name: str
+    workers: int
+    kind: str  # agentdb-single, agentdb-batched, agentdb-noop, pgqueuer or procrastinate
+    batch: int
+    note: str = ""
+
+
+# The slow paths run fewer tasks, so that every contender's run takes seconds.
+_SLOW = ("procrastinate", "agentdb-single")
+
+
+def _contenders(peers: set[str]) -> list[_Contender]:
+    out: list[_Contender] = []
+    for w in (1, 4):
+        out += [
+            _Contender("agentdb, one statement per step", w, "agentdb-single", 10,
+                       "claim 10, then reserve, complete and finish each task"),
+            _Contender("agentdb batched, batch 10", w, "agentdb-batched", 10,
+                       "claim, reserve_many, complete_many, tasks.finish_many"),
+            _Contender("agentdb batched, batch 250", w, "agentdb-batched", 250,
+                       "the same, 250 tasks per statement"),
+            _Contender("agentdb no-op tasks, batch 250", w, "agentdb-noop", 250,
+                       "claim, tasks.finish_many: no operation, no outbox row"),
+            _Contender("PgQueuer default (batch 10)", w, "pgqueuer", 10, "no-op jobs"),
+            _Contender("PgQueuer tuned (batch 250)", w, "pgqueuer", 250, "no-op jobs"),
+            _Contender("Procrastinate", w, "procrastinate", 1,
+                       f"no-op jobs, {w} worker(s) of concurrency 1"),
+        ]  # fmt: skip
+    return [c for c in out if c.kind.startswith("agentdb") or c.kind in peers]
+
+
+def _cycle_row(c: _Contender) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "workers": c.workers,
+        "kind": c.kind,
+        "batch": c.batch,
+        "note": c.note,
+        "tasks_per_s": [],
+        "client_cpu_share": [],
+        "server_cpu_share": [],
+        "client_cpu_us_per_task": [],
+        "server_cpu_us_per_task": [],
+        "wal_bytes_per_task": [],
+        "tasks_per_run": 0,
+        "errors": [],
+    }
+
+
+@dataclass
+class _CycleBench:
+    """What every task-cycle run needs: agentdb's pool and tenant, the peers' databases."""
+
+    db: Database
+    peer_dbs: dict[str, Database]
+    pool: _db.Pool
+    tenant: uuid.UUID
+    probe: Probe
+    runs: int = 0
+
+    async def _agentdb(
+        self, c: _Contender, n: int, clock: Clock, errors: list[str], rep: int
+    ) -> tuple[Cycle, Window]:
+        # A task type per run keeps each run's claims to the tasks seeded for it.
+        self.runs += 1
+        task_type = f"cycle-{self.runs}"
+        await seed_tasks(self.pool, self.tenant, task_type, n)
+        await self.pool.execute(ANALYZE)
+        async with hold(self.pool, c.workers) as held:
+            work = functools.partial(AGENTDB_RUNS[c.kind], held, task_type, clock, c.batch)
+            got, window = await self.probe.timed(self.db.name, work)
+        finished = await self.pool.fetchval(_COUNT_DONE, task_type)
+        if finished != n or got.refused:
+            errors.append(f"rep {rep}: {finished} of {n} succeeded, {got.refused} refused")
+        return got, window
+
+    async def one(
+        self, c: _Contender, n: int, clock: Clock, errors: list[str], rep: int
+    ) -> tuple[Cycle, Window]:
+        """Run contender ``c`` over ``n`` tasks (or jobs); return what ran and its window.
+
+        Raises:
+            whatever the contender raises (the caller decides whether that is fatal).
+        """
+        if c.kind.startswith("agentdb"):
+            return await self._agentdb(c, n, clock, errors, rep)
+        if c.kind == "pgqueuer":
+            return await pgqueuer_run(
+                self.peer_dbs["pgqueuer"], c.workers, c.batch, n, clock, self.probe
+            )
+        return await procrastinate_run(
+            self.peer_dbs["procrastinate"], c.workers, n, clock, self.probe
+        )
+
+
+def _record(
+    row: dict[str, Any], rep: int, n: int, got: Cycle, window: Window, clock: Clock, probe: Probe
+) -> None:
+    """Add one run's throughput and costs to its contender's row (or say why not)."""
+    if got.done != n:
+        row["errors"].append(f"rep {rep}: {got.done} of {n} jobs ran")
+    if clock.first is None or window.end <= clock.first:
+        row["errors"].append(f"rep {rep}: no work was timed")
+        return
+    usage = probe.usage(window, n)
+    row["tasks_per_s"].append(got.done / (window.end - clock.first))
+    row["client_cpu_share"].append(usage["client_cpu_share"])
+    row["client_cpu_us_per_task"].append(usage["client_cpu_us_per_unit"])
+    row["wal_bytes_per_task"].append(usage["wal_bytes_per_unit"])
+    if "server_cpu_us_per_unit" in usage:
+        row["server_cpu_us_per_task"].append(usage["server_cpu_us_per_unit"])
+        row["server_cpu_share"].append(usage["server_cpu_share"])
+
+
+async def bench_cycle(
+    db: Database,
+    peer_dbs: dict[str, Database],
+    sizes: Sizes,
+    reps: int,
+    probe: Probe,
+    notes: list[str],
+) -> list[dict[str, Any]]:
+    """The task cycle for every contender, with 1 and 4 workers.
+
+    A peer that fails is left out (and said so in ``notes``); agentdb failing is fatal.
+
+    Raises:
+        DatabaseUnavailable: agentdb's pool could not be opened; whatever agentdb raises.
+    """
+    contenders = _contenders(set(peer_dbs))
+    rows = {(c.name, c.workers): _cycle_row(c) for c in contenders}
+    pool = await _db.create_pool(db.url, min_size=4, max_size=4)
+    failed: set[str] = set()
+    try:
+        tenant = await tenancy.create_tenant(pool, "bench-cycle")
+        bench = _CycleBench(db, peer_dbs, pool, tenant, probe)
+        for rep in range(reps):
+            for c in contenders:
+                if c.kind in failed:
+                    continue
+                row = rows[(c.name, c.workers)]
+                n = sizes.cycle_tasks_slow if c.kind in _SLOW else sizes.cycle_tasks
+                row["tasks_per_run"] = n
+                clock = Clock()
+                try:
+                    got, window = await bench.one(c, n, clock, row["errors"], rep)
+                except Exception as exc:
+                    if c.kind.startswith("agentdb"):
+                        raise
+                    failed.add(c.kind)
+                    notes.append(f"{c.kind} failed and was left out: {type(exc).__name__}: {exc}")
+                    continue
+                _record(row, rep, n, got, window, clock, probe)
+    finally:
+        await pool.close()
+    return [r for r in rows.values() if r["tasks_per_s"] or r["errors"]]
+
+
+# --- 3. Outbox relay ---------------------------------------------------------
+
+
+async def bench_relay(db: Database, sizes: Sizes, reps: int, probe: Probe) -> list[dict[str, Any]]:
+    """Every drain of :data:`~agentdb.tools.bench.relay.RELAYS` over the same seeded outbox.
+
+    Raises:
+        DatabaseUnavailable: the pool could not be opened; whatever a drain raises.
+    """
+    pool = await _db.create_pool(db.url, min_size=2, max_size=2)
+    try:
+        tenant = await tenancy.create_tenant(pool, "bench-relay")
+        await deliver_pending(pool)
+        out: dict[str, dict[str, Any]] = {
+            name: {
+                "name": name,
+                "how": how,
+                "batch": _RELAY_BATCH,
+                "rows_per_run": sizes.relay_rows,
+                "rows_per_s": [],
+                "client_cpu_share": [],
+                "errors": [],
+            }
+            for name, how, _ in RELAYS
+        }
+        for rep in range(reps):
+            for name, _, drain in RELAYS:
+                await seed_outbox(pool, tenant, sizes.relay_rows)
+                await pool.execute(ANALYZE)
+                work = functools.partial(drain, pool, _RELAY_BATCH)
+                delivered, window = await probe.timed(db.name, work)
+                if delivered != sizes.relay_rows:
+                    out[name]["errors"].append(
+                        f"rep {rep}: delivered {delivered} of {sizes.relay_rows}"
+                    )
+                out[name]["rows_per_s"].append(delivered / window.seconds)
+                out[name]["client_cpu_share"].append(
+                    probe.usage(window, delivered)["client_cpu_share"]
+                )
+        return list(out.values())
+    finally:
+        await pool.close()
+
+
+# --- The run -----------------------------------------------------------------
+
+
+def _versions(server: str, peers: Peers) -> dict[str, str]:
+    from agentdb import __version__
+
+    v = {
+        "postgres": server,
+        "agentdb": __version__,
+        "python": platform.python_version(),
+        "asyncpg": importlib.metadata.version("asyncpg"),
+        "psycopg": importlib.metadata.version("psycopg"),
+    }
+    v.update(peers.versions)
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        v["matplotlib"] = importlib.metadata.version("matplotlib")
+    return v
+
+
+async def _install_peers(dbs: dict[str, Database], peers: Peers) -> dict[str, Database]:
+    """Install each installed peer's schema in its database; return those databases."""
+    installed: dict[str, Database] = {}
+    if peers.has("pgqueuer"):
+        installed["pgqueuer"] = dbs["pgqueuer"]
+        await pgqueuer_install(dbs["pgqueuer"])
+    if peers.has("procrastinate"):
+        installed["procrastinate"] = dbs["procrastinate"]
+        await procrastinate_install(dbs["procrastinate"])
+    return installed
+
+
+async def _bench(
+    admin: str,
+    dbs: dict[str, Database],
+    scale: dict[int, Database],
+    opts: Options,
+    sizes: Sizes,
+    peers: Peers,
+    notes: list[str],
+) -> dict[str, Any]:
+    probe = await Probe.open(admin)
+    try:
+        server, settings = await probe.server()
+        if not probe.local:
+            notes.append("server CPU is not reported: the server is not on this machine")
+        peer_dbs = await _install_peers(dbs, peers)
+        stamps: dict[str, float] = {}
+        last = time.perf_counter()
+
+        def lap(section: str) -> None:
+            nonlocal last
+            now = time.perf_counter()
+            stamps[section], last = now - last, now
+
+        agentdb = dbs["agentdb"]
+        statements = await bench_statements(agentdb, sizes, opts.reps, probe)
+        lap("statements")
+        cycle = await bench_cycle(agentdb, peer_dbs, sizes, opts.reps, probe, notes)
+        lap("cycle")
+        relay = await bench_relay(agentdb, sizes, opts.reps, probe)
+        lap("relay")
+        scaling = await bench_scaling(scale, sizes, opts.reps)
+        lap("scaling")
+    finally:
+        await probe.close()
+    return {
+        "meta": {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "mode": "quick" if opts.quick else "full",
+            "reps": opts.reps,
+            "server": "embedded (pgserver)" if opts.dsn is None else _dsn.redact(opts.dsn),
+            "settings": settings,
+            "cpu_count": os.cpu_count() or 0,
+            "machine": platform.machine(),
+            "platform": platform.platform(terse=True),
+            "versions": _versions(server, peers),
+            "missing_peers": peers.missing,
+            "section_seconds": stamps,
+            "server_cpu_measured": probe.local,
+        },
+        "statements": statements,
+        "cycle": cycle,
+        "relay": relay,
+        "scaling": scaling,
+        "notes": notes,
+    }
+
+
+def _sizes(opts: Options) -> Sizes:
+    """The sizes ``opts`` asks for.
+
+    Raises:
+        ConfigurationError: ``opts.reps`` is below 1.
+    """
+    if opts.reps < 1:
+        raise ConfigurationError("--reps must be at least 1")
+    sizes = QUICK if opts.quick else FULL
+    if opts.skip_1m and not opts.quick:
+        sizes = replace(sizes, scale_large=SKIP_1M_LARGE)
+    return sizes
+
+
+def _first_notes(peers: Peers) -> list[str]:
+    notes: list[str] = []
+    if importlib.util.find_spec("opentelemetry") is not None:
+        notes.append(
+            "opentelemetry-api is installed; with no SDK configured the helpers skip their "
+            "own spans and only read the (empty) current span for trace ids"
+        )
+    notes += [f"{name} is not importable ({why}): left out" for name, why in peers.missing.items()]
+    return notes
+
+
+def _loadavg() -> list[float]:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else [math.nan] * 3
+
+
+def run(opts: Options) -> dict[str, Any]:
+    """Run every comparison, write the report, and return the results.
+
+    Raises:
+        ConfigurationError: ``--reps`` below 1, or ``--dsn`` not a postgresql:// URL.
+        DatabaseUnavailable: the server cannot be reached or refuses the login.
+        psycopg.Error: a bench database could not be created or dropped.
+    """
+    sizes = _sizes(opts)
+    peers = Peers()
+    notes = _first_notes(peers)
+    load_before = _loadavg()
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if opts.dsn is None:
+            from agentdb.tools.embedded import embedded_postgres
+
+            admin = stack.enter_context(embedded_postgres(migrate=False))
+        else:
+            admin = opts.dsn
+        dbs = Databases(admin, secrets.token_hex(4))
+        stack.callback(dbs.drop_all)
+        main_db = dbs.name("agentdb")
+        created = {"agentdb": dbs.create(main_db)}
+        migrate_locked(admin, created["agentdb"].url)
+        scale = {
+            sizes.scale_small: dbs.create(f"{main_db}_s", template=main_db),
+            sizes.scale_large: dbs.create(f"{main_db}_l", template=main_db),
+        }
+        for peer in ("pgqueuer", "procrastinate"):
+            if peers.has(peer):
+                created[peer] = dbs.create(dbs.name(peer))
+        results = asyncio.run(_bench(admin, created, scale, opts, sizes, peers, notes))
+        results["meta"]["databases"] = list(dbs.created)  # all dropped on the way out
+    results["meta"]["seconds"] = time.perf_counter() - t0
+    results["meta"]["load_before"] = load_before
+    results["meta"]["load_after"] = _loadavg()
+    write_outputs(results, opts.out)
+    return results

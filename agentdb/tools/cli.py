@@ -1,0 +1,86 @@
+"""The ``agentdb`` command line (also ``python -m agentdb``).
+
+Each tool registers its own subcommand; only the tool the command line names
+is imported (``agentdb migrate`` never loads the audit or the benchmark), and
+``agentdb --help`` loads just the small command modules. Bad input and
+unreachable databases end with one line on stderr and a non-zero exit
+status, never a traceback: 2 for bad input, 1 for a database or runtime
+failure, 3 for ``audit --fail-on`` findings, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from agentdb import __version__
+from agentdb.errors import AgentDBError, ConfigurationError
+
+__all__ = ["COMMANDS", "build_parser", "main"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+#: Subcommand -> the ``module:function`` that adds it, in ``--help`` order.
+COMMANDS: dict[str, str] = {
+    "migrate": "agentdb.tools.migrations:add_migrate",
+    "rollback": "agentdb.tools.migrations:add_rollback",
+    "status": "agentdb.tools.status:add_status",
+    "purge": "agentdb.tools.purge:add_purge",
+    "sql": "agentdb.tools.migrations:add_sql",
+    "grant": "agentdb.tools.migrations:add_grant",
+    "audit": "agentdb.tools.audit.command:add_audit",
+    "bench": "agentdb.tools.bench.command:add_bench",
+    "tenant": "agentdb.tools.tenant:add_tenant",
+    "worker": "agentdb.tools.processes:add_worker",
+    "relay": "agentdb.tools.processes:add_relay",
+    "demo": "agentdb.tools.demo.command:add_demo",
+}
+
+Adder = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def _adder(name: str) -> Adder:
+    module, _, function = COMMANDS[name].partition(":")
+    adder: Adder = getattr(importlib.import_module(module), function)
+    return adder
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Return the argument parser.
+
+    With ``argv`` naming a known subcommand, only that subcommand's tool is
+    imported and registered; otherwise (no argument, ``--help``, a typo)
+    every subcommand is, so argparse can list or suggest them.
+    """
+    parser = argparse.ArgumentParser(
+        prog="agentdb",
+        description="Postgres enforces what AI agents must not get wrong.",
+    )
+    parser.add_argument("--version", action="version", version=f"agentdb {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    named = next((a for a in (argv or ()) if not a.startswith("-")), None)
+    for name in [named] if named in COMMANDS else list(COMMANDS):
+        assert name is not None
+        _adder(name)(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(args_list).parse_args(args_list)
+    try:
+        code: int = args.func(args)
+    except ConfigurationError as exc:
+        print(f"agentdb: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except AgentDBError as exc:
+        print(f"agentdb: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("agentdb: interrupted", file=sys.stderr)
+        return 130
+    return code

@@ -1,0 +1,28 @@
+"""Registers ``agentdb demo``; the demo itself is imported only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_demo"]
+
+
+def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help="run a multi-tenant agent workload with crashes and report")
+    p.add_argument("--dsn", help="run against this Postgres (default: an embedded one)")
+    p.add_argument("--tasks", type=int, default=300, help="tasks to run (default 300)")
+    p.add_argument("--tenants", type=int, default=5, help="tenants (default 5)")
+    p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    p.add_argument("--relays", type=int, default=2, help="relay processes (default 2)")
+    p.add_argument(
+        "--kill-every", type=float, default=0.5, help="mean seconds between SIGKILLs (0: none)"
+    )
+    p.add_argument("--timeout", type=float, default=100.0, help="give up after this many seconds")
+    p.add_argument("--seed", type=int, help="random seed for kills and provider faults")
+    p.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from agentdb.tools.demo.report import main
+
+    return main(args)

@@ -1,0 +1,232 @@
+"""The demo's outside world: a fake payment/email provider and a fake message consumer.
+
+Both keep their own ledger in schema ``agentdb_demo``, apart from agentdb's
+tables, so the report can check agentdb's claims against what the outside
+world saw:
+
+* ``provider_requests``: every request the provider received, with its
+  outcome - 'received' (the request arrived and nothing came of it: its
+  sender died), 'refused' (a 503 before anything was done), 'executed'
+  (the effect happened now) or 'replayed' (the key had already been
+  executed: the first effect's reference is returned and nothing happens);
+* ``provider_effects``: the effects, one per idempotency key;
+* ``consumer_ledger`` / ``consumer_redeliveries``: messages the consumer
+  applied, and the repeats its inbox absorbed.
+
+The worker runs :data:`WORKER` (the invoice handler and the reconcile hook
+that asks the provider), the relay runs :data:`PUBLISHER` (the consumer).
+Each process has its own connections, opened from ``$DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from agentdb import _db, _dsn, _faults, inbox
+from agentdb.models import Message, Operation, OutboxMessage
+from agentdb.worker import Handler, Job, Reconciled, ReconcileHook, Succeed
+
+__all__ = [
+    "ACTIONS",
+    "PUBLISHER",
+    "SCHEMA",
+    "TASK_TYPE",
+    "WORKER",
+    "ProviderError",
+    "ProviderTimeout",
+    "invoice",
+    "provider_call",
+    "provider_lookup",
+    "publish",
+]
+
+TASK_TYPE = "demo.invoice"
+ACTIONS = ("charge", "email")
+# AGENTDB_DEMO_CALM=1 turns these off (the crash tests want exact counts).
+_CALM = os.environ.get("AGENTDB_DEMO_CALM") == "1"
+REFUSE_RATE = 0.0 if _CALM else 0.06  # the provider answers 503 before doing anything
+TIMEOUT_RATE = 0.0 if _CALM else 0.04  # the provider does it, but the answer never arrives
+BROKER_DOWN_RATE = 0.0 if _CALM else 0.03  # the consumer is unreachable: nothing delivered
+ACK_LOST_RATE = 0.0 if _CALM else 0.03  # the consumer processed it; the relay never hears back
+
+#: The provider's and the consumer's tables, dropped and created afresh (one run each).
+SCHEMA = (
+    "CREATE SCHEMA IF NOT EXISTS agentdb_demo",
+    "DROP TABLE IF EXISTS agentdb_demo.provider_requests, agentdb_demo.provider_effects,"
+    " agentdb_demo.consumer_ledger, agentdb_demo.consumer_redeliveries",
+    "CREATE TABLE agentdb_demo.provider_requests (id bigserial PRIMARY KEY, key text NOT NULL,"
+    " action text NOT NULL, task_id uuid NOT NULL, outcome text NOT NULL,"
+    " at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    "CREATE INDEX ON agentdb_demo.provider_requests (key, at)",
+    "CREATE TABLE agentdb_demo.provider_effects (key text PRIMARY KEY, action text NOT NULL,"
+    " task_id uuid NOT NULL, ref text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    "CREATE TABLE agentdb_demo.consumer_ledger (tenant_id uuid NOT NULL, message_id uuid NOT NULL,"
+    " invoice int NOT NULL, PRIMARY KEY (tenant_id, message_id))",
+    "CREATE TABLE agentdb_demo.consumer_redeliveries (id bigserial PRIMARY KEY,"
+    " message_id uuid NOT NULL)",
+)
+
+
+class ProviderError(Exception):
+    """The provider refused the request; nothing happened."""
+
+
+class ProviderTimeout(Exception):
+    """No answer in time; the effect may or may not have happened."""
+
+
+_rng = random.Random()
+_pool: _db.Pool | None = None
+
+
+async def _provider_pool() -> _db.Pool:
+    """The fake provider's and consumer's own connections (separate from agentdb's).
+
+    Raises:
+        ConfigurationError: ``$DATABASE_URL`` is unset or not a postgresql:// URL.
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    global _pool
+    if _pool is None:
+        seed = os.environ.get("AGENTDB_DEMO_SEED")
+        # Per process: restarted workers must not replay their predecessor's faults.
+        _rng.seed(f"{seed}:{os.getpid()}" if seed else None)
+        _pool = await _db.create_pool(_dsn.from_env(None), min_size=1, max_size=2)
+    return _pool
+
+
+async def provider_call(key: str, action: str, task_id: uuid.UUID) -> str:
+    """Perform ``action`` once per idempotency ``key``; return the provider's reference.
+
+    Every request is logged on arrival, so the report can compare requests
+    received with effects executed, and tell a repeat the key absorbed
+    ('replayed') from a first execution.
+
+    Raises:
+        ProviderError: refused (503); nothing was done.
+        ProviderTimeout: the effect happened (or was replayed) but the answer was lost.
+    """
+    pool = await _provider_pool()
+    await asyncio.sleep(_rng.uniform(0.005, 0.04))
+    request = await pool.fetchval(
+        "INSERT INTO agentdb_demo.provider_requests (key, action, task_id, outcome)"
+        " VALUES ($1, $2, $3, 'received') RETURNING id",
+        key,
+        action,
+        task_id,
+    )
+    _faults.point("during_call")  # the provider has the request; no effect yet
+    if _rng.random() < REFUSE_RATE:
+        await pool.execute(
+            "UPDATE agentdb_demo.provider_requests SET outcome = 'refused' WHERE id = $1", request
+        )
+        raise ProviderError("503 service unavailable")
+    # Honour the idempotency key: a repeated key returns the first effect's reference.
+    ref = await pool.fetchval(
+        "WITH eff AS (INSERT INTO agentdb_demo.provider_effects (key, action, task_id, ref)"
+        "             VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING RETURNING ref),"
+        " req AS (UPDATE agentdb_demo.provider_requests"
+        "         SET outcome = CASE WHEN EXISTS (SELECT 1 FROM eff) THEN 'executed'"
+        "                            ELSE 'replayed' END WHERE id = $5)"
+        " SELECT ref FROM eff UNION ALL"
+        " SELECT ref FROM agentdb_demo.provider_effects WHERE key = $1",
+        key,
+        action,
+        task_id,
+        f"{action}_{uuid.uuid4().hex[:10]}",
+        request,
+    )
+    if _rng.random() < TIMEOUT_RATE:
+        raise ProviderTimeout("no answer within 30s")
+    return str(ref)
+
+
+async def provider_lookup(op: Operation) -> Reconciled | None:
+    """Reconcile hook: ask the provider whether the effect for this key happened.
+
+    Raises:
+        ConfigurationError, DatabaseUnavailable: as for the provider's pool.
+    """
+    pool = await _provider_pool()
+    ref = await pool.fetchval(
+        "SELECT ref FROM agentdb_demo.provider_effects WHERE key = $1", op.idempotency_key
+    )
+    return None if ref is None else Reconciled(True, str(ref), {"ref": str(ref)})
+
+
+async def invoice(job: Job) -> Succeed:
+    """Charge, then email; each effect reserved before the call and recorded after it.
+
+    Raises:
+        ProviderError, ProviderTimeout: the worker retries the task (a timeout
+            leaves the operation 'unknown', reconciled by the next attempt).
+        as :meth:`Job.reserve`, :meth:`Job.complete`.
+    """
+    params = job.task.params
+    for action in ACTIONS:
+        key = f"{job.task.id}/{action}"
+        res = await job.reserve(
+            key, action, {"invoice": params["invoice"], "amount": params["amount"]}
+        )
+        if not res.fresh:
+            continue  # done by an earlier attempt (or reconciled just now)
+        try:
+            ref = await provider_call(key, action, job.task.id)
+        except ProviderTimeout:
+            await job.mark_unknown(res.operation, "provider timed out")
+            raise
+        except ProviderError as exc:
+            await job.fail(res.operation, str(exc))
+            raise
+        await job.complete(res.operation, result={"ref": ref}, provider_reference=ref)
+    return Succeed(outbox=(Message("invoice.paid", {"invoice": params["invoice"]}),))
+
+
+@dataclass(frozen=True)
+class _Handlers:
+    handlers: Mapping[str, Handler] = field(default_factory=lambda: {TASK_TYPE: invoice})
+    reconcilers: Mapping[str, ReconcileHook] = field(
+        default_factory=lambda: dict.fromkeys(ACTIONS, provider_lookup)
+    )
+
+
+#: ``agentdb worker agentdb.tools.demo.provider:WORKER``
+WORKER = _Handlers()
+
+
+async def publish(message: OutboxMessage) -> None:
+    """The fake consumer: applies each message once, whatever the relay repeats.
+
+    Raises:
+        ConnectionError: the consumer was unreachable; nothing was applied.
+        TimeoutError: applied (or absorbed), but the acknowledgement was lost.
+    """
+    pool = await _provider_pool()
+    if _rng.random() < BROKER_DOWN_RATE:
+        raise ConnectionError("consumer unreachable")
+
+    async def apply(conn: _db.Conn) -> None:
+        await conn.execute(
+            "INSERT INTO agentdb_demo.consumer_ledger (tenant_id, message_id, invoice)"
+            " VALUES ($1, $2, $3)",
+            message.tenant_id,
+            message.id,
+            message.payload["invoice"],
+        )
+
+    first, _ = await inbox.process_once(pool, message.tenant_id, "ledger", message.id, apply)
+    if not first:
+        await pool.execute(
+            "INSERT INTO agentdb_demo.consumer_redeliveries (message_id) VALUES ($1)", message.id
+        )
+    if _rng.random() < ACK_LOST_RATE:
+        raise TimeoutError("acknowledgement lost")
+
+
+#: ``agentdb relay agentdb.tools.demo.provider:PUBLISHER``
+PUBLISHER = publish

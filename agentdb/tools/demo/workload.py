@@ -1,0 +1,290 @@
+"""One demo run: seed invoice tasks, run the fleet with its crashes, count from the database.
+
+Everything :class:`Result` reports is counted from the database alone, by
+comparing agentdb's ledger (``agent_operations``, ``agent_events``,
+``agent_outbox``) with the provider's and the consumer's own
+(:mod:`agentdb.tools.demo.provider`).
+
+Replays
+-------
+
+The provider's effects are keyed by the idempotency key, so they cannot
+show a worker that called the provider again for an effect that had
+already happened: the provider answers such a request from its key
+('replayed') and nothing new happens. The requests it logged can. A
+replayed request ``R`` for key ``K`` (the operation ``O`` agentdb holds
+under ``K`` for ``R``'s task) is *justified* when, counting only the events
+of ``O`` in ``agent_events`` written before ``R`` arrived
+(``provider_requests.at``), either
+
+1. agentdb had granted at least ``n`` calls, where ``R`` is the ``n``-th
+   request for ``K`` by arrival: a grant is ``O``'s reservation
+   (``operation.reserved``) or a re-arm (``operation.retried``), which
+   agentdb makes only when the previous attempt's call was recorded failed,
+   never as done (refused, or the reconcile hook found no effect while that
+   call was still on its way). Each grant entitles one call, whichever
+   attempt's request happens to land first; or
+2. ``O``'s outcome had been recorded unknown (``operation.unknown``) and not
+   yet recorded succeeded (no event with ``to_state = 'succeeded'``): the
+   effect may have happened, and an idempotent retry is what the key is
+   for.
+
+Any other replay is *unjustified*: agentdb had recorded the effect as done
+(``operation.succeeded`` or ``operation.reconciled``), or had never handed
+out the call (a worker that ignored ``Reservation.fresh``, or a reserve that
+answered fresh for a key it already held), or holds no operation for the key
+at all. With the demo's reconcile hook a crashed attempt's operation is
+reconciled rather than called again, so replays are normally 0; a run with
+an unjustified replay fails, like one with a duplicate effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TypeVar
+
+from agentdb import _db, tasks, tenancy
+from agentdb.tools.demo.fleet import Fleet, Workload, kills_by_point
+from agentdb.tools.demo.provider import SCHEMA, TASK_TYPE
+
+__all__ = ["Result", "count", "run_workload", "with_database"]
+
+T = TypeVar("T")
+
+_TERMINAL = ("succeeded", "failed", "dead", "cancelled")
+
+_PROGRESS = (
+    "SELECT count(*) FILTER (WHERE state IN ('succeeded', 'failed', 'dead', 'cancelled')),"
+    " (SELECT count(*) FROM agent_outbox o WHERE o.tenant_id = ANY ($1) AND o.state = 'pending')"
+    " FROM agent_tasks WHERE tenant_id = ANY ($1) AND task_type = 'demo.invoice'"
+)
+
+# The provider's own tables: SCHEMA recreates them for every run, so all they
+# hold is this run's and these statements take no parameter.
+_PROVIDER_COUNTS = {
+    "requests": "SELECT count(*) FROM agentdb_demo.provider_requests",
+    "refused": "SELECT count(*) FROM agentdb_demo.provider_requests WHERE outcome = 'refused'",
+    "effects": "SELECT count(*) FROM agentdb_demo.provider_effects",
+    "replayed": "SELECT count(*) FROM agentdb_demo.provider_requests WHERE outcome = 'replayed'",
+    "duplicates": "SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n"
+    " FROM agentdb_demo.provider_effects GROUP BY task_id, action) g",
+    "redeliveries": "SELECT count(*) FROM agentdb_demo.consumer_redeliveries",
+}
+
+# The rule of the module docstring, request by request.
+_UNJUSTIFIED_REPLAYS = """
+SELECT count(*)
+FROM (SELECT r.key, r.task_id, r.outcome, r.at,
+             row_number() OVER (PARTITION BY r.key ORDER BY r.at, r.id) AS nth
+      FROM agentdb_demo.provider_requests r) req
+LEFT JOIN agent_operations o
+       ON o.tenant_id = ANY ($1) AND o.idempotency_key = req.key AND o.task_id = req.task_id
+LEFT JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE e.event_type IN ('operation.reserved', 'operation.retried'))
+               AS grants,
+           coalesce(bool_or(e.event_type = 'operation.unknown'), false) AS unknown,
+           coalesce(bool_or(e.to_state = 'succeeded'), false) AS succeeded
+    FROM agent_events e
+    WHERE e.tenant_id = o.tenant_id AND e.task_id = o.task_id AND e.operation_id = o.id
+      AND e.created_at < req.at
+) ledger ON true
+WHERE req.outcome = 'replayed'
+  AND NOT (coalesce(ledger.grants, 0) >= req.nth
+           OR (coalesce(ledger.unknown, false) AND NOT coalesce(ledger.succeeded, false)))
+"""
+
+# agentdb's tables (and the consumer's) keep every run's rows: these take the
+# run's tenant ids ($1).
+_LEDGER_COUNTS = {
+    "unjustified_replays": _UNJUSTIFIED_REPLAYS,
+    "reconciled": "SELECT count(*) FROM agent_events WHERE tenant_id = ANY ($1)"
+    " AND event_type = 'operation.reconciled'",
+    "unknown": "SELECT count(*) FROM agent_events WHERE tenant_id = ANY ($1)"
+    " AND event_type = 'operation.unknown'",
+    "reclaimed": "SELECT count(*) FROM agent_events WHERE tenant_id = ANY ($1)"
+    " AND event_type = 'task.reclaimed'",
+    "consumed": "SELECT count(*) FROM agentdb_demo.consumer_ledger WHERE tenant_id = ANY ($1)",
+    "lost": "SELECT count(*) FROM agent_outbox o WHERE o.tenant_id = ANY ($1) AND NOT EXISTS"
+    " (SELECT 1 FROM agentdb_demo.consumer_ledger c"
+    "  WHERE c.tenant_id = o.tenant_id AND c.message_id = o.id)",
+}
+_TASKS_BY_STATE = (
+    "SELECT state, count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
+    " AND task_type = 'demo.invoice' GROUP BY state"
+)
+_OUTBOX_BY_STATE = (
+    "SELECT state, count(*) FROM agent_outbox WHERE tenant_id = ANY ($1) GROUP BY state"
+)
+
+
+@dataclass
+class Result:
+    """What a run did, counted from the database."""
+
+    finished: bool
+    elapsed: float
+    kills: int
+    kills_by_point: dict[str, int]
+    counts: dict[str, int]
+    tasks_by_state: dict[str, int]
+    outbox_by_state: dict[str, int]
+    log_path: Path
+
+    @property
+    def stuck(self) -> int:
+        return sum(n for s, n in self.tasks_by_state.items() if s not in _TERMINAL)
+
+    @property
+    def ok(self) -> bool:
+        """Finished with no duplicate effect, no unjustified replay, no lost message, none stuck."""
+        return (
+            self.finished
+            and self.counts["duplicates"] == 0
+            and self.counts["unjustified_replays"] == 0
+            and self.counts["lost"] == 0
+            and self.stuck == 0
+        )
+
+
+async def count(db: _db.Executor, tenant_ids: Sequence[uuid.UUID]) -> dict[str, int]:
+    """Count what the provider, the consumer and agentdb's ledger saw for these tenants.
+
+    Keys: requests, refused, effects, replayed, duplicates, redeliveries
+    (the provider's and consumer's ledgers), unjustified_replays (see the
+    module docstring), reconciled, unknown, reclaimed, consumed, lost.
+
+    Raises:
+        asyncpg.PostgresError: the demo's schema is missing (not seeded).
+    """
+    found: dict[str, int] = {}
+    for name, sql in _PROVIDER_COUNTS.items():
+        found[name] = int(await db.fetchval(sql) or 0)
+    for name, sql in _LEDGER_COUNTS.items():
+        found[name] = int(await db.fetchval(sql, list(tenant_ids)) or 0)
+    return found
+
+
+def _bar(done: int, total: int, kills: int, elapsed: float, tty: bool) -> str:
+    width = 30
+    filled = int(width * done / total) if total else width
+    lead = "\r" if tty else ""
+    return (
+        f"{lead}[{'#' * filled}{'.' * (width - filled)}] {done}/{total} tasks"
+        f"  {kills} kills  {elapsed:5.1f}s"
+    )
+
+
+async def _seed(pool: _db.Pool, w: Workload, rng: random.Random) -> list[uuid.UUID]:
+    async with pool.acquire() as conn:
+        for statement in SCHEMA:
+            await conn.execute(statement)
+    run = uuid.uuid4().hex[:6]
+    tenants = [await tenancy.create_tenant(pool, f"demo-{run}-{i}") for i in range(w.tenants)]
+    for i in range(w.tasks):
+        await tasks.create(
+            pool, tenants[i % len(tenants)], TASK_TYPE,
+            params={"invoice": i, "amount": rng.randint(1, 500)},
+            dedupe_key=f"invoice-{run}-{i}", max_attempts=w.max_attempts, lease_ttl=w.lease_ttl,
+        )  # fmt: skip
+    return tenants
+
+
+async def _drive(pool: _db.Pool, fleet: Fleet, tenant_ids: list[uuid.UUID]) -> tuple[bool, float]:
+    """Kill and replace processes until every task is terminal and the outbox drained.
+
+    Returns whether that happened within the workload's timeout, and the
+    seconds it took (not counting the fleet's shutdown).
+    """
+    w = fleet.workload
+    rng = random.Random(w.seed)
+    tty = w.progress and sys.stderr.isatty()
+    start = time.monotonic()
+    next_kill = start + (rng.expovariate(1 / w.kill_every) if w.kill_every > 0 else 1e18)
+    last_line, done, finished = 0.0, 0, False
+    try:
+        while time.monotonic() - start < w.timeout:
+            row = await pool.fetchrow(_PROGRESS, tenant_ids)
+            assert row is not None
+            done, pending_out = int(row[0]), int(row[1])
+            now = time.monotonic()
+            if w.progress and (tty or now - last_line >= 5):
+                bar = _bar(done, w.tasks, fleet.died, now - start, tty)
+                print(bar, end="" if tty else "\n", file=sys.stderr, flush=True)
+                last_line = now
+            if done == w.tasks and pending_out == 0:
+                finished = True
+                break
+            if now >= next_kill and done < w.tasks:
+                fleet.kill_one(rng)
+                next_kill = now + rng.expovariate(1 / w.kill_every)
+            fleet.supervise()
+            await asyncio.sleep(0.1)
+    finally:
+        elapsed = time.monotonic() - start
+        fleet.supervise()
+        fleet.stop()
+    if w.progress:
+        print(_bar(done, w.tasks, fleet.died, elapsed, tty), file=sys.stderr)
+    return finished, elapsed
+
+
+async def run_workload(dsn: str, w: Workload, log: IO[bytes], log_path: Path) -> Result:
+    """Seed ``w.tasks`` invoice tasks, run the fleet with its crashes until done, and count.
+
+    Raises:
+        DatabaseUnavailable: ``dsn`` cannot be reached.
+        AgentDBError: seeding the tenants or tasks failed.
+    """
+    seed_rng = random.Random(w.seed)
+    fault_log = log_path.with_suffix(".faults")
+    fault_log.unlink(missing_ok=True)
+    pool = await _db.create_pool(dsn, min_size=1, max_size=3)
+    try:
+        tenant_ids = await _seed(pool, w, seed_rng)
+        fleet = Fleet(dsn, w, log, fault_log)
+        fleet.start()
+        finished, elapsed = await _drive(pool, fleet, tenant_ids)
+        by_point = kills_by_point(fault_log)
+        return Result(
+            finished=finished,
+            elapsed=elapsed,
+            kills=fleet.external_kills + sum(by_point.values()),
+            kills_by_point=by_point,
+            counts=await count(pool, tenant_ids),
+            tasks_by_state={r[0]: r[1] for r in await pool.fetch(_TASKS_BY_STATE, tenant_ids)},
+            outbox_by_state={r[0]: r[1] for r in await pool.fetch(_OUTBOX_BY_STATE, tenant_ids)},
+            log_path=log_path,
+        )
+    finally:
+        await pool.close()
+
+
+def with_database(dsn: str | None, body: Callable[[str, IO[bytes], Path], T]) -> T:
+    """Run ``body(dsn, log, log_path)`` against ``dsn`` (migrated) or an embedded Postgres.
+
+    The processes' output goes to ``log`` (``log_path``, in a new temporary directory).
+
+    Raises:
+        MigrationError: the migrations failed.
+        ConfigurationError: no ``dsn`` and pgserver is not installed.
+        whatever ``body`` raises.
+    """
+    from agentdb.migrate import migrate
+    from agentdb.tools.embedded import embedded_postgres
+
+    log_path = Path(tempfile.mkdtemp(prefix="agentdb-run-")) / "processes.log"
+    if dsn:
+        migrate(dsn)
+        with open(log_path, "ab") as log:
+            return body(dsn, log, log_path)
+    print("starting an embedded Postgres (no server to install)...", file=sys.stderr)
+    with embedded_postgres() as local, open(log_path, "ab") as log:
+        return body(local, log, log_path)

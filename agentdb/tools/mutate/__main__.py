@@ -1,0 +1,7 @@
+from __future__ import annotations
+
+import sys
+
+from agentdb.tools.mutate.run import main
+
+sys.exit(main())

@@ -1,0 +1,56 @@
+"""The mutants: small, realistic breakages of a guard, each with the tests that must catch it.
+
+Every mutant is one exact edit: ``find`` must occur exactly once in ``path``
+and is replaced by ``replace``. ``tests`` are the pytest targets that should
+kill it (a fast subset, not the whole suite). A mutant that cannot change
+behaviour is declared ``equivalent`` with the reason; it is still applied
+and run, so the report shows the claim holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Mutant", "all_mutants", "m"]
+
+
+@dataclass(frozen=True, slots=True)
+class Mutant:
+    id: str
+    path: str
+    find: str
+    replace: str
+    tests: tuple[str, ...]
+    what: str
+    equivalent: str = ""
+
+
+T = "tests/"
+TASKS_SQL = "agentdb/queries/tasks.sql"
+LEASES_SQL = "agentdb/queries/leases.sql"
+OPS_SQL = "agentdb/queries/operations.sql"
+OUTBOX_SQL = "agentdb/queries/outbox.sql"
+GUARD = "sql/0011.key_binding.sql"
+ATTACKS = T + "test_attacks.py"
+FENCES = T + "test_fences.py"
+TENANTS = T + "test_tenant_isolation.py"
+
+
+def m(
+    id: str,
+    path: str,
+    find: str,
+    replace: str,
+    tests: tuple[str, ...] | str,
+    what: str,
+    equivalent: str = "",
+) -> Mutant:
+    targets = (tests,) if isinstance(tests, str) else tests
+    return Mutant(id, path, find, replace, targets, what, equivalent)
+
+
+def all_mutants() -> tuple[Mutant, ...]:
+    """Every mutant of the catalogue, in report order."""
+    from agentdb.tools.mutate import mutants_code, mutants_schema, mutants_statements
+
+    return mutants_statements.MUTANTS + mutants_schema.MUTANTS + mutants_code.MUTANTS

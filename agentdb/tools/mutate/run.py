@@ -1,0 +1,257 @@
+"""``make mutate``: apply each mutant to a scratch copy and run the tests that must kill it.
+
+    python -m agentdb.tools.mutate [--jobs 2] [--only ID,ID] [--dsn URL] [--list]
+
+Needs a checkout (it copies ``agentdb/``, ``sql/``, ``tests/``, ``examples/``
+and ``pyproject.toml`` into scratch directories) and a Postgres the tests can
+create databases on: ``--dsn`` / ``AGENTDB_TEST_DSN``, else an embedded one
+started for the run. Each mutant is one exact edit of one file; the targeted
+tests run against the mutated copy (``PYTHONPATH`` points at it, so SQL,
+migrations and Python alike come from the copy). A mutant is killed when its
+tests fail; it survives when they pass. Declared equivalent mutants are run
+too, so the report shows the claim holds. Exit status 0 when every
+non-equivalent mutant was killed and the unmutated baseline passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agentdb.tools.mutate.catalogue import Mutant, all_mutants
+
+__all__ = ["Outcome", "check_catalogue", "main"]
+
+_COPIED = ("agentdb", "sql", "tests", "examples", "pyproject.toml", "README.md")
+_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
+_SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors)")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    id: str
+    verdict: str  # killed | survived | equivalent | equivalent-killed | error
+    seconds: float
+    detail: str
+
+
+def _root() -> Path:
+    root = Path(__file__).resolve().parents[3]
+    if not (root / "tests").is_dir() or not (root / "sql").is_dir():
+        raise SystemExit("agentdb mutate: run it from a checkout (tests/ and sql/ are needed)")
+    return root
+
+
+def check_catalogue(root: Path, mutants: Sequence[Mutant]) -> list[str]:
+    """Problems with the catalogue itself: an edit that does not apply exactly once."""
+    problems = []
+    seen: set[str] = set()
+    for m in mutants:
+        if m.id in seen:
+            problems.append(f"{m.id}: duplicate id")
+        seen.add(m.id)
+        text = (root / m.path).read_text(encoding="utf-8")
+        count = text.count(m.find)
+        if count != 1:
+            problems.append(f"{m.id}: `find` occurs {count} times in {m.path}")
+        if m.find == m.replace:
+            problems.append(f"{m.id}: the edit changes nothing")
+        for target in m.tests:
+            if not (root / target.split("::")[0]).is_file():
+                problems.append(f"{m.id}: no test file {target}")
+    return problems
+
+
+def _scratch(root: Path, into: Path) -> Path:
+    into.mkdir(parents=True)
+    for name in _COPIED:
+        src = root / name
+        if src.is_dir():
+            shutil.copytree(src, into / name, ignore=_IGNORED)
+        elif src.exists():
+            shutil.copy2(src, into / name)
+    return into
+
+
+def _pytest(copy: Path, dsn: str, targets: Sequence[str], timeout: float) -> tuple[int, str]:
+    env = dict(os.environ, AGENTDB_TEST_DSN=dsn, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
+    env.pop("AGENTDB_FAULTS", None)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *targets]
+    try:
+        done = subprocess.run(
+            cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"timed out after {timeout:.0f}s"
+    tail = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode, tail[-1] if tail else ""
+
+
+def _judge(m: Mutant, code: int, last: str) -> tuple[str, str]:
+    if code == 0:
+        return ("equivalent" if m.equivalent else "survived"), last
+    if code in (1, -1) or (code == 2 and "error" in last):
+        return ("equivalent-killed" if m.equivalent else "killed"), last
+    return "error", f"pytest exit {code}: {last}"
+
+
+def _run_one(root: Path, copy: Path, m: Mutant, dsn: str, timeout: float) -> Outcome:
+    target = copy / m.path
+    pristine = (root / m.path).read_text(encoding="utf-8")
+    target.write_text(pristine.replace(m.find, m.replace, 1), encoding="utf-8")
+    started = time.monotonic()
+    try:
+        code, last = _pytest(copy, dsn, m.tests, timeout)
+    finally:
+        target.write_text(pristine, encoding="utf-8")
+    verdict, detail = _judge(m, code, last)
+    return Outcome(m.id, verdict, time.monotonic() - started, detail)
+
+
+@contextlib.contextmanager
+def _database(dsn: str | None) -> Iterator[str]:
+    given = dsn or os.environ.get("AGENTDB_TEST_DSN")
+    if given:
+        yield given
+        return
+    from agentdb.tools.embedded import embedded_postgres
+
+    print("mutate: starting an embedded Postgres ...", file=sys.stderr, flush=True)
+    with embedded_postgres(migrate=False) as local:
+        yield local
+
+
+def _baseline(root: Path, copy: Path, dsn: str, mutants: Sequence[Mutant]) -> tuple[bool, str]:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import agentdb; print(agentdb.__file__)"],
+        cwd=copy,
+        env=dict(os.environ, PYTHONPATH=str(copy)),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if not probe.stdout.strip().startswith(str(copy)):
+        return False, f"the scratch copy is not what gets imported ({probe.stdout.strip()})"
+    targets = sorted({t for m in mutants for t in m.tests})
+    code, last = _pytest(copy, dsn, targets, timeout=3600)
+    return code == 0, last
+
+
+def _report(outcomes: list[Outcome], mutants: Sequence[Mutant], wall: float, out: Path) -> str:
+    by_id = {m.id: m for m in mutants}
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.verdict] = counts.get(o.verdict, 0) + 1
+    real = [o for o in outcomes if not by_id[o.id].equivalent]
+    killed = sum(o.verdict == "killed" for o in real)
+    lines = [
+        "# agentdb mutation check",
+        "",
+        f"{len(outcomes)} mutants: {killed} of {len(real)} non-equivalent killed"
+        f" ({100 * killed / max(1, len(real)):.0f}%), "
+        f"{counts.get('survived', 0)} survived, {counts.get('error', 0)} errors; "
+        f"{sum(o.verdict.startswith('equivalent') for o in outcomes)} declared equivalent. "
+        f"Wall time {wall:.0f}s.",
+        "",
+        "| mutant | verdict | seconds | what | tests / reason |",
+        "|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        m = by_id[o.id]
+        why = m.equivalent if m.equivalent else ", ".join(m.tests)
+        lines.append(f"| `{o.id}` | {o.verdict} | {o.seconds:.0f} | {m.what} | {why} |")
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(text, encoding="utf-8")
+    (out / "results.json").write_text(
+        json.dumps({"wall_seconds": wall, "outcomes": [asdict(o) for o in outcomes]}, indent=2)
+    )
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agentdb.tools.mutate", description=__doc__)
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--only", help="comma-separated mutant ids")
+    parser.add_argument("--dsn", help="Postgres for the tests (default: $AGENTDB_TEST_DSN)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant")
+    parser.add_argument("--out", type=Path, default=Path("mutation-results"))
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    args = parser.parse_args(argv)
+    root = _root()
+    mutants = list(all_mutants())
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {m.id for m in mutants}
+        if unknown:
+            print(
+                f"agentdb mutate: unknown mutant(s) {', '.join(sorted(unknown))}", file=sys.stderr
+            )
+            return 2
+        mutants = [m for m in mutants if m.id in wanted]
+    problems = check_catalogue(root, mutants)
+    if problems:
+        print("agentdb mutate: the catalogue is broken:\n  " + "\n  ".join(problems))
+        return 2
+    if args.list:
+        for m in mutants:
+            flag = " (equivalent)" if m.equivalent else ""
+            print(f"{m.id:45} {m.path}{flag}")
+        print(f"{len(mutants)} mutants")
+        return 0
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="agentdb-mutate-") as tmp, _database(args.dsn) as dsn:
+        copies = [_scratch(root, Path(tmp) / f"copy{i}") for i in range(max(1, args.jobs))]
+        if not args.no_baseline:
+            ok, last = _baseline(root, copies[0], dsn, mutants)
+            if not ok:
+                print(f"agentdb mutate: the unmutated tests fail, so nothing is measured: {last}")
+                return 1
+            print(f"mutate: baseline passes ({last})", file=sys.stderr, flush=True)
+        todo: queue.Queue[Mutant] = queue.Queue()
+        for m in mutants:
+            todo.put(m)
+        outcomes: dict[str, Outcome] = {}
+        lock = threading.Lock()
+
+        def work(copy: Path) -> None:
+            while True:
+                try:
+                    m = todo.get_nowait()
+                except queue.Empty:
+                    return
+                o = _run_one(root, copy, m, dsn, args.timeout)
+                with lock:
+                    outcomes[m.id] = o
+                    print(
+                        f"mutate: [{len(outcomes)}/{len(mutants)}] {m.id}: {o.verdict}"
+                        f" ({o.seconds:.0f}s) {o.detail}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+        threads = [threading.Thread(target=work, args=(c,)) for c in copies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    ordered = [outcomes[m.id] for m in mutants]
+    print(_report(ordered, mutants, time.monotonic() - started, args.out))
+    bad = [o for o in ordered if o.verdict in ("survived", "error")]
+    for o in bad:
+        print(f"NOT KILLED: {o.id} ({o.verdict}): {o.detail}")
+    return 1 if bad else 0

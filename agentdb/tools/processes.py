@@ -1,0 +1,119 @@
+"""``agentdb worker`` and ``agentdb relay``: the two long-running processes."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from agentdb import _db
+from agentdb.errors import ConfigurationError
+from agentdb.tools._common import add_dsn, dsn_from, load, run_with_pool, setup_logging
+
+__all__ = ["add_relay", "add_worker"]
+
+
+def _add_runtime(p: argparse.ArgumentParser) -> None:
+    add_dsn(p)
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls")
+    p.add_argument("--no-listen", action="store_true", help="poll only (no LISTEN/NOTIFY)")
+    p.add_argument("--retry-base", type=float, default=1.0, help="first retry delay, seconds")
+    p.add_argument("--log-format", choices=("text", "json"), default="text")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("worker", help="run a worker: claim due tasks and run their handlers")
+    p.add_argument("handlers", metavar="MODULE:HANDLERS", help="dict of task type -> async handler")
+    _add_runtime(p)
+    p.add_argument("--concurrency", type=int, default=4, help="jobs at a time (default 4)")
+    p.add_argument("--lease-ttl", type=float, help="lease seconds (default: each task's own)")
+    p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds jobs get on SIGTERM")
+    p.add_argument("--worker-id", help="lease owner name (default host:pid:random)")
+    p.set_defaults(func=_worker)
+
+
+def _handlers(target: Any, spec: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    handlers = getattr(target, "handlers", target)
+    reconcilers = getattr(target, "reconcilers", {})
+    if not isinstance(handlers, Mapping) or not handlers:
+        raise ConfigurationError(
+            f"{spec} must be a non-empty dict of task type -> async handler "
+            "(or an object with .handlers and optional .reconcilers)"
+        )
+    for name, fn in handlers.items():
+        if not (isinstance(name, str) and callable(fn)):
+            raise ConfigurationError(f"{spec}: handler for {name!r} is not callable")
+    return handlers, reconcilers
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from agentdb.worker import Worker
+
+    dsn = dsn_from(args)
+    if args.concurrency < 1:
+        raise ConfigurationError("--concurrency must be at least 1")
+    if args.lease_ttl is not None and not 1 <= args.lease_ttl <= 86400:
+        raise ConfigurationError("--lease-ttl must be between 1 second and 1 day")
+    handlers, reconcilers = _handlers(load(args.handlers, "handler"), args.handlers)
+    setup_logging(args)
+
+    async def body(pool: _db.Pool) -> None:
+        worker = Worker(
+            pool,
+            handlers,
+            reconcilers=reconcilers,
+            worker_id=args.worker_id,
+            concurrency=args.concurrency,
+            lease_ttl=timedelta(seconds=args.lease_ttl) if args.lease_ttl else None,
+            poll_interval=args.poll_interval,
+            shutdown_grace=args.shutdown_grace,
+            listen_dsn=None if args.no_listen else dsn,
+            retry_base=args.retry_base,
+        )
+        await worker.run()
+
+    # One connection per running job plus heartbeats and claims.
+    run_with_pool(dsn, args.concurrency + 2, body)
+    return 0
+
+
+def add_relay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("relay", help="run an outbox relay: publish pending messages")
+    p.add_argument("publisher", metavar="MODULE:PUBLISHER", help="async def publish(message)")
+    _add_runtime(p)
+    p.add_argument("--batch", type=int, default=100, help="messages per claim (default 100)")
+    p.add_argument("--visibility", type=float, default=30.0, help="claim visibility, seconds")
+    p.add_argument("--relay-id", help="lease owner name (default relay:host:pid:random)")
+    p.set_defaults(func=_relay)
+
+
+def _relay(args: argparse.Namespace) -> int:
+    from agentdb.relay import Relay
+
+    dsn = dsn_from(args)
+    if args.batch < 1:
+        raise ConfigurationError("--batch must be at least 1")
+    publisher = load(args.publisher, "publisher")
+    if not callable(publisher):
+        raise ConfigurationError(
+            f"{args.publisher} is not callable (an async def publish(message))"
+        )
+    setup_logging(args)
+
+    async def body(pool: _db.Pool) -> None:
+        relay = Relay(
+            pool,
+            publisher,
+            relay_id=args.relay_id,
+            batch=args.batch,
+            visibility=timedelta(seconds=args.visibility),
+            poll_interval=args.poll_interval,
+            listen_dsn=None if args.no_listen else dsn,
+            retry_base=args.retry_base,
+        )
+        await relay.run()
+
+    run_with_pool(dsn, 4, body)
+    return 0

@@ -1,0 +1,146 @@
+"""``agentdb status``: the operator's report, as a table or JSON (and ``--watch``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+from agentdb import _db, migrate
+from agentdb.errors import ConfigurationError
+from agentdb.status import TASK_STATES, Snapshot, TenantStatus, snapshot
+from agentdb.tools._common import add_target, dsn_from, run_with_pool
+
+__all__ = ["add_status", "to_json", "to_table"]
+
+
+def add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="tasks, leases, operations, outbox, inbox, purge backlog")
+    add_target(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    p.add_argument("--migrations", action="store_true", help="list migrations and whether applied")
+    p.set_defaults(func=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    dsn = dsn_from(args)
+    states = migrate.status(dsn, schema=args.schema)
+    if args.migrations:
+        _print_migrations(states, as_json=args.json)
+        return 0
+    if args.watch is not None and args.watch <= 0:
+        raise ConfigurationError("--watch needs a positive number of seconds")
+    applied = sum(s.applied for s in states)
+
+    async def body(pool: _db.Pool) -> None:
+        while True:
+            snap = await snapshot(pool)
+            if args.json:
+                doc = to_json(snap, migrations={"applied": applied, "shipped": len(states)})
+                print(json.dumps(doc, indent=2), flush=True)
+            else:
+                header = (
+                    f"agentdb status at {snap.at:%Y-%m-%d %H:%M:%S} UTC"
+                    f" - schema: {applied} of {len(states)} migrations applied"
+                )
+                if args.watch is not None:
+                    print("\033[2J\033[H", end="")
+                print(to_table(snap, header=header), flush=True)
+            if args.watch is None:
+                return
+            await asyncio.sleep(args.watch)
+
+    run_with_pool(dsn, 2, body, schema=args.schema)
+    return 0
+
+
+def _print_migrations(states: list[migrate.MigrationState], *, as_json: bool) -> None:
+    if as_json:
+        payload = [
+            {
+                "id": s.id,
+                "applied": s.applied,
+                "applied_at": s.applied_at.isoformat() if s.applied_at else None,
+            }
+            for s in states
+        ]
+        print(json.dumps({"migrations": payload}, indent=2))
+        return
+    width = max(len(s.id) for s in states)
+    for s in states:
+        when = f"  {s.applied_at:%Y-%m-%d %H:%M:%S} UTC" if s.applied_at else ""
+        print(f"{s.id:<{width}}  {'applied' if s.applied else 'pending'}{when}")
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return str(timedelta(seconds=int(seconds)))
+
+
+def to_table(s: Snapshot, *, header: str = "") -> str:
+    """The readable report."""
+    cols = ["tenant", *TASK_STATES, "expired leases", "unknown ops", "outbox pending",
+            "oldest pending", "outbox dead", "inbox"]  # fmt: skip
+    rows: list[list[str]] = []
+    for t in [s.total, *s.tenants]:
+        label = t.name if t.tenant_id is None else f"{t.name} ({str(t.tenant_id)[:8]})"
+        rows.append([
+            label, *(str(t.tasks.get(k, 0)) for k in TASK_STATES), str(t.expired_leases),
+            str(t.operations.get("unknown", 0)), str(t.outbox_pending),
+            _age(t.outbox_oldest_pending_seconds), str(t.outbox_dead), str(t.inbox),
+        ])  # fmt: skip
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    lines = [header] if header else []
+    lines.append(
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cols, widths, strict=True))
+        )
+    )
+    for r in rows:
+        lines.append(
+            "  ".join(
+                v.rjust(w) if i else v.ljust(w)
+                for i, (v, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    b = s.purge_backlog
+    lines.append(
+        f"purge backlog: {b['event_payloads']} event payloads, {b['events']} events, "
+        f"{b['outbox_delivered']} delivered outbox rows, {b['inbox']} inbox rows"
+    )
+    return "\n".join(lines)
+
+
+def _tenant_json(t: TenantStatus) -> dict[str, Any]:
+    return {
+        "tenant_id": str(t.tenant_id) if t.tenant_id else None,
+        "name": t.name,
+        "tasks": dict(t.tasks),
+        "expired_leases": t.expired_leases,
+        "operations_unsettled": dict(t.operations),
+        "outbox": {
+            "pending": t.outbox_pending,
+            "oldest_pending_seconds": t.outbox_oldest_pending_seconds,
+            "dead": t.outbox_dead,
+        },
+        "inbox": t.inbox,
+    }
+
+
+def to_json(s: Snapshot, *, migrations: dict[str, int] | None = None) -> dict[str, Any]:
+    """The ``--json`` document (schema version 1)."""
+    doc: dict[str, Any] = {
+        "version": 1,
+        "at": s.at.isoformat(),
+        "total": _tenant_json(s.total),
+        "tenants": [_tenant_json(t) for t in s.tenants],
+        "purge_backlog": dict(s.purge_backlog),
+    }
+    if migrations is not None:
+        doc["migrations"] = migrations
+    return doc

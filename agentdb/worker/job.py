@@ -1,0 +1,175 @@
+"""The job a handler receives: one claimed task, for the duration of one attempt."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from agentdb import _db, _faults, operations
+from agentdb.errors import AgentDBError, ConfigurationError, OperationInFlight, OperationUnsettled
+from agentdb.models import Lease, Operation, Reservation, Task
+from agentdb.worker.outcomes import ReconcileHook
+
+__all__ = ["Job"]
+
+
+class Job:
+    """One claimed task, for the duration of one attempt.
+
+    Every write made through it is fenced by the current lease. ``task`` is
+    the row as claimed; ``lease`` the latest renewal (the worker's heartbeat
+    replaces it).
+    """
+
+    def __init__(
+        self,
+        pool: _db.Pool,
+        task: Task,
+        *,
+        reconcilers: Mapping[str, ReconcileHook],
+        on_reconciled: Callable[[], None] = lambda: None,
+    ) -> None:
+        lease = task.lease
+        if lease is None:
+            raise ConfigurationError(
+                f"task {task.id} holds no lease: only a claimed task makes a job"
+            )
+        self.pool = pool
+        self.task = task
+        self.lease: Lease = lease
+        self.lease_lost = False
+        self._reconcilers = reconcilers
+        self._on_reconciled = on_reconciled
+        self._fresh: dict[uuid.UUID, Operation] = {}
+
+    async def reserve(self, idempotency_key: str, action: str, input: Any) -> Reservation:
+        """Reserve an operation for this task under the job's lease (:func:`operations.reserve`).
+
+        If an earlier attempt of this task left the key reserved, in flight or
+        unknown, its outcome is first reconciled through the hook registered
+        for ``action``; without a hook (or when the hook cannot tell) the
+        operation is marked 'unknown' and :class:`OperationUnsettled` is raised,
+        so the provider is never called twice blindly.
+
+        Raises:
+            OperationUnsettled: as above; the worker retries the task later.
+            OperationInFlight: the key is held by another task's unsettled operation.
+            IdempotencyConflict: the key was used for a different input.
+            LeaseLost: the lease is gone; the worker stops the job.
+        """
+        try:
+            res = await self._reserve(idempotency_key, action, input)
+        except OperationInFlight as busy:
+            if busy.operation.task_id != self.task.id:
+                raise  # another task's operation: genuinely in flight elsewhere
+            res = await self._recover(busy.operation, idempotency_key, action, input)
+        if res.fresh:
+            self._fresh[res.operation.id] = res.operation
+            _faults.point("after_reserve")
+        return res
+
+    async def _reserve(self, key: str, action: str, input: Any) -> Reservation:
+        return await operations.reserve(
+            self.pool,
+            self.task.tenant_id,
+            self.task.id,
+            key,
+            action,
+            input,
+            lease=self.lease,
+            trace_id=self.task.trace_id,
+            span_id=self.task.span_id,
+        )
+
+    async def _recover(self, op: Operation, key: str, action: str, input: Any) -> Reservation:
+        # We hold the task's lease, so the attempt that reserved this operation
+        # is fenced out: its outcome is whatever the provider recorded.
+        hook = self._reconcilers.get(op.action)
+        found = await hook(op) if hook is not None else None
+        if hook is not None and found is None:
+            # The provider has no record: the effect never happened.
+            await operations.fail(
+                self.pool, op, "no effect found at the provider", lease=self.lease
+            )
+            self._on_reconciled()
+            return await self._reserve(key, action, input)
+        if found is None:
+            if op.state != "unknown":
+                op = await operations.mark_unknown(
+                    self.pool, op, error="left unsettled by a crashed attempt", lease=self.lease
+                )
+            raise OperationUnsettled(op)
+        settled = await operations.reconcile(
+            self.pool,
+            op,
+            succeeded=found.succeeded,
+            provider_reference=found.provider_reference,
+            result=found.result,
+            error=found.error,
+            lease=self.lease,
+        )
+        self._on_reconciled()
+        if settled.state == "succeeded":
+            return Reservation(settled, fresh=False)
+        return await self._reserve(key, action, input)
+
+    async def complete(
+        self,
+        op: Operation,
+        *,
+        result: Mapping[str, Any] | None = None,
+        provider_reference: str | None = None,
+    ) -> Operation:
+        """Record an operation's success under the job's lease.
+
+        Raises:
+            as :func:`agentdb.operations.complete`.
+        """
+        _faults.point("after_call")
+        done = await operations.complete(
+            self.pool, op, result=result, provider_reference=provider_reference, lease=self.lease
+        )
+        self._fresh.pop(op.id, None)
+        _faults.point("after_complete")
+        return done
+
+    async def fail(
+        self, op: Operation, error: str, *, provider_reference: str | None = None
+    ) -> Operation:
+        """Record an operation's definite failure under the job's lease.
+
+        Raises:
+            as :func:`agentdb.operations.fail`.
+        """
+        done = await operations.fail(
+            self.pool, op, error, provider_reference=provider_reference, lease=self.lease
+        )
+        self._fresh.pop(op.id, None)
+        return done
+
+    async def mark_unknown(self, op: Operation, error: str | None = None) -> Operation:
+        """Record that an operation's outcome is unknown (a timeout): reconcile it later.
+
+        Raises:
+            as :func:`agentdb.operations.mark_unknown`.
+        """
+        done = await operations.mark_unknown(self.pool, op, error=error, lease=self.lease)
+        self._fresh.pop(op.id, None)
+        return done
+
+    async def abandon_fresh_operations(self) -> int:
+        """Mark operations this attempt reserved but did not settle as 'unknown' (best effort)."""
+        n = 0
+        for op in list(self._fresh.values()):
+            with contextlib.suppress(AgentDBError):
+                await operations.mark_unknown(
+                    self.pool,
+                    op,
+                    error="attempt stopped before the outcome was recorded",
+                    lease=self.lease,
+                )
+                n += 1
+        self._fresh.clear()
+        return n

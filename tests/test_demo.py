@@ -1,0 +1,112 @@
+"""The demo's replay rule (:mod:`agentdb.tools.demo.workload`) on ledgers written by hand.
+
+Each case writes one charge's history: agentdb's side through the library
+(reserve, complete, fail, mark_unknown, reconcile) and the provider's side as
+rows of ``agentdb_demo.provider_requests``, in the order given, then counts
+the replays the rule does not justify. The crash tests show the rule on real
+crashes; these pin down its edges, which real crashes reach only by chance.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from agentdb import operations, tasks
+from agentdb.models import Operation
+from agentdb.tools.demo.provider import SCHEMA, TASK_TYPE
+from agentdb.tools.demo.workload import Result, count
+from tests.conftest import Tenants
+
+_LEDGER_STEPS = ("reserve", "complete", "fail", "unknown", "reconcile")
+
+
+async def _play(
+    pool: asyncpg.Pool, admin: asyncpg.Connection, tenant: uuid.UUID, steps: tuple[str, ...]
+) -> dict[str, int]:
+    for statement in SCHEMA:
+        await admin.execute(statement)
+    task = (await tasks.create(pool, tenant, TASK_TYPE, params={"invoice": 1, "amount": 5})).id
+    key = f"{task}/charge"
+    op: Operation | None = None
+    for step in steps:
+        if step not in _LEDGER_STEPS:
+            await admin.execute(
+                "INSERT INTO agentdb_demo.provider_requests (key, action, task_id, outcome)"
+                " VALUES ($1, 'charge', $2, $3)",
+                key,
+                task,
+                step,
+            )
+        elif step == "reserve":
+            res = await operations.reserve(pool, tenant, task, key, "charge", {"amount": 5})
+            assert res.fresh
+            op = res.operation
+        else:
+            assert op is not None
+            if step == "complete":
+                op = await operations.complete(pool, op, provider_reference="ch_1")
+            elif step == "fail":
+                op = await operations.fail(pool, op, "no effect found at the provider")
+            elif step == "unknown":
+                op = await operations.mark_unknown(pool, op, error="provider timed out")
+            else:
+                op = await operations.reconcile(pool, op, succeeded=True, provider_reference="ch_1")
+    return await count(admin, [tenant])
+
+
+@pytest.mark.parametrize(
+    ("steps", "unjustified"),
+    [
+        pytest.param(("reserve", "executed"), 0, id="the-first-call"),
+        pytest.param(("reserve", "refused", "fail", "reserve", "executed"), 0, id="retry-a-503"),
+        pytest.param(
+            ("reserve", "executed", "complete", "replayed"), 1, id="blind-repeat-after-success"
+        ),
+        pytest.param(("reserve", "executed", "replayed"), 1, id="repeat-without-a-second-grant"),
+        pytest.param(
+            ("reserve", "executed", "unknown", "replayed"), 0, id="idempotent-retry-of-unknown"
+        ),
+        pytest.param(
+            ("reserve", "executed", "unknown", "reconcile", "replayed"),
+            1,
+            id="repeat-after-the-unknown-was-reconciled",
+        ),
+        pytest.param(
+            ("reserve", "executed", "fail", "reserve", "replayed"),
+            0,
+            id="re-armed-after-the-lookup-missed-a-call-on-its-way",
+        ),
+        pytest.param(
+            ("reserve", "fail", "reserve", "executed", "replayed"),
+            0,
+            id="the-first-grants-late-call-lands-second",
+        ),
+        pytest.param(
+            ("reserve", "executed", "fail", "reserve", "replayed", "replayed"),
+            1,
+            id="two-calls-on-one-re-arm",
+        ),
+        pytest.param(("received", "executed", "replayed"), 1, id="no-operation-at-all"),
+    ],
+)
+async def test_a_replay_is_justified_only_by_a_grant_or_an_unknown_outcome(
+    pool: asyncpg.Pool,
+    admin_conn: asyncpg.Connection,
+    tenants: Tenants,
+    steps: tuple[str, ...],
+    unjustified: int,
+) -> None:
+    counts = await _play(pool, admin_conn, tenants.a, steps)
+    assert counts["replayed"] == steps.count("replayed")
+    assert counts["unjustified_replays"] == unjustified
+
+
+@pytest.mark.parametrize(("replays", "ok"), [(0, True), (1, False)])
+def test_an_unjustified_replay_fails_the_run(replays: int, ok: bool) -> None:
+    counts = {"duplicates": 0, "lost": 0, "unjustified_replays": replays}
+    run = Result(True, 1.0, 1, {}, counts, {"succeeded": 1}, {"delivered": 1}, Path("log"))
+    assert run.ok is ok
