@@ -176,7 +176,7 @@ def principal(**kw: Any) -> Step:
 def edge(**kw: Any) -> Step:
     return row(
         "agent_transitions",
-        lambda c: {"entity": "task", "from_state": "pending", "to_state": "dead"},
+        lambda c: {"entity": "task", "from_state": "waiting", "to_state": "failed"},
         **kw,
     )
 
@@ -469,7 +469,7 @@ CASES: list[Case] = [
         constraint="",
     ),
     Case("agent_transitions_entity_valid", "23514", edge(), edge(entity="job"), role="admin"),
-    Case("agent_transitions_no_self_loop", "23514", edge(), edge(to_state="pending"), role="admin"),
+    Case("agent_transitions_no_self_loop", "23514", edge(), edge(to_state="waiting"), role="admin"),
     # ---- tasks ------------------------------------------------------------------------
     Case("agent_tasks_pkey", "23505", task(id=FIXED), task(id=FIXED)),
     Case(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncpg
 import pytest
 
 from agentdb import _db
+from agentdb.models import Operation, OutboxMessage, Task
 
 
 @pytest.mark.parametrize("name", sorted(_db.QUERIES))
@@ -19,3 +22,33 @@ async def test_statement_prepares_with_declared_params(
     # Postgres names arrays _uuid, _text...
     actual = [f"{a[1:]}[]" if a.startswith("_") else a for a in actual]
     assert actual == declared, name
+
+
+# Statements whose rows become a model: they return exactly its fields (plus the extras named),
+# so "no RETURNING *" cannot drift from the dataclass.
+_ROWS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "task_create": (Task, ("created",)),
+    "task_get": (Task, ()),
+    "task_transition": (Task, ()),
+    "task_finish_many": (Task, ("ord",)),
+    "lease_claim": (Task, ()),
+    "operation_get": (Operation, ()),
+    "operation_reserve": (Operation, ("created",)),
+    "operation_settle": (Operation, ()),
+    "operation_list_unsettled": (Operation, ()),
+    "operation_reserve_many": (Operation, ("ord", "created")),
+    "operation_complete_many": (Operation, ("ord",)),
+    "outbox_claim": (OutboxMessage, ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ROWS))
+async def test_row_statements_return_exactly_their_models_fields(
+    name: str, runtime_conn: asyncpg.Connection
+) -> None:
+    model, extras = _ROWS[name]
+    stmt = await runtime_conn.prepare(_db.QUERIES[name].sql)
+    returned = [a.name for a in stmt.get_attributes()]
+    wanted = {f.name for f in dataclasses.fields(model)} - {"created"}
+    assert len(returned) == len(set(returned)), name
+    assert set(returned) == wanted | set(extras), name

@@ -101,7 +101,6 @@ def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace)
     for name, w, min_kills in _scenarios(args.quick, args.soak_kills, args.seed):
         print(f"chaos: {name} ...", file=sys.stderr, flush=True)
         runs = 0
-        total: Result | None = None
         # The soak repeats until it has survived its share of kills.
         while True:
             r = asyncio.run(run_workload(dsn, w, log, log_path))
@@ -109,11 +108,9 @@ def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace)
             kills += r.kills
             rows.append(_row(name if runs == 1 else f"{name} #{runs}", w, r))
             failures += 0 if (r.ok and r.kills > 0) else 1
-            total = r
-            soak_kills = _total([row for row in rows if row[0].startswith(name)], "kills")
-            if soak_kills >= min_kills or not r.ok or time.monotonic() - started > args.budget:
+            survived = _total([row for row in rows if row[0].startswith(name)], "kills")
+            if survived >= min_kills or not r.ok or time.monotonic() - started > args.budget:
                 break
-        assert total is not None
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(_HEADER)]
     print()
     print("  ".join(h.ljust(widths[i]) for i, h in enumerate(_HEADER)))

@@ -20,12 +20,11 @@ __all__ = ["embedded_postgres"]
 
 
 @contextmanager
-def embedded_postgres(*, migrate: bool = True, durable: bool = False) -> Iterator[str]:
+def embedded_postgres(*, migrate: bool = True) -> Iterator[str]:
     """Start a private PostgreSQL, yield its ``postgresql://`` DSN, then stop and delete it.
 
     Args:
         migrate: apply agentdb's migrations to the ``postgres`` database first.
-        durable: keep fsync on. Off by default: the data is thrown away anyway.
 
     Raises:
         ConfigurationError: pgserver is not installed.
@@ -47,12 +46,12 @@ def embedded_postgres(*, migrate: bool = True, durable: bool = False) -> Iterato
         server = get_server(data, cleanup_mode="stop")
         try:
             dsn = str(server.get_uri())
-            if not durable:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute("ALTER SYSTEM SET fsync = off")
-                    conn.execute("ALTER SYSTEM SET synchronous_commit = off")
-                    conn.execute("ALTER SYSTEM SET full_page_writes = off")
-                    conn.execute("SELECT pg_reload_conf()")
+            # fsync off: the data is thrown away anyway.
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET fsync = off")
+                conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+                conn.execute("ALTER SYSTEM SET full_page_writes = off")
+                conn.execute("SELECT pg_reload_conf()")
             if migrate:
                 from agentdb.migrate import migrate as apply
 
