@@ -10,6 +10,7 @@ The tree::
 
     AgentDBError
     +-- ConfigurationError        bad input from the caller
+    |   +-- PoolerMismatch        a transaction pooler agentdb was not told about
     +-- DatabaseUnavailable       cannot connect / login refused
     +-- MigrationError            migrations failed, or the schema is not the one this code needs
     +-- TransientError            safe to retry: serialization failure, deadlock,
@@ -61,6 +62,7 @@ __all__ = [
     "OperationUnsettled",
     "OutboxLeaseLost",
     "PayloadTooLarge",
+    "PoolerMismatch",
     "SecretInPayload",
     "StaleVersion",
     "StaleWrite",
@@ -78,6 +80,16 @@ class AgentDBError(Exception):
 
 class ConfigurationError(AgentDBError):
     """Bad input from the caller: a malformed DSN, schema name, option or argument."""
+
+
+class PoolerMismatch(ConfigurationError):
+    """A transaction-pooling proxy sits between agentdb and Postgres, and agentdb was not told.
+
+    A named prepared statement vanished or collided (SQLSTATE 26000 / 42P05)
+    because consecutive transactions ran on different server connections; the
+    statement never ran. Set ``AGENTDB_POOLER=transaction`` (or pass
+    ``--pooler transaction``, or ``pooler="transaction"`` to the pool factory).
+    """
 
 
 class DatabaseUnavailable(AgentDBError):
@@ -407,6 +419,10 @@ _ERROR_OF: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
 )
 
 
+#: SQLSTATEs a transaction pooler causes when named prepared statements are in use.
+_POOLED = {"26000": "invalid_sql_statement_name", "42P05": "duplicate_prepared_statement"}
+
+
 def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBError | None:
     """The agentdb error for a database error, from its SQLSTATE and constraint name.
 
@@ -417,6 +433,11 @@ def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBErr
     """
     if sqlstate in SQLSTATES:
         return SQLSTATES[sqlstate](message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate in _POOLED:
+        return PoolerMismatch(
+            f"a transaction-pooling proxy is in the way ({_POOLED[sqlstate]}: {message}): "
+            "set AGENTDB_POOLER=transaction or pass --pooler transaction"
+        )
     if sqlstate in RETRYABLE or sqlstate.startswith("08"):
         return TransientError(
             f"{RETRYABLE.get(sqlstate, 'connection failure')}: {message}", sqlstate=sqlstate

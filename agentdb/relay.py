@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from agentdb import _db, _faults, outbox, schema, telemetry
 from agentdb._db.jsonb import TEXT_CAP
+from agentdb._db.pool import pooler_mode
 from agentdb._runtime import backoff, nap, owner_id, wakeups
 from agentdb.errors import AgentDBError, TransientError
 from agentdb.models import OutboxMessage
@@ -42,7 +43,10 @@ class RelayStats:
 
 
 class Relay:
-    """Moves outbox rows to ``publisher``; run one or several (they never share a row)."""
+    """Moves outbox rows to ``publisher``; run one or several (they never share a row).
+
+    ``listen_dsn`` and ``pooler`` work as for :class:`agentdb.worker.Worker`.
+    """
 
     def __init__(
         self,
@@ -55,6 +59,7 @@ class Relay:
         publish_concurrency: int = 16,
         poll_interval: float = 1.0,
         listen_dsn: str | None = None,
+        pooler: str | None = None,
         retry_base: float = 1.0,
         retry_cap: float = 300.0,
     ) -> None:
@@ -64,7 +69,8 @@ class Relay:
         self.batch = batch
         self.visibility = visibility
         self.poll_interval = poll_interval
-        self.listen_dsn = listen_dsn
+        # Behind a transaction pooler LISTEN cannot outlive a transaction: poll only.
+        self.listen_dsn = None if pooler_mode(pooler) == "transaction" else listen_dsn
         self.retry_base = retry_base
         self.retry_cap = retry_cap
         self.stats = RelayStats()

@@ -10,12 +10,14 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 from psycopg import sql
 
 from agentdb import migrate
+from agentdb.tools.pgbouncer import Bouncer, pgbouncer
 from tests import _pg
 
 RUNTIME = "agentdb_test_runtime"
@@ -31,6 +33,19 @@ _ROLE_LOCK = 0x61_67_65_6E_74_64_62
 def pg_server() -> Iterator[_pg.Server]:
     with contextlib.ExitStack() as stack:
         yield _pg.provision(stack)
+
+
+@pytest.fixture(scope="session")
+def bouncer(pg_server: _pg.Server, template_db: str) -> Iterator[Bouncer]:
+    """A real PgBouncer in transaction pooling mode in front of the session's server."""
+    binary = _pg.ensure_pgbouncer()
+    parts = urlsplit(pg_server.admin_dsn)
+    logins = {parts.username or "postgres": parts.password or ""}
+    logins |= dict.fromkeys(
+        (RUNTIME, AGENT_A, AGENT_B, AGENT_UNPINNED, STRANGER), _pg.TEST_PASSWORD
+    )
+    with pgbouncer(pg_server.admin_dsn, logins, pool_size=3, binary=binary) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +83,10 @@ class Database:
     @property
     def admin_dsn(self) -> str:
         return self.server.url(self.name)
+
+    def through(self, bouncer: Bouncer, user: str | None = None) -> str:
+        """This database's DSN through ``bouncer`` (as the admin, or as ``user``)."""
+        return bouncer.url(self.admin_dsn if user is None else self.url(user))
 
     def url(self, user: str) -> str:
         return self.server.url(self.name, user=user, password=_pg.TEST_PASSWORD)

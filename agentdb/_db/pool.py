@@ -1,24 +1,76 @@
-"""The one connection and pool factory: every tool, worker and relay connects through it."""
+"""The one connection and pool factory: every tool, worker and relay connects through it.
+
+``pooler="transaction"`` (or ``AGENTDB_POOLER=transaction``) is for a
+transaction-pooling proxy such as PgBouncer in ``pool_mode = transaction``:
+consecutive transactions of one client may run on different server
+connections, so nothing may outlive a transaction. Under it asyncpg keeps no
+named prepared statements (each statement is parsed unnamed, in the same
+exchange that runs it), no session setting is sent at connect time, and the
+pool does not reset sessions it never changed. LISTEN is not used (the
+worker and relay poll), tenant scope is ``set_config(..., true)`` as always,
+and advisory locks are transaction-scoped (see :mod:`agentdb.migrate`).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Literal
 
 import asyncpg
 
 from agentdb import _dsn
 from agentdb._db.execute import Pool
-from agentdb.errors import DatabaseUnavailable
+from agentdb.errors import ConfigurationError, DatabaseUnavailable
 
-__all__ = ["connect", "create_pool"]
+__all__ = ["POOLERS", "Pooler", "connect", "create_pool", "pooler_mode"]
+
+Pooler = Literal["none", "transaction"]
+#: The values ``pooler=`` / ``AGENTDB_POOLER`` / ``--pooler`` take.
+POOLERS: tuple[Pooler, ...] = ("none", "transaction")
+_ALIASES: dict[str, Pooler] = {
+    "": "none",
+    "none": "none",
+    "session": "none",
+    "transaction": "transaction",
+}
 
 # Failures that mean "no usable database here": unreachable, refused, unknown
 # database or role, bad password. Anything else is not a connection problem.
 _UNAVAILABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
-def _settings(schema: str | None) -> dict[str, str] | None:
-    return {"search_path": schema} if schema else None
+def pooler_mode(pooler: str | None = None) -> Pooler:
+    """``pooler``, else ``$AGENTDB_POOLER``, else ``"none"`` (``"session"`` means ``"none"``:
+    a session pooler keeps session state, like a direct connection).
+
+    Raises:
+        ConfigurationError: an unknown value.
+    """
+    value = pooler if pooler is not None else os.environ.get("AGENTDB_POOLER", "")
+    found = _ALIASES.get(value.strip().lower())
+    if found is None:
+        raise ConfigurationError(
+            f"unknown pooler {value!r}: AGENTDB_POOLER / --pooler is 'transaction' "
+            "(behind PgBouncer in transaction mode) or 'none'"
+        )
+    return found
+
+
+def _options(schema: str | None, pooler: Pooler) -> dict[str, Any]:
+    if pooler == "transaction":
+        if schema:
+            raise ConfigurationError(
+                "behind a transaction pooler a schema cannot be a session setting: give the "
+                "login role its default instead (ALTER ROLE <role> SET search_path TO "
+                f"{schema}) and leave --schema out"
+            )
+        return {"statement_cache_size": 0}
+    return {"server_settings": {"search_path": schema} if schema else None}
+
+
+async def _no_reset(conn: asyncpg.Connection[Any]) -> None:
+    """Behind a transaction pooler there is no session of ours to reset (and the reset
+    would run on whichever server connection the proxy picks)."""
 
 
 async def create_pool(
@@ -27,22 +79,27 @@ async def create_pool(
     min_size: int = 1,
     max_size: int = 10,
     schema: str | None = None,
+    pooler: str | None = None,
     connect_timeout: float = 10.0,
 ) -> Pool:
     """Open an asyncpg pool on ``dsn`` (its sessions in ``schema`` when given).
 
+    ``pooler``: ``"transaction"`` behind a transaction-pooling proxy, ``"none"``
+    otherwise; default ``$AGENTDB_POOLER``, else ``"none"``.
+
     Raises:
-        ConfigurationError: ``dsn`` is not a postgresql:// URL.
+        ConfigurationError: ``dsn`` is not a postgresql:// URL, an unknown ``pooler``,
+            or a ``schema`` behind a transaction pooler.
         DatabaseUnavailable: the server cannot be reached or refuses the login.
     """
     url = _dsn.libpq(dsn)
+    mode = pooler_mode(pooler)
+    extra = _options(schema, mode)
+    if mode == "transaction":
+        extra["reset"] = _no_reset
     try:
         pool: Pool = await asyncpg.create_pool(
-            url,
-            min_size=min_size,
-            max_size=max_size,
-            timeout=connect_timeout,
-            server_settings=_settings(schema),
+            url, min_size=min_size, max_size=max_size, timeout=connect_timeout, **extra
         )
     except _UNAVAILABLE as exc:
         raise DatabaseUnavailable(f"cannot connect to {_dsn.redact(dsn)}: {exc}") from exc
@@ -50,7 +107,11 @@ async def create_pool(
 
 
 async def connect(
-    dsn: str, *, schema: str | None = None, connect_timeout: float = 10.0
+    dsn: str,
+    *,
+    schema: str | None = None,
+    pooler: str | None = None,
+    connect_timeout: float = 10.0,
 ) -> asyncpg.Connection[Any]:
     """Open one connection on ``dsn`` (for LISTEN, peers' benchmarks, tools).
 
@@ -58,10 +119,9 @@ async def connect(
         ConfigurationError, DatabaseUnavailable: as for :func:`create_pool`.
     """
     url = _dsn.libpq(dsn)
+    extra = _options(schema, pooler_mode(pooler))
     try:
-        conn: asyncpg.Connection[Any] = await asyncpg.connect(
-            url, timeout=connect_timeout, server_settings=_settings(schema)
-        )
+        conn: asyncpg.Connection[Any] = await asyncpg.connect(url, timeout=connect_timeout, **extra)
     except _UNAVAILABLE as exc:
         raise DatabaseUnavailable(f"cannot connect to {_dsn.redact(dsn)}: {exc}") from exc
     return conn

@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from agentdb import _db, _dsn
+from agentdb._db.pool import POOLERS
 from agentdb.errors import ConfigurationError
 
 __all__ = [
     "add_dsn",
+    "add_pooler",
     "add_target",
     "dsn_from",
     "load",
@@ -37,10 +39,21 @@ def dsn_from(args: argparse.Namespace) -> str:
     return _dsn.from_env(getattr(args, "dsn", None))
 
 
+def add_pooler(p: argparse.ArgumentParser) -> None:
+    """``--pooler``: the switch ``AGENTDB_POOLER`` is (the CLI exports it to what it spawns)."""
+    p.add_argument(
+        "--pooler",
+        choices=POOLERS,
+        help="'transaction' behind a transaction-pooling proxy such as PgBouncer"
+        " (default: $AGENTDB_POOLER, else none)",
+    )
+
+
 def add_dsn(
     p: argparse.ArgumentParser, help: str = "postgresql:// URL (default: $DATABASE_URL)"
 ) -> None:
     p.add_argument("--dsn", help=help)
+    add_pooler(p)
 
 
 def add_target(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -72,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(args_list).parse_args(args_list)
+    if getattr(args, "pooler", None):
+        # One switch: --pooler is AGENTDB_POOLER, for this process and every one it spawns.
+        os.environ["AGENTDB_POOLER"] = args.pooler
     try:
         code: int = args.func(args)
     except ConfigurationError as exc:

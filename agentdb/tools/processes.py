@@ -71,6 +71,7 @@ def _worker(args: argparse.Namespace) -> int:
             shutdown_grace=args.shutdown_grace,
             listen_dsn=None if args.no_listen else dsn,
             retry_base=args.retry_base,
+            pooler=args.pooler,
         )
         await worker.run()
 
@@ -112,6 +113,7 @@ def _relay(args: argparse.Namespace) -> int:
             poll_interval=args.poll_interval,
             listen_dsn=None if args.no_listen else dsn,
             retry_base=args.retry_base,
+            pooler=args.pooler,
         )
         await relay.run()
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentdb import _db, _faults, leases, schema, tasks
+from agentdb._db.pool import pooler_mode
 from agentdb._runtime import backoff, nap, owner_id, wakeups
 from agentdb.errors import (
     AgentDBError,
@@ -55,8 +56,9 @@ class Worker:
     """Claims due tasks of the handled types and runs them, ``concurrency`` at a time.
 
     ``listen_dsn``: a DSN for a dedicated LISTEN connection that wakes the
-    worker when a task is inserted. Without it (or if LISTEN fails, e.g. behind
-    a transaction-pooling proxy) the worker polls every ``poll_interval``.
+    worker when a task is inserted. Without it, or with ``pooler="transaction"``
+    (default ``$AGENTDB_POOLER``: LISTEN cannot outlive a transaction behind such
+    a proxy), or if LISTEN fails, the worker polls every ``poll_interval``.
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class Worker:
         poll_interval: float = 1.0,
         shutdown_grace: float = 5.0,
         listen_dsn: str | None = None,
+        pooler: str | None = None,
         maintenance_interval: float = 10.0,
         retry_base: float = 1.0,
     ) -> None:
@@ -86,7 +89,7 @@ class Worker:
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
         self.shutdown_grace = shutdown_grace
-        self.listen_dsn = listen_dsn
+        self.listen_dsn = None if pooler_mode(pooler) == "transaction" else listen_dsn
         self.maintenance_interval = maintenance_interval
         self.retry_base = retry_base
         self.stats = WorkerStats()

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from agentdb import _dsn
+from agentdb.tools._common import add_pooler
 
 # The report module is plain data (no psycopg): cheap enough to import just
 # to name the exit status in --help.
@@ -31,6 +32,7 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "with the objects that enforce it and a suggested fix.",
     )
     p.add_argument("--dsn", help="postgresql:// URL (default: $DATABASE_URL)")
+    add_pooler(p)
     p.add_argument("--schema", help="schema to audit (default: first on the search_path)")
     p.add_argument(
         "--map",

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from agentdb.tools._common import add_pooler
+
 __all__ = ["add_demo"]
 
 
 def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="run a multi-tenant agent workload with crashes and report")
     p.add_argument("--dsn", help="run against this Postgres (default: an embedded one)")
+    add_pooler(p)
     p.add_argument("--tasks", type=int, default=300, help="tasks to run (default 300)")
     p.add_argument("--tenants", type=int, default=5, help="tenants (default 5)")
     p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")

@@ -1,0 +1,132 @@
+"""Through a real PgBouncer 1.18 in transaction pooling mode: the one switch makes every helper
+work, forgetting it gives one line naming the switch, and no session state reaches the proxy's
+shared server connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+import agentdb
+from agentdb import inbox, leases, operations, outbox, tasks, tenancy
+from agentdb.errors import PoolerMismatch
+from agentdb.models import Message, OutboxMessage
+from agentdb.relay import Relay
+from agentdb.tools.pgbouncer import Bouncer
+from tests.conftest import AGENT_UNPINNED, RUNTIME, Database, Tenants
+
+pytestmark = pytest.mark.usefixtures("bouncer")
+
+
+@pytest.fixture
+async def pooled(db: Database, bouncer: Bouncer) -> AsyncIterator[asyncpg.Pool]:
+    """The runtime login's pool through PgBouncer, with the switch."""
+    pool = await agentdb.create_pool(
+        db.through(bouncer, RUNTIME), min_size=2, max_size=8, pooler="transaction"
+    )
+    yield pool
+    await pool.close()
+
+
+async def _server_state(db: Database, bouncer: Bouncer, user: str) -> list[tuple[int, str, str]]:
+    """(backend pid, search_path, agentdb.tenant_id) of every server connection PgBouncer has for
+    ``user``: as many concurrent transactions as its pool has connections, each pinned to one."""
+    conns = [
+        await asyncpg.connect(db.through(bouncer, user), statement_cache_size=0) for _ in range(3)
+    ]
+    txs = [c.transaction() for c in conns]
+    try:
+        for tx in txs:
+            await tx.start()
+        rows = [
+            await c.fetchrow(
+                "SELECT pg_backend_pid() AS pid, current_setting('search_path') AS path,"
+                " coalesce(current_setting('agentdb.tenant_id', true), '') AS tenant"
+            )
+            for c in conns
+        ]
+    finally:
+        for tx in txs:
+            await tx.rollback()
+        for c in conns:
+            await c.close()
+    return sorted((r["pid"], r["path"], r["tenant"]) for r in rows if r is not None)
+
+
+async def test_without_the_switch_a_lost_prepared_statement_names_the_switch(
+    db: Database, bouncer: Bouncer, tenants: Tenants
+) -> None:
+    pool = await agentdb.create_pool(db.through(bouncer, RUNTIME), min_size=4, max_size=8)
+    try:
+        results = await asyncio.gather(
+            *(tasks.get(pool, tenants.a, uuid.uuid4()) for _ in range(200)),
+            return_exceptions=True,
+        )
+    finally:
+        await pool.close()
+    mismatches = [r for r in results if isinstance(r, PoolerMismatch)]
+    others = [r for r in results if not isinstance(r, PoolerMismatch | agentdb.NotFound)]
+    assert mismatches, "200 concurrent statements through 3 server connections never collided"
+    assert others == []
+    assert "AGENTDB_POOLER=transaction" in str(mismatches[0])
+    assert "\n" not in str(mismatches[0])
+
+
+async def test_G7_G10_G11_G12_the_whole_runtime_works_through_the_proxy_with_the_switch(
+    pooled: asyncpg.Pool, tenants: Tenants, db: Database, bouncer: Bouncer
+) -> None:
+    made = await asyncio.gather(
+        *(tasks.create(pooled, tenants.a, "t", params={"n": i}) for i in range(40))
+    )
+    claimed = await asyncio.gather(*(leases.claim(pooled, f"w{i}", batch=5) for i in range(8)))
+    mine = [t for batch in claimed for t in batch]
+    assert sorted(t.id for t in mine) == sorted(t.id for t in made)
+
+    async def finish(task: agentdb.Task) -> None:
+        assert task.lease is not None
+        res = await operations.reserve(
+            pooled, task.tenant_id, task.id, f"k-{task.id}", "send", task.params, lease=task.lease
+        )
+        await operations.complete(pooled, res.operation, result={"ok": 1}, lease=task.lease)
+        await tasks.transition(
+            pooled, task.tenant_id, task.id, expected_version=task.state_version,
+            to_state="succeeded", lease=task.lease, outbox=[Message("done", {"id": str(task.id)})],
+        )  # fmt: skip
+
+    await asyncio.gather(*(finish(t) for t in mine))
+    got: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        async def apply(conn: object) -> None:
+            got.append(message.id)
+
+        await inbox.process_once(pooled, message.tenant_id, "c", message.id, apply)
+
+    relays = [Relay(pooled, publish, batch=7, pooler="transaction") for _ in range(2)]
+    await asyncio.gather(*(r.drain() for r in relays))
+    assert len(got) == len(set(got)) == 40
+    assert await pooled.fetchval("SELECT count(*) FROM agent_tasks WHERE state = 'running'") == 0
+    assert await outbox.claim(pooled, "late") == []
+
+
+async def test_G15_tenant_scope_and_migrations_leave_nothing_on_the_shared_connections(
+    db: Database, bouncer: Bouncer, tenants: Tenants, pooled: asyncpg.Pool
+) -> None:
+    await tasks.create(pooled, tenants.a, "t")
+    agents = await agentdb.create_pool(
+        db.through(bouncer, AGENT_UNPINNED), min_size=1, max_size=3, pooler="transaction"
+    )
+    try:
+        for _ in range(20):
+            async with tenancy.tenant_scope(agents, tenants.a) as conn:
+                assert await conn.fetchval("SELECT count(*) FROM agent_tasks") == 1
+    finally:
+        await agents.close()
+    state = await _server_state(db, bouncer, AGENT_UNPINNED)
+    assert len({pid for pid, _, _ in state}) == 3  # every server connection was looked at
+    assert {(path, tenant) for _, path, tenant in state} == {('"$user", public', "")}
