@@ -21,22 +21,70 @@ in :mod:`agentdb.tools`, which nothing here imports.
 
 from __future__ import annotations
 
-from agentdb import errors, guarantees, inbox, leases, operations, outbox, tasks, tenancy
-from agentdb._db import create_pool
-from agentdb.errors import (
-    AgentDBError,
-    IdempotencyConflict,
-    InvalidTransition,
-    InvariantViolation,
-    LeaseLost,
-    NotFound,
-    OperationInFlight,
-    StaleVersion,
-    StaleWrite,
-    TransientError,
-)
-from agentdb.hashing import input_hash
-from agentdb.models import Lease, Message, Operation, OutboxMessage, Reservation, Task
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentdb import errors, guarantees, inbox, leases, operations, outbox, tasks, tenancy
+    from agentdb._db import create_pool
+    from agentdb.errors import (
+        AgentDBError,
+        IdempotencyConflict,
+        InvalidTransition,
+        InvariantViolation,
+        LeaseLost,
+        NotFound,
+        OperationInFlight,
+        StaleVersion,
+        StaleWrite,
+        TransientError,
+    )
+    from agentdb.hashing import input_hash
+    from agentdb.models import Lease, Message, Operation, OutboxMessage, Reservation, Task
+
+# Names load on first use (PEP 562): `import agentdb` - which every `agentdb`
+# command does first - stays cheap, so a Ctrl-C in the first instant lands in
+# the CLI's handler (one line, exit 130) rather than in a half-done import.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        ("errors", "guarantees", "inbox", "leases", "operations", "outbox", "tasks", "tenancy"),
+        "",
+    ),
+    "create_pool": "agentdb._db",
+    **dict.fromkeys(
+        (
+            "AgentDBError",
+            "IdempotencyConflict",
+            "InvalidTransition",
+            "InvariantViolation",
+            "LeaseLost",
+            "NotFound",
+            "OperationInFlight",
+            "StaleVersion",
+            "StaleWrite",
+            "TransientError",
+        ),
+        "agentdb.errors",
+    ),
+    "input_hash": "agentdb.hashing",
+    **dict.fromkeys(
+        ("Lease", "Message", "Operation", "OutboxMessage", "Reservation", "Task"), "agentdb.models"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _LAZY.get(name)
+    if home is None:
+        raise AttributeError(f"module 'agentdb' has no attribute {name!r}")
+    value = (
+        importlib.import_module(f"agentdb.{name}")
+        if home == ""
+        else getattr(importlib.import_module(home), name)
+    )
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

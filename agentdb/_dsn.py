@@ -8,27 +8,53 @@ malformed DSN and never print a password.
 from __future__ import annotations
 
 import os
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from agentdb.errors import ConfigurationError
 
-__all__ = ["from_env", "libpq", "redact", "require", "with_query"]
+__all__ = ["QUERY_PARAMETERS", "from_env", "libpq", "redact", "require"]
 
 _SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
 
 
+#: Query parameters libpq (psycopg, for migrations) and asyncpg (the runtime) both read
+#: the same way. asyncpg would send any other one to the server as a setting.
+QUERY_PARAMETERS = frozenset(
+    {
+        "host", "port", "dbname", "user", "password", "passfile", "service", "application_name",
+        "sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslpassword",
+        "ssl_min_protocol_version", "ssl_max_protocol_version", "target_session_attrs",
+        "krbsrvname", "gsslib",
+    }
+)  # fmt: skip
+_EXAMPLE = "postgresql://user:password@host:5432/dbname"
+
+
 def require(dsn: str | None) -> str:
-    """Return ``dsn`` if it is a ``postgresql://`` URL.
+    """Return ``dsn`` if it is a ``postgresql://`` URL naming a database.
 
     Raises:
-        ConfigurationError: no DSN, or not a postgresql:// URL.
+        ConfigurationError: no DSN; not a postgresql:// URL; a malformed host or port;
+            a query parameter both drivers would not read alike; no database name.
     """
     if not dsn:
         raise ConfigurationError("no database given: pass --dsn or set DATABASE_URL")
-    if urlsplit(dsn).scheme not in _SCHEMES:
+    try:
+        parts = urlsplit(dsn)
+        _ = parts.hostname, parts.port  # both parse lazily; a bad bracket or port raises here
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise ConfigurationError(f"the DSN is not a valid URL ({exc}): use {_EXAMPLE}") from None
+    if parts.scheme not in _SCHEMES:
+        raise ConfigurationError(f"the DSN must be a URL such as {_EXAMPLE}")
+    unknown = sorted({k for k, _ in query} - QUERY_PARAMETERS)
+    if unknown:
         raise ConfigurationError(
-            "the DSN must be a URL such as postgresql://user:password@host:5432/dbname"
+            f"the DSN has unknown parameter(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(QUERY_PARAMETERS))}"
         )
+    if not (parts.path.strip("/") or dict(query).get("dbname")):
+        raise ConfigurationError(f"the DSN names no database: use {_EXAMPLE}")
     return dsn
 
 
@@ -43,9 +69,12 @@ def from_env(dsn: str | None) -> str:
 
 def redact(dsn: str) -> str:
     """Return ``dsn`` with any password replaced by ``***``, for messages."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
+    try:
+        parts = urlsplit(dsn)
+        if parts.password is None:
+            return dsn
+    except ValueError:
+        return "<a malformed DSN>"
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
 
@@ -58,11 +87,3 @@ def libpq(dsn: str) -> str:
     """
     parts = urlsplit(require(dsn))
     return urlunsplit(("postgresql", parts.netloc, parts.path, parts.query, ""))
-
-
-def with_query(dsn: str, scheme: str, **args: str | None) -> str:
-    """Return ``dsn`` with ``scheme`` and its query arguments set (``None`` removes one)."""
-    parts = urlsplit(require(dsn))
-    kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in args]
-    kept += [(k, v) for k, v in args.items() if v is not None]
-    return urlunsplit((scheme, parts.netloc, parts.path, urlencode(kept), ""))

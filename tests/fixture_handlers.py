@@ -6,8 +6,8 @@ import asyncio
 import os
 from pathlib import Path
 
-from agentdb.models import OutboxMessage
-from agentdb.worker import Job
+from agentdb.models import Message, OutboxMessage
+from agentdb.worker import Job, Succeed
 
 
 async def slow(job: Job) -> None:
@@ -16,9 +16,26 @@ async def slow(job: Job) -> None:
     await asyncio.sleep(3600)
 
 
+async def finishing(job: Job) -> Succeed:
+    """Done at once, with an outbox message: its finishing write is the one a test can hold up
+    (by locking ``agent_outbox``) without blocking claims, renewals or releases."""
+    return Succeed(outbox=(Message("fixture.finished", {"task": str(job.task.id)}),))
+
+
+def not_async(job: Job) -> None:
+    """A plain def: refused when the worker starts."""
+
+
 HANDLERS = {"slow": slow}
+#: Jobs that stay in flight: one in its handler, one in its finishing write (when held up).
+IN_FLIGHT = {"slow": slow, "finishing": finishing}
+NOT_ASYNC = {"slow": slow, "sync.job": not_async}
 NOT_A_DICT = 42
 
 
 async def broken_publisher(message: OutboxMessage) -> None:
     raise ConnectionError("broker refused the connection")
+
+
+async def quiet_publisher(message: OutboxMessage) -> None:
+    """Accepts every message (a consumer that is always up)."""

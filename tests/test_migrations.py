@@ -1,27 +1,71 @@
 """Migrations: apply all, roll back all, apply again - the schema is identical.
 
-Also: every migration has its rollback and its dependency line, and
-`agentdb sql --schema X` piped into psql builds the same objects as
-`agentdb migrate --schema X`.
+Also: every migration has its rollback and its dependency line; `agentdb sql --schema X`
+piped into psql builds the same objects as `agentdb migrate --schema X` and records them the
+same way; yoyo and agentdb each accept what the other applied; a waiting migrate says what it
+waits for and `--lock-timeout` bounds it; bad input is one line and writes nothing; every NOTICE
+Postgres sends is one line on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from agentdb import migrate
 from tests import _pg
 
+IDS = migrate.migration_ids()
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "agentdb", *args], capture_output=True, text=True, check=False
     )
+
+
+def _psql(dsn: str, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_pg.psql_args(dsn), *args], input=script, text=True, capture_output=True, check=False
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert result.stderr.startswith("agentdb: "), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert fragment in result.stderr, result.stderr
+
+
+def _relations(dsn: str) -> list[str]:
+    """Every table, view, sequence and index outside the system schemas: what was written."""
+    with _pg.admin(dsn) as conn:
+        rows = conn.execute(
+            "SELECT n.nspname || '.' || c.relname FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')"
+            " AND n.nspname NOT LIKE 'pg_toast%' ORDER BY 1"
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+@contextlib.contextmanager
+def _yoyo(dsn: str) -> Iterator[tuple[Any, Any]]:
+    """yoyo itself on sql/, the way a team that runs yoyo points it at the folder."""
+    from yoyo import get_backend, read_migrations
+
+    backend = get_backend(dsn.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        yield backend, read_migrations(str(migrate.migrations_dir()))
+    finally:
+        backend.connection.close()
 
 
 @pytest.fixture
@@ -78,6 +122,10 @@ def test_sql_into_a_named_schema_matches_migrate(pg_server: _pg.Server) -> None:
         assert "CREATE TABLE myapp.agent_tasks" in a
         # Nothing leaked into public.
         assert "agent_" not in _pg.schema_dump(pg_server.url(pasted), "--schema=public")
+        # The paste recorded what it applied, as migrate does.
+        after = _cli("migrate", "--dsn", pg_server.url(pasted), "--schema", "myapp")
+        assert after.returncode == 0, after.stderr
+        assert after.stdout == "nothing to apply: the schema is up to date\n"
 
 
 def test_every_migration_has_a_rollback_and_a_linear_dependency() -> None:
@@ -94,3 +142,152 @@ def test_every_migration_has_a_rollback_and_a_linear_dependency() -> None:
 def test_migrations_never_hard_code_a_schema() -> None:
     for path in migrate.migrations_dir().glob("*.sql"):
         assert not re.search(r"\bpublic\.", path.read_text()), path.name
+
+
+def test_a_pasted_schema_is_recorded_and_a_second_paste_is_refused(
+    empty_db: str, pg_server: _pg.Server
+) -> None:
+    script = _cli("sql")
+    assert script.returncode == 0, script.stderr
+    pasted = _psql(empty_db, script.stdout)
+    assert pasted.returncode == 0, pasted.stderr
+    listed = _cli("status", "--migrations", "--dsn", empty_db)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[1] for line in listed.stdout.splitlines()] == ["applied"] * len(IDS)
+    again = _cli("migrate", "--dsn", empty_db)
+    assert (again.returncode, again.stdout) == (0, "nothing to apply: the schema is up to date\n")
+    with _yoyo(empty_db) as (backend, migrations):
+        assert list(backend.to_apply(migrations)) == []
+    with _pg.temp_database(pg_server) as other:
+        assert migrate.migrate(pg_server.url(other)) == IDS
+        assert _pg.schema_dump(empty_db) == _pg.schema_dump(pg_server.url(other))
+    before = _relations(empty_db)
+    twice = _psql(empty_db, script.stdout, "-v", "VERBOSITY=verbose")
+    assert twice.returncode != 0
+    assert "55000" in twice.stderr  # the script's own refusal, before any DDL
+    assert _relations(empty_db) == before
+
+
+def test_yoyo_sees_what_agentdb_applied_and_agentdb_sees_what_yoyo_rolled_back(
+    empty_db: str,
+) -> None:
+    assert migrate.migrate(empty_db) == IDS
+    with _yoyo(empty_db) as (backend, migrations):
+        assert list(backend.to_apply(migrations)) == []
+        with backend.lock():
+            backend.rollback_one(next(iter(backend.to_rollback(migrations))))
+    assert [s.id for s in migrate.status(empty_db) if not s.applied] == IDS[-1:]
+    assert migrate.migrate(empty_db) == IDS[-1:]
+    with _yoyo(empty_db) as (backend, migrations):
+        assert list(backend.to_apply(migrations)) == []
+
+
+def test_agentdb_accepts_a_database_yoyo_migrated(empty_db: str, pg_server: _pg.Server) -> None:
+    with _yoyo(empty_db) as (backend, migrations), backend.lock():
+        backend.apply_migrations(backend.to_apply(migrations))
+    assert all(s.applied for s in migrate.status(empty_db))
+    again = _cli("migrate", "--dsn", empty_db)
+    assert (again.returncode, again.stdout) == (0, "nothing to apply: the schema is up to date\n")
+    with _pg.temp_database(pg_server) as other:
+        assert migrate.migrate(pg_server.url(other)) == IDS
+        assert _pg.schema_dump(empty_db) == _pg.schema_dump(pg_server.url(other))
+    assert migrate.rollback(empty_db, count=None) == IDS[::-1]
+
+
+def test_a_waiting_migrate_says_what_it_waits_for_and_lock_timeout_bounds_it(
+    empty_db: str,
+) -> None:
+    with _pg.admin(empty_db) as holder:
+        holder.execute("SET application_name TO 'the lock holder'")
+        key = (migrate.LOCK_CLASS, migrate.lock_key("public"))
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", key)
+        pid = holder.info.backend_pid
+
+        bounded = _cli("migrate", "--dsn", empty_db, "--lock-timeout", "0.5")
+        assert bounded.returncode == 1, bounded.stderr
+        waiting, gave_up = bounded.stderr.splitlines()
+        assert waiting.startswith('waiting for the migration lock on schema "public" of ')
+        assert f"held by server process {pid} (the lock holder, " in waiting
+        assert gave_up.startswith("agentdb: gave up after 0.5s waiting for the migration lock")
+        _one_line(_cli("migrate", "--dsn", empty_db, "--lock-timeout", "0"), 1, "is held by")
+        _one_line(_cli("migrate", "--dsn", empty_db, "--lock-timeout", "-1"), 2, "lock timeout")
+        # The pasted script takes the same lock (PGOPTIONS: so that psql gives up too).
+        script = _cli("sql").stdout
+        env = dict(os.environ, PGOPTIONS="-c lock_timeout=200")
+        pasted = subprocess.run(
+            [*_pg.psql_args(empty_db), "-v", "VERBOSITY=verbose"],
+            input=script, text=True, capture_output=True, check=False, env=env,
+        )  # fmt: skip
+        assert pasted.returncode != 0
+        assert "55P03" in pasted.stderr  # lock_not_available
+        assert _relations(empty_db) == []  # none of them wrote anything
+
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentdb", "migrate", "--dsn", empty_db],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("waiting for the migration lock")
+        holder.execute("SELECT pg_advisory_unlock(%s, %s)", key)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.count("applied ") == len(IDS)
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["rollback"], ["status", "--migrations"]])
+@pytest.mark.parametrize(
+    ("dsn", "code", "fragment"),
+    [
+        ("postgresql://", 2, "names no database"),
+        ("postgresql://postgres@[::1/x", 2, "not a valid URL"),
+        ("postgresql://nobody@127.0.0.1:1/db", 1, "Connection refused"),
+    ],
+)
+def test_a_bad_dsn_is_one_line(command: list[str], dsn: str, code: int, fragment: str) -> None:
+    _one_line(_cli(*command, "--dsn", dsn), code, fragment)
+
+
+def test_an_unknown_dsn_parameter_is_one_line_and_writes_nothing(empty_db: str) -> None:
+    odd = empty_db + ("&" if "?" in empty_db else "?") + "foo=bar"
+    for command in (["migrate"], ["rollback", "--all"]):
+        _one_line(_cli(*command, "--dsn", odd), 2, "foo")
+    assert _relations(empty_db) == []
+
+
+def test_rollback_with_nothing_applied_is_one_line_and_writes_nothing(empty_db: str) -> None:
+    _one_line(_cli("rollback", "--dsn", empty_db), 1, "nothing to roll back")
+    _one_line(_cli("rollback", "--all", "--dsn", empty_db), 1, "nothing to roll back")
+    assert migrate.rollback(empty_db) == []
+    assert _relations(empty_db) == []
+
+
+def test_status_of_a_missing_schema_suggests_no_flag_it_lacks(empty_db: str) -> None:
+    result = _cli("status", "--dsn", empty_db, "--schema", "nosuch")
+    _one_line(result, 2, "schema 'nosuch' does not exist")
+    assert "--" not in result.stderr
+    _one_line(_cli("migrate", "--dsn", empty_db, "--schema", "nosuch"), 2, "--create-schema")
+    assert _relations(empty_db) == []
+
+
+@pytest.fixture(scope="module")
+def roleless_server() -> Iterator[_pg.Server]:
+    """A private cluster without the agentdb roles, so that migrating as an owner who may not
+    create roles raises agentdb_grant_roles()'s NOTICEs."""
+    with contextlib.ExitStack() as stack:
+        yield _pg.start_embedded(stack)
+
+
+def test_migrate_prints_each_notice_postgres_sends_on_one_line(
+    roleless_server: _pg.Server,
+) -> None:
+    owner = "agentdb_test_plain_owner"
+    with _pg.admin(roleless_server.admin_dsn) as conn:
+        _pg.ensure_role(conn, owner, "NOCREATEROLE")
+    with _pg.temp_database(roleless_server, owner=owner) as name:
+        dsn = roleless_server.url(name, user=owner, password=_pg.TEST_PASSWORD)
+        done = _cli("migrate", "--dsn", dsn)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, done.stderr
+    for line, role in zip(lines, ("agentdb_runtime", "agentdb_agent"), strict=True):
+        assert line.startswith(f"NOTICE: agentdb: role {role} is missing and {owner} may not")

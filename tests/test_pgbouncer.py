@@ -6,8 +6,13 @@ shared server connections.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -18,6 +23,7 @@ from agentdb.errors import PoolerMismatch
 from agentdb.models import Message, OutboxMessage
 from agentdb.relay import Relay
 from agentdb.tools.pgbouncer import Bouncer
+from tests import _pg
 from tests.conftest import AGENT_UNPINNED, RUNTIME, Database, Tenants
 
 pytestmark = pytest.mark.usefixtures("bouncer")
@@ -130,3 +136,128 @@ async def test_G15_tenant_scope_and_migrations_leave_nothing_on_the_shared_conne
     state = await _server_state(db, bouncer, AGENT_UNPINNED)
     assert len({pid for pid, _, _ in state}) == 3  # every server connection was looked at
     assert {(path, tenant) for _, path, tenant in state} == {('"$user", public', "")}
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentdb", *args],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_the_quickstart_runs_through_the_proxy_with_the_switch(
+    db: Database, bouncer: Bouncer
+) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        cwd=ROOT,
+        env=dict(os.environ, DATABASE_URL=db.through(bouncer), AGENTDB_POOLER="transaction"),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "retry fresh=False" in out.stdout
+
+
+def test_purge_and_tenant_delete_run_through_the_proxy_with_the_switch(
+    db: Database, bouncer: Bouncer, tenants: Tenants
+) -> None:
+    url = db.through(bouncer)
+    purged = _cli("purge", "--dsn", url, "--pooler", "transaction", "--json")
+    assert purged.returncode == 0, purged.stderr
+    assert json.loads(purged.stdout)["statements"] >= 6
+    dry = _cli(
+        "tenant", "delete", str(tenants.b), "--dsn", url, "--pooler", "transaction", "--dry-run"
+    )
+    assert dry.returncode == 0, dry.stderr
+    done = _cli(
+        "tenant",
+        "delete",
+        str(tenants.b),
+        "--dsn",
+        url,
+        "--yes",
+        env={"AGENTDB_POOLER": "transaction"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "the tenant is gone" in done.stdout
+
+
+def test_an_unknown_pooler_value_is_one_line(db: Database) -> None:
+    bad = _cli("purge", "--dsn", db.admin_dsn, env={"AGENTDB_POOLER": "statement"})
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1
+    assert "unknown pooler 'statement'" in bad.stderr
+
+
+def test_relays_without_the_switch_stop_with_one_line_naming_it_and_lose_nothing(
+    db: Database, bouncer: Bouncer, tenants: Tenants
+) -> None:
+    with _pg.admin(db.admin_dsn) as conn:
+        conn.execute(
+            "INSERT INTO agent_outbox (tenant_id, topic)"
+            " SELECT %s, 't' FROM generate_series(1, 600)",
+            (tenants.a,),
+        )
+    url = db.through(bouncer, RUNTIME)
+    # Open every server connection of the runtime's pool, so that round-robin hands
+    # consecutive transactions to different ones from the first statement on.
+    asyncio.run(_server_state(db, bouncer, RUNTIME))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentdb",
+                "relay",
+                "tests.fixture_handlers:quiet_publisher",
+                "--dsn",
+                url,
+                "--no-listen",
+                "--poll-interval",
+                "0.05",
+                "--batch",
+                "20",
+            ],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    for p, err in zip(procs, errs, strict=True):
+        assert p.returncode == 2, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("agentdb: a transaction-pooling proxy is in the way"), err
+        assert "AGENTDB_POOLER=transaction" in last
+        assert "Traceback" not in err
+    with _pg.admin(db.admin_dsn) as conn:
+        states = dict(
+            conn.execute("SELECT state, count(*) FROM agent_outbox GROUP BY state").fetchall()
+        )
+    assert sum(states.values()) == 600  # each message delivered or still pending: none lost
+    assert set(states) <= {"pending", "delivered"}
+
+
+def test_G10_G12_workers_and_two_relays_under_sigkill_through_the_proxy_lose_nothing(
+    db: Database, bouncer: Bouncer
+) -> None:
+    """The demo's fleet (4 workers, 2 relays, SIGKILLs) with --dsn through PgBouncer."""
+    run = _cli(
+        "demo", "--dsn", db.through(bouncer), "--pooler", "transaction", "--tasks", "60",
+        "--tenants", "3", "--kill-every", "0.5", "--timeout", "150", "--seed", "11",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "OK: every effect once" in run.stdout
+    assert "tasks stuck                                             0" in run.stdout
+    with _pg.admin(db.admin_dsn) as conn:
+        running = conn.execute(
+            "SELECT count(*) FROM agent_tasks WHERE state = 'running'"
+        ).fetchone()
+    assert running == (0,)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -26,3 +27,61 @@ def test_quickstart_runs_on_the_embedded_default() -> None:
     assert out.returncode == 0, out.stderr
     assert "task succeeded at state_version 2" in out.stdout
     assert "retry fresh=False" in out.stdout
+
+
+def _shell_lines() -> list[str]:
+    """Every command line of the README's ``sh`` blocks, comments stripped."""
+    readme = (ROOT / "README.md").read_text()
+    lines: list[str] = []
+    for block in re.findall(r"```sh\n(.*?)```", readme, flags=re.S):
+        for raw in block.splitlines():
+            line = raw.split("  #")[0].split(" # ")[0].strip()
+            if line and not line.startswith("#"):
+                lines.append(line)
+    return lines
+
+
+def _agentdb_argv(line: str) -> list[str] | None:
+    """The argv of an ``agentdb ...`` command on a README line (before any pipe or redirect)."""
+    command = re.split(r"\s[|>]\s", line)[0]
+    words = shlex.split(command)
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        words = words[1:]  # a leading VAR=value
+    if not words or words[0] != "agentdb":
+        return None
+    return [w.replace("…", "0000") for w in words[1:]]
+
+
+def test_every_agentdb_command_in_the_readme_is_accepted_by_the_cli() -> None:
+    """Each is parsed by the real parser: a renamed command or flag fails here."""
+    from agentdb.tools.cli import build_parser
+
+    commands = [argv for line in _shell_lines() if (argv := _agentdb_argv(line)) is not None]
+    assert len(commands) >= 15
+    for argv in commands:
+        try:
+            build_parser(argv).parse_args(argv)
+        except SystemExit as exc:
+            raise AssertionError(f"README: `agentdb {' '.join(argv)}` is refused") from exc
+
+
+def test_every_make_target_in_the_readme_exists() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, flags=re.M))
+    used = {
+        m.group(1) for line in _shell_lines() for m in [re.search(r"\bmake ([a-z-]+)", line)] if m
+    }
+    assert used
+    assert used <= targets, used - targets
+
+
+def test_every_install_line_in_the_readme_installs_this_project() -> None:
+    """On PyPI `agentdb` is an unrelated project: install lines name agentdb-pg or a path."""
+    installs = [line for line in _shell_lines() if "pip install" in line]
+    readme = (ROOT / "README.md").read_text()
+    installs += re.findall(r"pip install [^`\n]+", readme)
+    assert installs
+    for line in installs:
+        words = line.split("pip install", 1)[1].split("#")[0].split()
+        target = next(w for w in words if not w.startswith("-")).strip("'\")")
+        assert target.startswith(("agentdb-pg", ".")), line

@@ -255,7 +255,7 @@ def test_bad_publisher_module_is_one_line(db: Database) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
-    assert "is not callable" in proc.stderr
+    assert "is not an async callable" in proc.stderr
 
 
 def test_demo_against_a_database_kills_workers_and_loses_nothing(db: Database) -> None:

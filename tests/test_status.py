@@ -56,9 +56,30 @@ async def test_status_counts_match_the_database(
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].startswith("agentdb status at ")
-    assert lines[1].split()[:3] == ["tenant", "pending", "waiting"]
-    assert lines[2].split()[:4] == ["ALL", "3", "0", "1"]
+    assert lines[1] == "tasks"
+    assert lines[2].split()[:3] == ["tenant", "pending", "waiting"]
+    assert lines[3].split()[:4] == ["ALL", "3", "0", "1"]
+    delivery = lines.index("delivery")
+    assert lines[delivery + 1].split()[:3] == ["tenant", "unknown", "ops"]
+    assert lines[delivery + 2].split()[:3] == ["ALL", "1", "1"]  # 1 unknown op, 1 pending
     assert lines[-1].startswith("purge backlog: ")
+    assert max(len(line) for line in lines) <= 100
+
+
+def test_status_watch_json_is_json_lines(db: Database, tenants: Tenants) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentdb", "status", "--dsn", db.admin_dsn, "--json",
+         "--watch", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        docs = [json.loads(proc.stdout.readline()) for _ in range(3)]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert [d["version"] for d in docs] == [1, 1, 1]
+    assert all("tenants" in d for d in docs)
 
 
 def test_status_migrations_and_bad_watch(db: Database) -> None:

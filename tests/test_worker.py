@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,6 +28,38 @@ from tests import factories as F
 from tests.conftest import Database, Tenants
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def asyncio_errors() -> Iterator[list[logging.LogRecord]]:
+    """Fail the test on what asyncio reports only in its log: "Task exception was never
+    retrieved", an exception in a callback, a task destroyed while pending.
+
+    (Warnings such as "coroutine was never awaited" and unraisable exceptions
+    pytest reports itself, as errors.) Torn down after the test's event loop
+    closed, so that loop's last reports are seen too.
+    """
+    gc.collect()  # what earlier tests left behind reports now, not against this test
+    caught = _Collect()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(caught)
+    try:
+        yield caught.records
+        gc.collect()  # a task in a reference cycle reports only when collected
+    finally:
+        logger.removeHandler(caught)
+    assert not caught.records, [
+        r.getMessage() + (f" ({r.exc_info[1]!r})" if r.exc_info else "") for r in caught.records
+    ]
 
 
 @contextlib.asynccontextmanager

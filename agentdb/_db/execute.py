@@ -83,7 +83,8 @@ def translate(exc: BaseException) -> BaseException:
         mapped = error_for(
             exc.sqlstate or "",
             getattr(exc, "constraint_name", None),
-            str(getattr(exc, "message", exc)),
+            # asyncpg's own (client-side) errors carry no server message.
+            str(getattr(exc, "message", None) or exc),
         )
         return exc if mapped is None else mapped
     if isinstance(exc, (asyncpg.ConnectionDoesNotExistError, ConnectionError, TimeoutError)):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from agentdb.errors import ConfigurationError, PayloadTooLarge
 
 __all__ = ["EVENT_PAYLOAD_CAP", "OBJECT_CAP", "TEXT_CAP", "document"]
+
+_NUL = re.compile(r"(?:^|[^\\])(?:\\\\)*\\u0000")
 
 #: agent_events_payload_size (G9).
 EVENT_PAYLOAD_CAP = 8192
@@ -34,8 +37,15 @@ def document(value: Mapping[str, Any] | None, *, cap: int, what: str) -> str | N
         )
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text.encode("utf-8")  # a lone surrogate survives json.dumps, not the wire
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"{what} is not JSON-serialisable: {exc}") from exc
+    except RecursionError:
+        raise ConfigurationError(f"{what} is nested too deeply to store") from None
+    if "\\u0000" in text and _NUL.search(text):
+        # json.dumps writes a NUL as \u0000 (an escaped backslash before "u0000" is
+        # not one); jsonb refuses it (22P05).
+        raise ConfigurationError(f"{what} contains a NUL character, which jsonb cannot store")
     # The CHECKs measure jsonb's own rendering, which puts a space after every
     # ',' and ':'; measure the same way. The CHECK stays the final guard.
     rendered = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), allow_nan=False)

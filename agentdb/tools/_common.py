@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from agentdb import _db, _dsn
+from agentdb import schema as agentdb_schema
 from agentdb._db.pool import POOLERS
 from agentdb.errors import ConfigurationError
 
@@ -64,15 +65,18 @@ def add_target(p: argparse.ArgumentParser) -> None:
 def run_with_pool(
     dsn: str, size: int, body: Callable[[_db.Pool], Awaitable[T]], *, schema: str | None = None
 ) -> T:
-    """Open a pool, run ``body(pool)`` on a fresh event loop, close the pool.
+    """Open a pool, check the schema, run ``body(pool)`` on a fresh event loop, close the pool.
 
     Raises:
-        DatabaseUnavailable: the pool could not be opened; whatever ``body`` raises.
+        DatabaseUnavailable: the pool could not be opened.
+        MigrationError: the schema is missing or older than this agentdb (nothing ran).
+        whatever ``body`` raises.
     """
 
     async def main() -> T:
         pool = await _db.create_pool(dsn, min_size=1, max_size=size, schema=schema)
         try:
+            await agentdb_schema.check(pool)
             return await body(pool)
         finally:
             await pool.close()

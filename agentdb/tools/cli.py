@@ -13,16 +13,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn, cast
 
 from agentdb import __version__
 from agentdb.errors import AgentDBError, ConfigurationError
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main", "one_line"]
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 
 #: Subcommand -> the ``module:function`` that adds it, in ``--help`` order.
 COMMANDS: dict[str, str] = {
@@ -43,6 +46,18 @@ COMMANDS: dict[str, str] = {
 Adder = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (exit 2) like every other agentdb error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"agentdb: {one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def one_line(message: object) -> str:
+    """``message`` on one line: a newline inside an argument or a driver's reason is a space."""
+    return _BREAKS.sub(" ", str(message)).strip()
+
+
 def _adder(name: str) -> Adder:
     module, _, function = COMMANDS[name].partition(":")
     adder: Adder = getattr(importlib.import_module(module), function)
@@ -56,12 +71,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     imported and registered; otherwise (no argument, ``--help``, a typo)
     every subcommand is, so argparse can list or suggest them.
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="agentdb",
         description="Postgres enforces what AI agents must not get wrong.",
     )
     parser.add_argument("--version", action="version", version=f"agentdb {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Subparsers are _Parser too (argparse makes them with the parent's class).
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND"),
+    )
     named = next((a for a in (argv or ()) if not a.startswith("-")), None)
     for name in [named] if named in COMMANDS else list(COMMANDS):
         assert name is not None
@@ -72,17 +91,19 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(args_list).parse_args(args_list)
-    if getattr(args, "pooler", None):
-        # One switch: --pooler is AGENTDB_POOLER, for this process and every one it spawns.
-        os.environ["AGENTDB_POOLER"] = args.pooler
     try:
+        # Building the parser imports the command's tool, and with it the library:
+        # a Ctrl-C that early is still one line, not a traceback.
+        args = build_parser(args_list).parse_args(args_list)
+        if getattr(args, "pooler", None):
+            # One switch: --pooler is AGENTDB_POOLER, for this process and all it spawns.
+            os.environ["AGENTDB_POOLER"] = args.pooler
         code: int = args.func(args)
     except ConfigurationError as exc:
-        print(f"agentdb: {exc}", file=sys.stderr)
+        print(f"agentdb: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except AgentDBError as exc:
-        print(f"agentdb: {exc}", file=sys.stderr)
+        print(f"agentdb: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         print("agentdb: interrupted", file=sys.stderr)

@@ -131,6 +131,9 @@ def pgbouncer(
         "auth_type = trust\n"
         f"auth_file = {workdir / 'userlist.txt'}\n"
         "pool_mode = transaction\n"
+        # Hand each transaction the next server connection, not the last one used: a
+        # client that wrongly relies on its session sees a different one every time.
+        "server_round_robin = 1\n"
         f"default_pool_size = {pool_size}\n"
         "min_pool_size = 0\n"
         "reserve_pool_size = 0\n"

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from agentdb import _db
+from agentdb._runtime import is_async_callable
 from agentdb.errors import ConfigurationError
 from agentdb.tools._common import add_dsn, dsn_from, load, run_with_pool, setup_logging
 
@@ -16,11 +17,29 @@ __all__ = ["add_relay", "add_worker"]
 
 def _add_runtime(p: argparse.ArgumentParser) -> None:
     add_dsn(p)
+    p.add_argument("--schema", help="schema agentdb lives in (default: first on the search_path)")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between polls")
     p.add_argument("--no-listen", action="store_true", help="poll only (no LISTEN/NOTIFY)")
     p.add_argument("--retry-base", type=float, default=1.0, help="first retry delay, seconds")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def _check_intervals(args: argparse.Namespace, **least: float) -> None:
+    """Refuse, before connecting, an interval that would make the process spin or stall.
+
+    Raises:
+        ConfigurationError: ``--poll-interval`` or ``--retry-base`` of 0 or less (a busy
+            loop), or an option of ``least`` under its minimum.
+    """
+    for flag in ("poll_interval", "retry_base"):
+        if not getattr(args, flag) > 0:  # also NaN
+            raise ConfigurationError(f"--{flag.replace('_', '-')} must be more than 0 seconds")
+    for flag, minimum in least.items():
+        if not getattr(args, flag) >= minimum:
+            raise ConfigurationError(
+                f"--{flag.replace('_', '-')} must be at least {minimum:g} seconds"
+            )
 
 
 def add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,6 +54,14 @@ def add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _handlers(target: Any, spec: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The handlers and reconcile hooks ``spec`` names, checked before any connection.
+
+    Raises:
+        ConfigurationError: not a non-empty dict (or an object with ``.handlers``),
+            or a handler or hook that is not an async callable (named).
+    """
+    from agentdb.worker.outcomes import check_handlers
+
     handlers = getattr(target, "handlers", target)
     reconcilers = getattr(target, "reconcilers", {})
     if not isinstance(handlers, Mapping) or not handlers:
@@ -42,9 +69,12 @@ def _handlers(target: Any, spec: str) -> tuple[Mapping[str, Any], Mapping[str, A
             f"{spec} must be a non-empty dict of task type -> async handler "
             "(or an object with .handlers and optional .reconcilers)"
         )
-    for name, fn in handlers.items():
-        if not (isinstance(name, str) and callable(fn)):
-            raise ConfigurationError(f"{spec}: handler for {name!r} is not callable")
+    if not isinstance(reconcilers, Mapping):
+        raise ConfigurationError(f"{spec}: .reconcilers must be a dict of action -> async hook")
+    try:
+        check_handlers(handlers, reconcilers)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{spec}: {exc}") from None
     return handlers, reconcilers
 
 
@@ -56,6 +86,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigurationError("--concurrency must be at least 1")
     if args.lease_ttl is not None and not 1 <= args.lease_ttl <= 86400:
         raise ConfigurationError("--lease-ttl must be between 1 second and 1 day")
+    _check_intervals(args, shutdown_grace=0)
     handlers, reconcilers = _handlers(load(args.handlers, "handler"), args.handlers)
     setup_logging(args)
 
@@ -76,7 +107,7 @@ def _worker(args: argparse.Namespace) -> int:
         await worker.run()
 
     # One connection per running job plus heartbeats and claims.
-    run_with_pool(dsn, args.concurrency + 2, body)
+    run_with_pool(dsn, args.concurrency + 2, body, schema=args.schema)
     return 0
 
 
@@ -96,10 +127,11 @@ def _relay(args: argparse.Namespace) -> int:
     dsn = dsn_from(args)
     if args.batch < 1:
         raise ConfigurationError("--batch must be at least 1")
+    _check_intervals(args, visibility=1)
     publisher = load(args.publisher, "publisher")
-    if not callable(publisher):
+    if not is_async_callable(publisher):
         raise ConfigurationError(
-            f"{args.publisher} is not callable (an async def publish(message))"
+            f"{args.publisher} is not an async callable (an async def publish(message))"
         )
     setup_logging(args)
 
@@ -117,5 +149,5 @@ def _relay(args: argparse.Namespace) -> int:
         )
         await relay.run()
 
-    run_with_pool(dsn, 4, body)
+    run_with_pool(dsn, 4, body, schema=args.schema)
     return 0

@@ -20,14 +20,19 @@ def add_status(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("status", help="tasks, leases, operations, outbox, inbox, purge backlog")
     add_target(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS")
+    p.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="refresh every SECONDS (JSON Lines with --json)",
+    )
     p.add_argument("--migrations", action="store_true", help="list migrations and whether applied")
     p.set_defaults(func=_status)
 
 
 def _status(args: argparse.Namespace) -> int:
     dsn = dsn_from(args)
-    states = migrate.status(dsn, schema=args.schema)
+    states = migrate.status(dsn, schema=args.schema, pooler=args.pooler)
     if args.migrations:
         _print_migrations(states, as_json=args.json)
         return 0
@@ -40,7 +45,9 @@ def _status(args: argparse.Namespace) -> int:
             snap = await snapshot(pool)
             if args.json:
                 doc = to_json(snap, migrations={"applied": applied, "shipped": len(states)})
-                print(json.dumps(doc, indent=2), flush=True)
+                # Watching: JSON Lines, one compact document per refresh.
+                text = json.dumps(doc) if args.watch is not None else json.dumps(doc, indent=2)
+                print(text, flush=True)
             else:
                 header = (
                     f"agentdb status at {snap.at:%Y-%m-%d %H:%M:%S} UTC"
@@ -81,34 +88,52 @@ def _age(seconds: float | None) -> str:
     return str(timedelta(seconds=int(seconds)))
 
 
+_TASK_HEAD = ("tenant", *TASK_STATES, "lease expired")
+_DELIVERY_HEAD = ("tenant", "unknown ops", "outbox pending", "oldest", "outbox dead", "inbox")
+_LABEL = 32  # a tenant name longer than this is cut: every line stays within 100 columns
+
+
+def _label(t: TenantStatus) -> str:
+    if t.tenant_id is None:
+        return t.name
+    tag = f" ({str(t.tenant_id)[:8]})"
+    name = t.name if len(t.name) + len(tag) <= _LABEL else t.name[: _LABEL - len(tag) - 1] + "…"
+    return name + tag
+
+
+def _grid(head: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(head)]
+
+    def line(cells: list[str] | tuple[str, ...]) -> str:
+        return "  ".join(
+            v.rjust(w) if i else v.ljust(w)
+            for i, (v, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
+    return [line(head), *(line(r) for r in rows)]
+
+
 def to_table(s: Snapshot, *, header: str = "") -> str:
-    """The readable report."""
-    cols = ["tenant", *TASK_STATES, "expired leases", "unknown ops", "outbox pending",
-            "oldest pending", "outbox dead", "inbox"]  # fmt: skip
-    rows: list[list[str]] = []
-    for t in [s.total, *s.tenants]:
-        label = t.name if t.tenant_id is None else f"{t.name} ({str(t.tenant_id)[:8]})"
-        rows.append([
-            label, *(str(t.tasks.get(k, 0)) for k in TASK_STATES), str(t.expired_leases),
-            str(t.operations.get("unknown", 0)), str(t.outbox_pending),
-            _age(t.outbox_oldest_pending_seconds), str(t.outbox_dead), str(t.inbox),
-        ])  # fmt: skip
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    lines = [header] if header else []
-    lines.append(
-        "  ".join(
-            c.rjust(w) if i else c.ljust(w)
-            for i, (c, w) in enumerate(zip(cols, widths, strict=True))
-        )
-    )
-    for r in rows:
-        lines.append(
-            "  ".join(
-                v.rjust(w) if i else v.ljust(w)
-                for i, (v, w) in enumerate(zip(r, widths, strict=True))
-            )
-        )
+    """The readable report: tasks per tenant, then delivery per tenant (under 100 columns)."""
+    tenants = [s.total, *s.tenants]
+    tasks = [
+        [_label(t), *(str(t.tasks.get(k, 0)) for k in TASK_STATES), str(t.expired_leases)]
+        for t in tenants
+    ]
+    delivery = [
+        [
+            _label(t),
+            str(t.operations.get("unknown", 0)),
+            str(t.outbox_pending),
+            _age(t.outbox_oldest_pending_seconds),
+            str(t.outbox_dead),
+            str(t.inbox),
+        ]
+        for t in tenants
+    ]
     b = s.purge_backlog
+    lines = [header] if header else []
+    lines += ["tasks", *_grid(_TASK_HEAD, tasks), "", "delivery", *_grid(_DELIVERY_HEAD, delivery)]
     lines.append(
         f"purge backlog: {b['event_payloads']} event payloads, {b['events']} events, "
         f"{b['outbox_delivered']} delivered outbox rows, {b['inbox']} inbox rows"

@@ -20,6 +20,7 @@ def add_tenant(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = tenant_sub.add_parser("delete", help="apply the tenant deletion policy (G17)")
     p.add_argument("tenant_id", help="the tenant's id")
     add_dsn(p, help="postgresql:// URL of the schema owner (default: $DATABASE_URL)")
+    p.add_argument("--schema", help="schema agentdb lives in (default: first on the search_path)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--dry-run", action="store_true", help="report what would happen, change nothing"
@@ -41,7 +42,7 @@ def _delete(args: argparse.Namespace) -> int:
     async def body(pool: _db.Pool) -> TenantDeletion:
         return await delete_tenant(pool, tenant_id, dry_run=args.dry_run, actor="agentdb-cli")
 
-    report = run_with_pool(dsn, 1, body)
+    report = run_with_pool(dsn, 1, body, schema=args.schema)
     if args.json:
         print(json.dumps(_as_json(report), indent=2))
         return 0

@@ -19,7 +19,15 @@ reserved or in flight are never re-run blindly: :meth:`Job.reserve` hands
 them to the reconcile hook registered for their action, or marks them
 'unknown' and retries the task later.
 
-:mod:`~agentdb.worker.outcomes` says what each outcome writes;
+A handler that is not an async callable is refused when the worker starts;
+whatever else it does - returns something that is not an outcome, raises, is
+cancelled, or returns an outcome the database refuses - the task does not
+stay 'running': the worker that ran it fails, retries or releases it, with
+``last_error`` and its event.
+
+:mod:`~agentdb.worker.outcomes` says what each outcome writes and how each way
+an attempt ends is recorded; :mod:`~agentdb.worker.finish` what happens when
+the finishing write is refused or lost with its connection;
 :mod:`~agentdb.worker.job` is the handler's view of one attempt;
 :mod:`~agentdb.worker.loop` is the claim loop, heartbeat and shutdown.
 """

@@ -1,10 +1,31 @@
-"""The worker loop: claim due tasks under leases, run handlers, keep leases alive, recover."""
+"""The worker loop: claim due tasks under leases, run handlers, keep leases alive, recover.
+
+Whatever a handler does, the task does not stay 'running' behind the worker
+that ran it: every way an attempt ends is turned into an outcome
+(:mod:`~agentdb.worker.outcomes`) and written, or - when the write cannot
+land - failed or released (:mod:`~agentdb.worker.finish`). The job runner
+never raises (a bug in the worker itself is logged with its traceback and the
+lease is released); the heartbeat never dies of an error.
+
+Stopping: :meth:`Worker.stop` (SIGTERM/SIGINT) stops claiming; running jobs
+get ``shutdown_grace`` seconds, then are cancelled - handlers and finishing
+writes alike - and their leases are released with the attempt refunded (a
+shutdown never costs a task an attempt); a lease the worker failed to give
+back earlier is released as that give-back would have been (attempt
+counted, its ``last_error``). A handler that ignores
+its cancellation is waited for ``shutdown_grace`` more seconds (at least
+one) and then released anyway: its later writes are fenced out (G12).
+:class:`~agentdb.errors.PoolerMismatch` from any statement is fatal: the
+worker stops the same way and :meth:`Worker.run` raises it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -12,16 +33,18 @@ from typing import Any
 
 from agentdb import _db, _faults, leases, schema, tasks
 from agentdb._db.pool import pooler_mode
-from agentdb._runtime import backoff, nap, owner_id, wakeups
+from agentdb._runtime import nap, owner_id, wakeups
 from agentdb.errors import (
     AgentDBError,
     ConfigurationError,
     IdempotencyConflict,
     LeaseLost,
     OperationUnsettled,
+    PoolerMismatch,
     StaleWrite,
     TransientError,
 )
+from agentdb.worker.finish import Finisher, abandon, storable
 from agentdb.worker.job import Job
 from agentdb.worker.outcomes import (
     Fail,
@@ -29,13 +52,24 @@ from agentdb.worker.outcomes import (
     Outcome,
     ReconcileHook,
     Retry,
-    Succeed,
-    Wait,
+    check_handlers,
+    outcome_of,
 )
 
 __all__ = ["Worker", "WorkerStats"]
 
 log = logging.getLogger("agentdb.worker")
+
+
+def _positive(**seconds: float) -> None:
+    """Refuse an interval of 0 or less: a poll interval of 0 is a busy loop against Postgres.
+
+    Raises:
+        ConfigurationError: naming the first one that is not more than 0 (or not a number).
+    """
+    for name, value in seconds.items():
+        if not value > 0:  # also catches NaN
+            raise ConfigurationError(f"{name} must be more than 0 seconds, not {value!r}")
 
 
 @dataclass
@@ -49,7 +83,25 @@ class WorkerStats:
     late_writes_refused: int = 0
     reconciled: int = 0
     released_on_shutdown: int = 0
+    #: outcomes the caps or the database refused (the task was failed instead).
+    refused: int = 0
+    #: leases released because the finishing write kept failing.
+    released_unfinished: int = 0
     errors: list[str] = field(default_factory=list)
+
+
+class _NotAwaitable(Exception):
+    """The handler's call returned something that cannot be awaited: it ran synchronously."""
+
+
+async def _call(handler: Handler, job: Job) -> object:
+    pending: object = handler(job)
+    if not inspect.isawaitable(pending):
+        raise _NotAwaitable(
+            f"handler is not async: its call returned {type(pending).__name__}, not an "
+            "awaitable (it ran synchronously, on the event loop)"
+        )
+    return await pending
 
 
 class Worker:
@@ -59,6 +111,12 @@ class Worker:
     worker when a task is inserted. Without it, or with ``pooler="transaction"``
     (default ``$AGENTDB_POOLER``: LISTEN cannot outlive a transaction behind such
     a proxy), or if LISTEN fails, the worker polls every ``poll_interval``.
+
+    Raises:
+        ConfigurationError: no handlers, ``concurrency`` below 1, a poll, retry or
+            maintenance interval of 0 or less, a negative ``shutdown_grace``, a handler
+            or reconcile hook that is not an async callable (named by its task type or
+            action), or an unknown ``pooler``.
     """
 
     def __init__(
@@ -81,6 +139,14 @@ class Worker:
             raise ConfigurationError("a worker needs at least one handler")
         if concurrency < 1:
             raise ConfigurationError("concurrency must be at least 1")
+        _positive(
+            poll_interval=poll_interval,
+            retry_base=retry_base,
+            maintenance_interval=maintenance_interval,
+        )
+        if shutdown_grace < 0:
+            raise ConfigurationError("shutdown_grace must be 0 seconds or more")
+        check_handlers(handlers, reconcilers)
         self.pool = pool
         self.handlers = dict(handlers)
         self.reconcilers = dict(reconcilers or {})
@@ -96,6 +162,13 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._running: dict[asyncio.Task[None], Job] = {}
+        # Leases the shutdown releases with the attempt refunded: jobs it
+        # interrupted, and jobs a fatal error stopped.
+        self._interrupted: dict[uuid.UUID, Job] = {}
+        self._fatal: PoolerMismatch | None = None
+        self._finisher = Finisher(
+            pool, self.stats, retry_base=retry_base, on_fatal=self._fatal_error
+        )
 
     def stop(self) -> None:
         """Stop claiming; running jobs get ``shutdown_grace`` seconds, then are released."""
@@ -107,6 +180,8 @@ class Worker:
 
         Raises:
             MigrationError: the schema is older than this code (checked before any claim).
+            PoolerMismatch: a transaction pooler is in the way (after releasing
+                what the worker held, as far as it could).
         """
         await schema.check(self.pool)
         loop = asyncio.get_running_loop()
@@ -138,9 +213,20 @@ class Worker:
             finally:
                 await self._shutdown()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
+        if self._fatal is not None:
+            raise self._fatal
         return self.stats
 
+    def _fatal_error(self, exc: PoolerMismatch, job: Job | None) -> None:
+        if self._fatal is None:
+            log.error("worker %s stopping: %s", self.worker_id, exc)
+            self._fatal = exc
+        if job is not None:
+            self._interrupted[job.task.id] = job
+        self.stop()
+
     async def _maintenance(self) -> None:
+        await self._finisher.release_held()
         try:
             buried = await leases.bury_exhausted(self.pool, actor=self.worker_id)
             if buried:
@@ -151,6 +237,8 @@ class Worker:
                     n,
                     task_type,
                 )
+        except PoolerMismatch:
+            raise  # no statement can work: the worker stops
         except (AgentDBError, OSError) as exc:
             # Housekeeping must never stop the claim loop; the next round retries it.
             log.warning("maintenance skipped: %s: %s", type(exc).__name__, exc)
@@ -184,17 +272,19 @@ class Worker:
         self.stats.reconciled += 1
 
     def _job_done(self, runner: asyncio.Task[None]) -> None:
-        self._running.pop(runner, None)
+        job = self._running.pop(runner, None)
         self._wake.set()
+        # _run_job raises nothing but cancellation; retrieving is for a bug that slipped by.
+        if not runner.cancelled() and (exc := runner.exception()) is not None:
+            log.error("task %s: job runner failed", job.task.id if job else "?", exc_info=exc)
 
     async def _run_job(self, job: Job) -> None:
         task = job.task
-        handler = self.handlers[task.task_type]
-        work: asyncio.Task[Outcome | None] = asyncio.create_task(handler(job))
+        work: asyncio.Task[object] = asyncio.create_task(_call(self.handlers[task.task_type], job))
         beat = asyncio.create_task(self._heartbeat(job, work))
         try:
             try:
-                outcome = await work
+                outcome = self._verdict(job, await work)
             except asyncio.CancelledError:
                 if job.lease_lost:
                     self.stats.lease_lost += 1
@@ -202,18 +292,31 @@ class Worker:
                         "task %s: lease lost, handler stopped; nothing more is written", task.id
                     )
                     return
-                raise  # shutdown: _shutdown releases the lease
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():
+                    raise  # shutdown: _shutdown releases the lease
+                # Cancelled by something of its own, not by the worker: the attempt
+                # ended without a verdict.
+                outcome = Retry("CancelledError: the handler was cancelled, not by the worker")
             except LeaseLost:
                 self.stats.lease_lost += 1
                 log.warning("task %s: lease lost mid-attempt; nothing more is written", task.id)
+                return
+            except PoolerMismatch as exc:
+                self._fatal_error(exc, job)
                 return
             except IdempotencyConflict as exc:
                 # The handler reused a key for a different request: another attempt
                 # would only conflict again.
                 outcome = Fail(f"IdempotencyConflict: {exc}")
+            except _NotAwaitable as exc:
+                outcome = Fail(str(exc))
+                log.error("task %s (%s): %s", task.id, task.task_type, exc)
             except Exception as exc:
-                outcome = Retry(f"{type(exc).__name__}: {exc}")
-                if not isinstance(exc, OperationUnsettled):
+                outcome = Retry(storable(f"{type(exc).__name__}: {exc}"))
+                if isinstance(exc, OperationUnsettled):
+                    log.info("task %s: %s; retried later", task.id, exc)
+                else:
                     log.warning(
                         "task %s (%s) attempt %d raised %s: %s",
                         task.id,
@@ -221,11 +324,23 @@ class Worker:
                         task.attempts,
                         type(exc).__name__,
                         exc,
+                        exc_info=exc,
                     )
             beat.cancel()
-            await self._finish(job, outcome or Succeed())
+            await self._finisher.finish(job, outcome)
+        except Exception:
+            # A bug in the worker, not the handler: say so, and do not sit on the lease.
+            log.exception("task %s: the worker failed to finish it", task.id)
+            await self._finisher.give_back(job, "the worker failed to finish it")
         finally:
             beat.cancel()
+
+    @staticmethod
+    def _verdict(job: Job, value: object) -> Outcome:
+        outcome = outcome_of(value)
+        if isinstance(outcome, Fail) and outcome is not value:
+            log.error("task %s (%s): %s", job.task.id, job.task.task_type, outcome.error)
+        return outcome
 
     async def _heartbeat(self, job: Job, work: asyncio.Task[Any]) -> None:
         ttl = (
@@ -242,82 +357,72 @@ class Worker:
                 job.lease_lost = True
                 work.cancel()
                 return
-            except (TransientError, OSError) as exc:
+            except PoolerMismatch as exc:
+                self._fatal_error(exc, None)  # the shutdown cancels the handler and releases
+                return
+            except Exception as exc:
+                # Transient or not understood: keep the handler going while the lease lasts.
                 if datetime.now(UTC) >= job.lease.expires_at:
                     job.lease_lost = True
                     work.cancel()
                     return
-                log.warning("task %s: lease renewal failed, retrying: %s", job.task.id, exc)
-
-    async def _finish(self, job: Job, outcome: Outcome) -> None:
-        task = job.task
-        # Every finishing write is the job's task at its version, under its lease.
-        finish = functools.partial(
-            tasks.transition,
-            self.pool,
-            task.tenant_id,
-            task.id,
-            expected_version=job.task.state_version,
-            lease=job.lease,
-        )
-        try:
-            if isinstance(outcome, Succeed):
-                await finish(to_state="succeeded", payload=outcome.payload, outbox=outcome.outbox)
-                _faults.point("after_transition")
-                self.stats.succeeded += 1
-            elif isinstance(outcome, Fail):
-                await finish(to_state="failed", error=outcome.error)
-                self.stats.failed += 1
-            elif isinstance(outcome, Wait):
-                step = tasks.KEEP if outcome.step is None else outcome.step
-                await finish(to_state="waiting", wake_at=outcome.until, step=step)
-                self.stats.waiting += 1
-            else:
-                after = outcome.after or backoff(task.attempts, base=self.retry_base)
-                await job.abandon_fresh_operations()
-                released = await leases.release(
-                    self.pool,
-                    job.lease,
-                    wake_at=datetime.now(UTC) + after,
-                    error=outcome.error,
-                    event_type="task.retry",
+                log.warning(
+                    "task %s: lease renewal failed, retrying: %s: %s",
+                    job.task.id,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=not isinstance(exc, (TransientError, OSError)),
                 )
-                if released.state == "dead":
-                    self.stats.failed += 1
-                    log.warning(
-                        "task %s is dead after %d attempts: %s",
-                        task.id,
-                        released.attempts,
-                        outcome.error,
-                    )
-                else:
-                    self.stats.retried += 1
-        except LeaseLost:
-            self.stats.late_writes_refused += 1
-            log.warning("task %s: late write refused - the lease was taken over (G12)", task.id)
 
     async def _shutdown(self) -> None:
-        if not self._running:
-            return
-        log.info(
-            "shutting down: %d job(s) running, %.1fs grace", len(self._running), self.shutdown_grace
-        )
-        runners = list(self._running)
-        _, pending = await asyncio.wait(runners, timeout=self.shutdown_grace)
-        jobs = [self._running[r] for r in pending if r in self._running]
-        for r in pending:
-            r.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for job in jobs:
-            try:
-                await job.abandon_fresh_operations()
-                await leases.release(
+        if self._running:
+            log.info(
+                "shutting down: %d job(s) running, %.1fs grace",
+                len(self._running),
+                self.shutdown_grace,
+            )
+            _, pending = await asyncio.wait(list(self._running), timeout=self.shutdown_grace)
+            for runner in pending:
+                job = self._running.get(runner)
+                if job is not None:
+                    self._interrupted[job.task.id] = job
+                runner.cancel()
+            if pending:
+                _, stuck = await asyncio.wait(pending, timeout=max(1.0, self.shutdown_grace))
+                if stuck:
+                    log.warning(
+                        "%d handler(s) ignore cancellation; releasing their leases anyway",
+                        len(stuck),
+                    )
+        await self._finisher.release_held()
+        reason = "worker shut down" if self._fatal is None else f"worker stopped: {self._fatal}"
+        for job in list(self._interrupted.values()):
+            await self._release_interrupted(job, storable(reason))
+        self._interrupted.clear()
+
+    async def _release_interrupted(self, job: Job, reason: str) -> None:
+        await abandon(job)
+        try:
+            await self._finisher.persist(
+                job,
+                functools.partial(
+                    leases.release,
                     self.pool,
                     job.lease,
                     refund_attempt=True,
                     event_type="task.released",
-                    error="worker shut down",
-                )
-                self.stats.released_on_shutdown += 1
-            except AgentDBError as exc:
-                log.warning("task %s: could not release on shutdown: %s", job.task.id, exc)
+                    error=reason,
+                ),
+                lands_in=("pending",),
+            )
+            self.stats.released_on_shutdown += 1
+        except LeaseLost:
+            log.info("task %s: finished or taken over before the release", job.task.id)
+        except Exception as exc:
+            log.warning(
+                "task %s: could not release on shutdown (%s: %s); its lease expires at %s",
+                job.task.id,
+                type(exc).__name__,
+                exc,
+                job.lease.expires_at.isoformat(),
+            )

@@ -1,8 +1,35 @@
-"""What a handler returns, and what the worker then writes (one statement each).
+"""What a handler returns, what the worker then writes, and what it does with anything else.
 
-Returning ``None`` is :class:`Succeed`. Raising is :class:`Retry` with the
-exception as the error (an :class:`~agentdb.errors.IdempotencyConflict` is
-:class:`Fail`: another attempt would only conflict again).
+A handler is an async callable: ``async def handle(job) -> Outcome | None``.
+:func:`check_handlers` refuses anything else when the worker starts
+(:class:`~agentdb.errors.ConfigurationError` naming the task type), because a
+plain ``def`` would run on the event loop, block every other job and its
+heartbeat, and hand back a value where an awaitable belongs.
+
+How each way an attempt can end is recorded - one rule per case, and why:
+
+* returns ``None`` or :class:`Succeed` -> 'succeeded' (event ``task.succeeded``).
+* returns :class:`Retry`, :class:`Wait` or :class:`Fail` -> what that outcome says.
+* raises -> :class:`Retry` with ``"<ExceptionType>: <message>"`` (traceback
+  logged once); an :class:`~agentdb.errors.IdempotencyConflict` -> :class:`Fail`
+  (another attempt would only conflict again).
+* returns anything else (``42``, ``"done"``, a dict) -> :class:`Fail` naming the
+  type returned (:func:`outcome_of`). Not Retry: the handler ran to the end, so
+  whatever it did is done; running it again repeats every effect it did not
+  reserve and returns the same wrong type, until the attempts run out.
+* returns a non-awaitable from its call (a plain ``def`` that got past
+  :func:`check_handlers`, e.g. behind a decorator) -> :class:`Fail`, for the
+  same reason: it already ran, synchronously.
+* is cancelled by something other than the worker (it raised CancelledError
+  itself) -> :class:`Retry`: nothing says the work is done or wrong.
+* is cancelled because its lease was lost, or raises
+  :class:`~agentdb.errors.LeaseLost` -> nothing is written (G12): the task is
+  someone else's now.
+* raises :class:`~agentdb.errors.PoolerMismatch` -> the worker stops (see
+  :mod:`~agentdb.worker.loop`).
+
+What happens when the database refuses the outcome, or the finishing write is
+lost with its connection, is in :mod:`~agentdb.worker.finish`.
 """
 
 from __future__ import annotations
@@ -12,6 +39,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from agentdb._runtime import is_async_callable
+from agentdb.errors import ConfigurationError
 from agentdb.models import Message, Operation
 
 if TYPE_CHECKING:
@@ -26,6 +55,9 @@ __all__ = [
     "Retry",
     "Succeed",
     "Wait",
+    "check_handlers",
+    "is_async_callable",
+    "outcome_of",
 ]
 
 
@@ -81,3 +113,45 @@ class Reconciled:
 #: ``async def hook(op) -> Reconciled | None``; ``None`` means "the provider
 #: has no record of it": the effect did not happen and may be attempted again.
 ReconcileHook = Callable[[Operation], Awaitable[Reconciled | None]]
+
+
+_OUTCOMES = (Succeed, Retry, Wait, Fail)
+# Wrappers of wrappers are rare; a chain this long is a cycle.
+
+
+def outcome_of(value: object) -> Outcome:
+    """The outcome a handler's return value stands for: ``None`` is :class:`Succeed`, an
+    outcome is itself, anything else is :class:`Fail` saying what type came back."""
+    if value is None:
+        return Succeed()
+    if isinstance(value, _OUTCOMES):
+        return value
+    # The type, not the value: a repr could carry what the handler fetched.
+    return Fail(
+        f"handler returned {type(value).__name__}, not None or an outcome "
+        "(Succeed, Retry, Wait, Fail)"
+    )
+
+
+def check_handlers(
+    handlers: Mapping[str, object], reconcilers: Mapping[str, object] | None = None
+) -> None:
+    """Refuse handlers and reconcile hooks that are not async callables.
+
+    Raises:
+        ConfigurationError: naming the first task type (or action) whose handler
+            (or hook) is not an async callable, or that is not a non-empty string.
+    """
+    for kind, table, key in (
+        ("handler", handlers, "task type"),
+        ("reconcile hook", reconcilers or {}, "action"),
+    ):
+        for name, fn in table.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigurationError(f"{kind} {key} {name!r} must be a non-empty string")
+            if not is_async_callable(fn):
+                got = f"{type(fn).__name__} {getattr(fn, '__qualname__', '')}".strip()
+                raise ConfigurationError(
+                    f"{kind} for {key} {name!r} is not an async callable (got {got}): "
+                    "it must be an async def, or an object whose __call__ is one"
+                )

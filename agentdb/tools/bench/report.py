@@ -167,17 +167,8 @@ def _table(head: Sequence[tuple[str, str]], rows: Iterable[Sequence[str]]) -> li
     return [line(title for title, _ in head), rule, *(line(row) for row in rows), ""]
 
 
-def _statements_section(r: dict[str, Any]) -> list[str]:
-    s0 = r["statements"][0]
-    head = [
-        ("statement", "<"),
-        ("agentdb helper, ops/s", ">"),
-        ("raw asyncpg, same SQL, ops/s", ">"),
-        ("helper ÷ raw", ">"),
-        ("client CPU µs/op, helper / raw", ">"),
-        ("server CPU µs/op, helper / raw", ">"),
-    ]
-    rows = [
+def _statement_rows(statements: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    return [
         (
             s["statement"],
             _fmt_range(s["agentdb"]),
@@ -186,8 +177,53 @@ def _statements_section(r: dict[str, Any]) -> list[str]:
             f"{_fmt(median(s['helper_client_us']))} / {_fmt(median(s['raw_client_us']))}",
             f"{_fmt(median(s['helper_server_us']))} / {_fmt(median(s['raw_server_us']))}",
         )
-        for s in r["statements"]
+        for s in statements
     ]
+
+
+_STATEMENT_HEAD = [
+    ("statement", "<"),
+    ("agentdb helper, ops/s", ">"),
+    ("raw asyncpg, same SQL, ops/s", ">"),
+    ("helper ÷ raw", ">"),
+    ("client CPU µs/op, helper / raw", ">"),
+    ("server CPU µs/op, helper / raw", ">"),
+]
+
+
+def _pooled_section(r: dict[str, Any]) -> list[str]:
+    pooled = r.get("statements_pgbouncer") or []
+    if not pooled:
+        return []
+    direct = {s["statement"]: s for s in r["statements"]}
+    cost = [
+        (
+            s["statement"],
+            _fmt(median(s["raw"]) / median(direct[s["statement"]]["raw"]), 2),
+            _fmt(median(s["agentdb"]) / median(direct[s["statement"]]["agentdb"]), 2),
+        )
+        for s in pooled
+        if s["statement"] in direct
+    ]
+    return [
+        "## 1b. Statement overhead through PgBouncer (transaction mode)",
+        "",
+        "The same pairs through a local PgBouncer in `pool_mode = transaction`, with the "
+        "pooler switch: both the helper and the raw SQL run as unnamed statements "
+        "(asyncpg's statement cache off), so the ratio is agentdb's own overhead on that "
+        "path; the second table is what the proxy and the unnamed statements cost against "
+        "the direct, cached run above.",
+        "",
+        *_table(_STATEMENT_HEAD, _statement_rows(pooled)),
+        *_table(
+            [("statement", "<"), ("raw: proxy ÷ direct", ">"), ("helper: proxy ÷ direct", ">")],
+            cost,
+        ),
+    ]
+
+
+def _statements_section(r: dict[str, Any]) -> list[str]:
+    s0 = r["statements"][0]
     return [
         "## 1. Statement overhead",
         "",
@@ -195,7 +231,7 @@ def _statements_section(r: dict[str, Any]) -> list[str]:
         "repetition; the raw variant sends the same SQL text with the same arguments through "
         "`conn.fetch` on the same connections.",
         "",
-        *_table(head, rows),
+        *_table(_STATEMENT_HEAD, _statement_rows(r["statements"])),
     ]
 
 
@@ -317,6 +353,7 @@ def render(r: dict[str, Any]) -> str:
     sections = (
         _header,
         _statements_section,
+        _pooled_section,
         _cycle_section,
         _relay_section,
         _scaling_section,

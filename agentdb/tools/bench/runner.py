@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, LiteralString
+from urllib.parse import unquote, urlsplit
 
 from agentdb import _db, _dsn, tenancy
 from agentdb.errors import ConfigurationError
@@ -53,6 +54,7 @@ from agentdb.tools.bench.relay import RELAYS, deliver_pending, seed_outbox
 from agentdb.tools.bench.report import write_outputs
 from agentdb.tools.bench.scaling import bench_scaling
 from agentdb.tools.bench.statements import STATEMENTS, Body, Slot, open_slots
+from agentdb.tools.pgbouncer import find_binary, pgbouncer
 
 __all__ = ["Options", "bench_cycle", "bench_relay", "bench_statements", "run"]
 
@@ -130,9 +132,18 @@ async def _statement(
 
 
 async def bench_statements(
-    db: Database, sizes: Sizes, reps: int, probe: Probe
+    db: Database,
+    sizes: Sizes,
+    reps: int,
+    probe: Probe,
+    *,
+    url: str | None = None,
+    pooler: str = "none",
 ) -> list[dict[str, Any]]:
     """Each helper against its raw SQL, on ``sizes.stmt_conns`` connections at once.
+
+    ``url`` and ``pooler`` send both variants elsewhere (through a PgBouncer in
+    transaction mode: unnamed statements for the helper and the raw SQL alike).
 
     Raises:
         DatabaseUnavailable: the pool could not be opened.
@@ -141,7 +152,7 @@ async def bench_statements(
     conns = sizes.stmt_conns
     per_conn = max(1, sizes.stmt_ops // conns)
     total = per_conn * conns
-    pool = await _db.create_pool(db.url, min_size=conns, max_size=conns)
+    pool = await _db.create_pool(url or db.url, min_size=conns, max_size=conns, pooler=pooler)
     try:
         tenant = await tenancy.create_tenant(pool, "bench-statements")
         await seed_tasks(pool, tenant, "slot", conns)
@@ -420,6 +431,8 @@ async def _bench(
         agentdb = dbs["agentdb"]
         statements = await bench_statements(agentdb, sizes, opts.reps, probe)
         lap("statements")
+        pooled = await _through_pgbouncer(admin, agentdb, sizes, opts.reps, probe, notes)
+        lap("statements through pgbouncer")
         cycle = await bench_cycle(agentdb, peer_dbs, sizes, opts.reps, probe, notes)
         lap("cycle")
         relay = await bench_relay(agentdb, sizes, opts.reps, probe)
@@ -444,11 +457,28 @@ async def _bench(
             "server_cpu_measured": probe.local,
         },
         "statements": statements,
+        "statements_pgbouncer": pooled,
         "cycle": cycle,
         "relay": relay,
         "scaling": scaling,
         "notes": notes,
     }
+
+
+async def _through_pgbouncer(
+    admin: str, db: Database, sizes: Sizes, reps: int, probe: Probe, notes: list[str]
+) -> list[dict[str, Any]]:
+    """The statement pairs again through a local PgBouncer in transaction mode, when installed."""
+    binary = find_binary()
+    if binary is None:
+        notes.append("pgbouncer is not installed: the through-the-proxy statements are left out")
+        return []
+    parts = urlsplit(admin)
+    logins = {parts.username or "postgres": unquote(parts.password or "")}
+    with pgbouncer(admin, logins, pool_size=sizes.stmt_conns, binary=binary) as bouncer:
+        return await bench_statements(
+            db, sizes, reps, probe, url=bouncer.url(db.url), pooler="transaction"
+        )
 
 
 def _sizes(opts: Options) -> Sizes:

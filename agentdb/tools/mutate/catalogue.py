@@ -51,6 +51,16 @@ def m(
 
 def all_mutants() -> tuple[Mutant, ...]:
     """Every mutant of the catalogue, in report order."""
-    from agentdb.tools.mutate import mutants_code, mutants_schema, mutants_statements
+    from agentdb.tools.mutate import (
+        mutants_code,
+        mutants_production,
+        mutants_schema,
+        mutants_statements,
+    )
 
-    return mutants_statements.MUTANTS + mutants_schema.MUTANTS + mutants_code.MUTANTS
+    return (
+        mutants_statements.MUTANTS
+        + mutants_schema.MUTANTS
+        + mutants_code.MUTANTS
+        + mutants_production.MUTANTS
+    )

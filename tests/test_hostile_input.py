@@ -1,0 +1,257 @@
+"""Hostile and malformed input: one line, the documented exit code, nothing written.
+
+The CLI's exit codes: 2 for bad input, 1 for a database or runtime failure, 130
+when interrupted. The library raises ConfigurationError for input Postgres or
+the driver cannot take - never a raw driver, Unicode or recursion error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from agentdb import operations, outbox, tasks, tenancy
+from agentdb.errors import ConfigurationError
+from tests import _pg
+from tests.conftest import Database, Tenants
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AGENTDB_POOLER")}
+    return subprocess.run(
+        [sys.executable, "-m", "agentdb", *args],
+        cwd=ROOT, env=dict(base, PYTHONPATH=str(ROOT), **(env or {})),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _one_line(result: subprocess.CompletedProcess[str], code: int, fragment: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert result.stderr.startswith("agentdb: "), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert fragment in result.stderr, result.stderr
+
+
+_BAD_DSNS = [
+    ("postgresql://", "names no database"),
+    ("postgresql://postgres@[::1/x", "not a valid URL"),
+    ("postgresql://postgres@127.0.0.1:5432/postgres?foo=bar", "unknown parameter(s) foo"),
+    ("postgresql://postgres@127.0.0.1:notaport/postgres", "not a valid URL"),
+    ("mysql://root@localhost/db", "must be a URL such as"),
+]
+_COMMANDS = [
+    ("status",),
+    ("purge",),
+    ("tenant", "delete", str(uuid.UUID(int=1)), "--dry-run"),
+    ("worker", "tests.fixture_handlers:HANDLERS"),
+    ("relay", "tests.fixture_handlers:broken_publisher"),
+    ("audit",),
+]
+
+
+@pytest.mark.parametrize(("dsn", "fragment"), _BAD_DSNS)
+@pytest.mark.parametrize("command", _COMMANDS, ids=lambda c: c[0])
+def test_a_malformed_dsn_is_one_line_and_exit_2(
+    command: tuple[str, ...], dsn: str, fragment: str
+) -> None:
+    _one_line(_cli(*command, "--dsn", dsn), 2, fragment)
+
+
+@pytest.mark.parametrize("command", _COMMANDS, ids=lambda c: c[0])
+def test_a_refused_port_keeps_its_reason(command: tuple[str, ...]) -> None:
+    result = _cli(*command, "--dsn", "postgresql://postgres@127.0.0.1:1/postgres")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "cannot connect to postgresql://postgres@127.0.0.1:1/postgres" in result.stderr
+    assert "refused" in result.stderr.lower() or "connect call failed" in result.stderr.lower()
+
+
+@pytest.mark.parametrize("command", _COMMANDS[:5], ids=lambda c: c[0])
+def test_runtime_commands_on_an_unmigrated_database_say_so_and_write_nothing(
+    command: tuple[str, ...], pg_server: _pg.Server
+) -> None:
+    with _pg.temp_database(pg_server) as name:
+        dsn = pg_server.url(name)
+        result = (
+            _cli(*command, "--dsn", dsn, "--no-listen")
+            if command[0]
+            in (
+                "worker",
+                "relay",
+            )
+            else _cli(*command, "--dsn", dsn)
+        )
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert "run `agentdb migrate` first" in result.stderr
+        with _pg.admin(dsn) as conn:
+            tables = conn.execute(
+                "SELECT count(*) FROM pg_class WHERE relnamespace = 'public'::regnamespace"
+            ).fetchone()
+        assert tables == (0,)
+
+
+# ---- the library's inputs ---------------------------------------------------------------
+
+_DEEP: dict[str, Any] = {}
+_node = _DEEP
+for _ in range(1500):
+    _node["a"] = {}
+    _node = _node["a"]
+
+_BAD_DOCUMENTS: list[tuple[str, Any]] = [
+    ("nul", {"note": "a\x00b"}),
+    ("nul-key", {"a\x00": 1}),
+    ("lone-surrogate", {"note": "\ud800"}),
+    ("deep", _DEEP),
+    ("nan", {"x": float("nan")}),
+    ("not-json", {"x": object()}),
+]
+
+
+async def _counts(admin: asyncpg.Connection) -> tuple[int, ...]:
+    row = await admin.fetchrow(
+        "SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_operations),"
+        " (SELECT count(*) FROM agent_events), (SELECT count(*) FROM agent_outbox)"
+    )
+    assert row is not None
+    return tuple(row)
+
+
+@pytest.mark.parametrize(("label", "doc"), _BAD_DOCUMENTS, ids=[b[0] for b in _BAD_DOCUMENTS])
+async def test_documents_postgres_cannot_store_are_refused_before_anything_is_written(
+    label: str, doc: Any, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    before = await _counts(admin_conn)
+    with pytest.raises(ConfigurationError):
+        await tasks.create(pool, tenants.a, "t", params=doc, dedupe_key="k")
+    if not label.startswith("nul"):  # an operation's input is only hashed; a NUL hashes fine
+        with pytest.raises(ConfigurationError):
+            await operations.reserve(pool, tenants.a, task.id, "k", "send", doc)
+    with pytest.raises(ConfigurationError):
+        await tasks.transition(
+            pool, tenants.a, task.id, expected_version=0, to_state="waiting", payload=doc
+        )
+    async with pool.acquire() as conn:
+        with pytest.raises(ConfigurationError):
+            await outbox.enqueue(conn, tenants.a, "t", doc)
+    assert await _counts(admin_conn) == before
+
+
+@pytest.mark.parametrize(
+    "text", ["nul\x00inside", "lone \udfff surrogate"], ids=["nul", "lone-surrogate"]
+)
+async def test_text_postgres_cannot_store_is_refused_and_nothing_is_written(
+    text: str, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t")
+    before = await _counts(admin_conn)
+    with pytest.raises(ConfigurationError):
+        await tasks.create(pool, tenants.a, text)
+    with pytest.raises(ConfigurationError):
+        await operations.reserve(pool, tenants.a, task.id, text, "send", {"x": 1})
+    with pytest.raises(ConfigurationError):
+        await tenancy.create_tenant(pool, text)
+    assert await _counts(admin_conn) == before
+
+
+@pytest.mark.parametrize("tenant", ["not-a-uuid", 42, b"bytes"], ids=["str", "int", "bytes"])
+async def test_a_tenant_id_that_is_not_a_uuid_is_a_configuration_error(
+    tenant: Any, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    before = await _counts(admin_conn)
+    with pytest.raises(ConfigurationError):
+        await tasks.create(pool, tenant, "t")
+    with pytest.raises(ConfigurationError):
+        await tasks.get(pool, tenant, uuid.uuid4())
+    assert await _counts(admin_conn) == before
+
+
+# ---- Ctrl-C at any instant ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.1, 0.2, 0.3, 0.45])
+def test_ctrl_c_early_in_a_command_is_one_line_never_a_traceback(
+    delay: float, db: Database
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentdb", "status", "--watch", "1", "--dsn", db.admin_dsn],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err, err
+    # Interrupted before Python could install its handler, the process just ends (-2).
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
+    if proc.returncode == 130:
+        assert err.strip().splitlines()[-1] == "agentdb: interrupted", err
+
+
+# ---- each layer on its own (the database would also refuse: these say it never gets there) --
+
+
+@pytest.mark.parametrize("doc", [{"a": "x\x00y"}, {"a": "\ud800"}], ids=["nul", "lone-surrogate"])
+def test_documents_are_refused_before_they_are_sent(doc: dict[str, str]) -> None:
+    from agentdb._db.jsonb import document
+
+    with pytest.raises(ConfigurationError):
+        document(doc, cap=1000, what="payload")
+    assert document({"a": "\\u0000 is text"}, cap=1000, what="payload") is not None  # control
+
+
+def test_a_newline_in_an_argument_still_gives_one_line() -> None:
+    result = _cli("migrate", "--no-such-flag\nsecond line")
+    _one_line(result, 2, "unrecognized arguments")
+
+
+async def test_intervals_that_would_spin_are_refused(pool: asyncpg.Pool) -> None:
+    from agentdb.relay import Relay
+    from agentdb.worker import Worker
+
+    async def handle(job: object) -> None:
+        return None
+
+    async def publish(message: object) -> None:
+        return None
+
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ConfigurationError, match="poll_interval"):
+            Worker(pool, {"t": handle}, poll_interval=bad)
+        with pytest.raises(ConfigurationError, match="poll_interval"):
+            Relay(pool, publish, poll_interval=bad)
+    with pytest.raises(ConfigurationError, match="visibility"):
+        Relay(pool, publish, visibility=timedelta(0))
+    with pytest.raises(ConfigurationError, match="async callable"):
+        Relay(pool, print)  # type: ignore[arg-type]
+    Worker(pool, {"t": handle}, poll_interval=0.01)  # control
+    Relay(pool, publish, poll_interval=0.01)
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        (("worker", "tests.fixture_handlers:HANDLERS"), "--poll-interval"),
+        (("relay", "tests.fixture_handlers:broken_publisher"), "--poll-interval"),
+        (("relay", "tests.fixture_handlers:broken_publisher"), "--visibility"),
+    ],
+)
+def test_cli_intervals_that_would_spin_are_one_line(
+    command: tuple[str, ...], flag: str, db: Database
+) -> None:
+    _one_line(_cli(*command, flag, "0", "--dsn", db.admin_dsn), 2, flag)
