@@ -261,3 +261,15 @@ def test_G10_G12_workers_and_two_relays_under_sigkill_through_the_proxy_lose_not
             "SELECT count(*) FROM agent_tasks WHERE state = 'running'"
         ).fetchone()
     assert running == (0,)
+
+
+def test_the_audit_runs_through_the_proxy_again_and_again(db: Database, bouncer: Bouncer) -> None:
+    """psycopg would prepare a statement it runs often; through the proxy that name would stay
+    on a shared server connection and collide with the next run's."""
+    direct = _cli("audit", "--dsn", db.admin_dsn, "--json")
+    assert direct.returncode == 0, direct.stderr
+    url = db.through(bouncer)
+    for _ in range(3):
+        result = _cli("audit", "--dsn", url, "--pooler", "transaction", "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["findings"] == json.loads(direct.stdout)["findings"]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import _pg
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -85,3 +87,24 @@ def test_every_install_line_in_the_readme_installs_this_project() -> None:
         words = line.split("pip install", 1)[1].split("#")[0].split()
         target = next(w for w in words if not w.startswith("-")).strip("'\")")
         assert target.startswith(("agentdb-pg", ".")), line
+
+
+def test_the_put_the_schema_block_runs_as_written(pg_server: _pg.Server) -> None:
+    """The README's first commands for a user's own database, run in order on a fresh one."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Put the schema into your Postgres") :]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    lines = [line.split("  #")[0].strip() for line in block.group(1).splitlines()]
+    commands = [line for line in lines if line.startswith("agentdb ")]
+    assert len(commands) >= 4
+    with _pg.temp_database(pg_server) as name:
+        env = dict(os.environ, DATABASE_URL=pg_server.url(name), PYTHONPATH=str(ROOT))
+        env.pop("AGENTDB_POOLER", None)
+        for line in commands:
+            argv = shlex.split(line)[1:]
+            run = subprocess.run(
+                [sys.executable, "-m", "agentdb", *argv], cwd=ROOT, env=env,
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            assert run.returncode == 0, (line, run.stderr)

@@ -424,7 +424,9 @@ def read_only(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         AuditError: the server refused a statement run on the connection.
     """
     try:
-        conn = psycopg.connect(_dsn.libpq(dsn), connect_timeout=10)
+        # No prepared statements: behind a transaction pooler one would stay on a shared
+        # server connection and collide with the next client's (42P05).
+        conn = psycopg.connect(_dsn.libpq(dsn), connect_timeout=10, prepare_threshold=None)
     except psycopg.OperationalError as exc:
         # libpq's first line names the failure; later lines are indented hints.
         text = str(exc).strip()

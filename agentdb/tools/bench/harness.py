@@ -132,7 +132,9 @@ def _admin(dsn: str) -> Iterator[psycopg.Connection[Any]]:
             command line says so in one line instead of a traceback).
     """
     try:
-        conn = psycopg.connect(_dsn.libpq(dsn), autocommit=True, connect_timeout=10)
+        conn = psycopg.connect(
+            _dsn.libpq(dsn), autocommit=True, connect_timeout=10, prepare_threshold=None
+        )
     except psycopg.OperationalError as exc:
         reason = " ".join(str(exc).split())  # libpq's message spans lines
         raise DatabaseUnavailable(f"cannot connect to {_dsn.redact(dsn)}: {reason}") from exc
