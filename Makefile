@@ -49,6 +49,10 @@ bench-quick: $(VENV)/.bench ## The same at small sizes, under a minute (CI smoke
 test: $(VENV)/.dev ## Run the whole test suite (embedded Postgres unless AGENTDB_TEST_DSN is set)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+test-citus: $(VENV)/.dev ## The Citus suite against AGENTDB_CITUS_DSN (a coordinator database; not in make test)
+	@test -n "$$AGENTDB_CITUS_DSN" || { echo "make test-citus: set AGENTDB_CITUS_DSN to a database on a Citus coordinator (citus installed, workers added); see README 'Scaling out with Citus'" >&2; exit 2; }
+	$(BIN)/pytest tests/citus $(PYTEST_ARGS)
+
 lint: $(VENV)/.dev ## ruff (lint + format check), mypy --strict, the import contracts, the README table
 	$(BIN)/ruff check agentdb tests examples
 	$(BIN)/ruff format --check agentdb tests examples
@@ -92,4 +96,4 @@ ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGEN
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist mutation-results
 
-.PHONY: help install demo chaos chaos-quick bench bench-quick test lint mutate readme fmt example sql migrate rollback status audit purge ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test test-citus lint mutate readme fmt example sql migrate rollback status audit purge ci clean

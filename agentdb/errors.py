@@ -18,7 +18,7 @@ The tree::
     +-- InvariantViolation        Postgres refused the write (named object)
     |   +-- InvalidTransition, VersionRuleViolation, AppendOnlyViolation,
     |   |   ImmutableColumn (+ ImmutableKey), LeaseTokenRegression, MissingEvent,
-    |   |   TenantScopeMissing          (agentdb's own SQLSTATEs AG001-AG008)
+    |   |   TenantScopeMissing, ConcurrencyLimitExceeded  (agentdb's SQLSTATEs AG001-AG009)
     |   +-- TenantMismatch, DuplicateKey, PayloadTooLarge, SecretInPayload
     +-- StaleWrite                the statement matched no row
     |   +-- NotFound, StaleVersion, LeaseLost (+ OutboxLeaseLost)
@@ -45,6 +45,7 @@ __all__ = [
     "SQLSTATES",
     "AgentDBError",
     "AppendOnlyViolation",
+    "ConcurrencyLimitExceeded",
     "ConfigurationError",
     "DatabaseUnavailable",
     "DuplicateKey",
@@ -196,6 +197,17 @@ class TenantScopeMissing(InvariantViolation):
 
     guarantee = "G15"
     sqlstate_code = "AG007"
+
+
+class ConcurrencyLimitExceeded(InvariantViolation):
+    """G18: a task would start while its tenant (or task type) runs its cap (SQLSTATE AG009).
+
+    The claim never asks for more than a cap leaves free; this comes from a
+    write outside it (or one racing it), and nothing of that write landed.
+    """
+
+    guarantee = "G18"
+    sqlstate_code = "AG009"
 
 
 class TenantMismatch(InvariantViolation):
@@ -394,6 +406,7 @@ SQLSTATES: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
             LeaseTokenRegression,
             MissingEvent,
             TenantScopeMissing,
+            ConcurrencyLimitExceeded,
         )
     }
 )

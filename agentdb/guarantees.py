@@ -1,4 +1,4 @@
-"""The guarantees G1-G17, and the catalogue that ties every schema object to one of them.
+"""The guarantees G1-G18, and the catalogue that ties every schema object to one of them.
 
 One registry, read by everything that names a guarantee: the error classes
 (``.guarantee``), the audit's verdicts, the README's tables (generated from
@@ -176,6 +176,15 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "agentdb_delete_tenant (dry run and real run); "
                 "agent_credential_refs_is_reference; RESTRICT foreign keys",
             ),
+            Guarantee(
+                "G18",
+                "fair claiming, per-tenant concurrency caps",
+                "A tenant's backlog cannot starve the others: workers share each claim "
+                "round-robin between the tenants with due work; and no tenant (or task type of "
+                "a tenant) ever runs more tasks at once than its cap.",
+                "lease_claim (round-robin walk over agent_tasks_due_idx); "
+                "agent_concurrency_limits + the trigger agent_tasks_concurrency_guard (AG009)",
+            ),
         )
     }
 )
@@ -226,6 +235,7 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_principals_pkey",
         "agent_principals_tenant_fkey",
         "agent_tasks_tenant_fkey",
+        "agent_concurrency_limits_tenant_fkey",
         "agent_operations_task_fkey",
         "agent_events_task_fkey",
         "agent_events_operation_fkey",
@@ -352,8 +362,17 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_tasks_lease_owner_valid",
         "agent_tasks_lease_token_valid",
         "agent_tasks_lease_ttl_valid",
-        "agent_tasks_due_idx",
         "agent_tasks_lease_expiry_idx",
+    ),
+    # G18: fair claiming and concurrency caps.
+    *_entries(
+        "G18",
+        "agent_tasks_due_idx",
+        "agent_tasks_running_idx",
+        "agent_tasks_concurrency_guard",
+        "agent_concurrency_limits_pkey",
+        "agent_concurrency_limits_max_running_valid",
+        "agent_concurrency_limits_task_type_valid",
     ),
     # G13: operations that still need reconciling are found by index.
     *_entries("G13", "agent_operations_unsettled_idx"),
@@ -382,6 +401,8 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_artifacts_agent_scope",
         "agent_credential_refs_owner_all",
         "agent_credential_refs_runtime_all",
+        "agent_concurrency_limits_owner_all",
+        "agent_concurrency_limits_runtime_all",
     ),
     # G16: W3C trace-context ids and the pinned semantic conventions.
     *_entries(

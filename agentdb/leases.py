@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from agentdb import _db, _explain, telemetry
+from agentdb import _db, _explain, _routed, schema, telemetry
 from agentdb._db.jsonb import TEXT_CAP
 from agentdb.errors import ConfigurationError
 from agentdb.models import Lease, Task
@@ -29,16 +29,27 @@ async def claim(
     batch: int = 1,
     lease_ttl: timedelta | None = None,
     task_types: Sequence[str] | None = None,
+    after_tenant: uuid.UUID | None = None,
 ) -> list[Task]:
     """Lease up to ``batch`` due tasks to ``owner``; return them, each with its lease.
 
     Due: pending or waiting with ``wake_at`` passed, or running with an expired
     lease (taken over: the old holder is fenced out). ``lease_ttl`` overrides
     each task's own ``lease_ttl``. Each claim counts an attempt and writes an
-    event. The statement is replaceable: on Citus use a per-tenant claim.
+    event.
+
+    Fair between tenants (G18): the batch is shared round-robin among the
+    tenants with due work, walking them from the one after ``after_tenant``
+    and never beyond a tenant's concurrency limits. Pass the ``tenant_id`` of
+    the last task of the previous claim (tasks come back in the order the
+    batch took them) and successive claims rotate through the tenants; the
+    :class:`~agentdb.worker.Worker` does.
 
     Raises:
         ConfigurationError: ``batch`` is not positive.
+        ConcurrencyLimitExceeded: another writer moved one of a capped
+            tenant's tasks to running outside the claim at the same moment;
+            claim again.
     """
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
@@ -46,14 +57,25 @@ async def claim(
     with telemetry.span(
         "agentdb.task.claim", {"agentdb.lease.owner": owner, "agentdb.batch.size": batch}
     ):
-        rows = await _db.fetch_many(
-            db,
-            _Q["lease_claim"],
-            lease_owner=owner,
-            batch=batch,
-            lease_ttl=lease_ttl,
-            task_types=types,
-        )
+        if await schema.distributed(db):
+            rows = await _routed.claim(
+                db, owner, batch=batch, lease_ttl=lease_ttl, task_types=types,
+                after_tenant=after_tenant,
+            )  # fmt: skip
+        else:
+            args = {
+                "lease_owner": owner,
+                "batch": batch,
+                "lease_ttl": lease_ttl,
+                "task_types": types,
+                "after_tenant": after_tenant,
+            }
+            rows = await _db.fetch_many(db, _Q["lease_claim"], **args)
+            if not rows:
+                # Under contention every candidate the walk found may have been
+                # locked by other claimers at that instant (SKIP LOCKED hands
+                # this one nothing while work remains): look once more.
+                rows = await _db.fetch_many(db, _Q["lease_claim"], **args)
     return [Task.from_record(r) for r in rows]
 
 
@@ -134,5 +156,8 @@ async def bury_exhausted(
 
     Returns the (tenant_id, task_id) pairs buried.
     """
-    rows = await _db.fetch_many(db, _Q["lease_bury_exhausted"], actor_id=actor, batch=batch)
+    if await schema.distributed(db):
+        rows = await _routed.bury(db, actor, batch)
+    else:
+        rows = await _db.fetch_many(db, _Q["lease_bury_exhausted"], actor_id=actor, batch=batch)
     return [(r["tenant_id"], r["id"]) for r in rows]

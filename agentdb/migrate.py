@@ -212,9 +212,16 @@ def _session(
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to {shown}: {_one_line(exc)}") from None
     say = notify or _log_line
-    conn.add_notice_handler(
-        lambda d: say(f"{d.severity_nonlocalized or d.severity}: {d.message_primary}")
-    )
+    said: set[str] = set()
+
+    def once(d: psycopg.errors.Diagnostic) -> None:
+        # Every migration that grants repeats the same "role is missing" notice.
+        line = f"{d.severity_nonlocalized or d.severity}: {d.message_primary}"
+        if line not in said:
+            said.add(line)
+            say(line)
+
+    conn.add_notice_handler(once)
     try:
         found, path = _resolve_schema(conn, schema, create)
         where = f'schema "{found}" of {shown}'
@@ -363,6 +370,8 @@ def _step(s: _Session, mid: str, direction: Direction) -> bool:
     ids = migration_ids()
     body = migration_sql(mid, rollback=direction == "rollback")
     with _transaction(s):
+        # On Citus DDL reaches every shard: keep the triggers, one shard at a time.
+        s.conn.execute(_CITUS_DDL)
         applied = _applied(s)  # again: another run may have moved on while this one waited
         if (mid in applied) if direction == "apply" else (mid not in applied):
             return False
@@ -416,8 +425,12 @@ def migrate(
     pooler: str | None = None,
     lock_timeout: float | None = None,
     notify: Notify | None = None,
+    citus: bool = False,
 ) -> list[str]:
     """Apply every migration the database does not have yet; return the ids this call applied.
+
+    ``citus``: then distribute the tables on this Citus coordinator
+    (``agentdb_distribute()``, sql/0013); re-running it is a no-op.
 
     ``pooler``: ``"transaction"`` behind a transaction-pooling proxy (default
     ``$AGENTDB_POOLER``). ``lock_timeout``: seconds to wait for another run's
@@ -433,12 +446,31 @@ def migrate(
             the connection is lost.
         MigrationError: the database is ahead of this code, the lock was not
             granted in time, or a migration failed (that one is rolled back;
-            earlier ones stay applied).
+            earlier ones stay applied); with ``citus``: no citus extension, or
+            the distribution failed (the migrations stay, the tables as they were).
     """
     with _session(
         dsn, schema, pooler, create=create_schema, lock_timeout=lock_timeout, notify=notify
     ) as s:
-        return _run(s, "apply", lambda applied: [m for m in migration_ids() if m not in applied])
+        if citus and s.conn.execute(_HAS_CITUS).fetchone() is None:
+            raise MigrationError(
+                f"--citus: the citus extension is not installed in {s.where} (CREATE "
+                "EXTENSION citus on every node, then citus_add_node each worker)"
+            )
+        applied = _run(s, "apply", lambda done: [m for m in migration_ids() if m not in done])
+        if citus:
+            try:
+                with _transaction(s):
+                    s.conn.execute("CALL agentdb_distribute()")
+            except psycopg.Error as exc:
+                raise MigrationError(_failure(s, "agentdb_distribute()", "apply", exc)) from exc
+        return applied
+
+
+_CITUS_DDL = """SELECT set_config('citus.enable_unsafe_triggers', 'on', true),
+    set_config('citus.multi_shard_modify_mode', 'sequential', true)
+    FROM pg_extension WHERE extname = 'citus'"""
+_HAS_CITUS = "SELECT extversion FROM pg_extension WHERE extname = 'citus'"
 
 
 def rollback(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from agentdb import _db, _explain, telemetry
+from agentdb import _db, _explain, _routed, schema, telemetry
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import (
     AgentDBError,
@@ -132,20 +132,22 @@ async def reserve(
     }
     with telemetry.span("agentdb.operation.reserve", attrs):
         for _ in range(_RACE_RERUNS):
-            row = await _db.fetch_optional(
-                db,
-                _Q["operation_reserve"],
-                tenant_id=tenant_id,
-                id=uuid.uuid4(),
-                task_id=task_id,
-                idempotency_key=idempotency_key,
-                action=action,
-                input_hash=digest,
-                actor_id=actor,
-                trace_id=trace_id,
-                span_id=span_id,
+            params = {
+                "tenant_id": tenant_id,
+                "id": uuid.uuid4(),
+                "task_id": task_id,
+                "idempotency_key": idempotency_key,
+                "action": action,
+                "input_hash": digest,
+                "actor_id": actor,
+                "trace_id": trace_id,
+                "span_id": span_id,
                 **_lease_args(lease),
-            )
+            }
+            if await schema.distributed(db):
+                row = await _routed.reserve(db, params)
+            else:
+                row = await _db.fetch_optional(db, _Q["operation_reserve"], **params)
             if row is not None:
                 break
             if lease is not None:
@@ -215,21 +217,23 @@ async def _settle(
     result: Mapping[str, Any] | None = None,
     error: str | None = None,
 ) -> Operation:
-    row = await _db.fetch_optional(
-        db,
-        _Q["operation_settle"],
-        tenant_id=op.tenant_id,
-        id=op.id,
-        expected_version=op.state_version,
-        from_states=list(from_states),
-        to_state=to_state,
-        provider_reference=provider_reference,
-        result=document(result, cap=OBJECT_CAP, what="operation result"),
-        error=error[:TEXT_CAP] if error is not None else None,
-        actor_id=actor or (lease.owner if lease else "agentdb"),
-        event_type=event_type,
+    params = {
+        "tenant_id": op.tenant_id,
+        "id": op.id,
+        "expected_version": op.state_version,
+        "from_states": list(from_states),
+        "to_state": to_state,
+        "provider_reference": provider_reference,
+        "result": document(result, cap=OBJECT_CAP, what="operation result"),
+        "error": error[:TEXT_CAP] if error is not None else None,
+        "actor_id": actor or (lease.owner if lease else "agentdb"),
+        "event_type": event_type,
         **_lease_args(lease),
-    )
+    }
+    if await schema.distributed(db):
+        row = await _routed.settle(db, params)
+    else:
+        row = await _db.fetch_optional(db, _Q["operation_settle"], **params)
     if row is None:
         raise await _explain.settle(db, op, lease, from_states)
     return Operation.from_record(row)

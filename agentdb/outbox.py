@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from agentdb import _db, _explain, telemetry
+from agentdb import _db, _explain, _routed, schema, telemetry
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import ConfigurationError
 from agentdb.models import OutboxMessage
@@ -72,17 +72,28 @@ async def claim(
     *,
     batch: int = 100,
     visibility: timedelta = timedelta(seconds=30),
+    after_tenant: uuid.UUID | None = None,
 ) -> list[OutboxMessage]:
     """Lease up to ``batch`` due messages to ``relay`` for ``visibility``.
+
+    On a Citus schema messages are claimed tenant by tenant, starting after
+    ``after_tenant`` (pass the tenant of the last message of the previous
+    claim to rotate); on plain Postgres the oldest due messages come first
+    and ``after_tenant`` is not needed.
 
     Raises:
         ConfigurationError: ``batch`` is not positive.
     """
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
-    rows = await _db.fetch_many(
-        db, _Q["outbox_claim"], lease_owner=relay, batch=batch, visibility=visibility
-    )
+    if await schema.distributed(db):
+        rows = await _routed.outbox_claim(
+            db, relay, batch=batch, visibility=visibility, after_tenant=after_tenant
+        )
+    else:
+        rows = await _db.fetch_many(
+            db, _Q["outbox_claim"], lease_owner=relay, batch=batch, visibility=visibility
+        )
     return [OutboxMessage.from_record(r) for r in rows]
 
 
@@ -95,6 +106,14 @@ async def mark_delivered(db: _db.Executor, messages: Sequence[OutboxMessage]) ->
     """
     if not messages:
         return set()
+    if await schema.distributed(db):
+        routed = await _routed.outbox_delivered(
+            db,
+            [m.tenant_id for m in messages],
+            [m.id for m in messages],
+            [m.lease_token for m in messages],
+        )
+        return {r["id"] for r in routed}
     rows = await _db.fetch_many(
         db,
         _Q["outbox_mark_delivered"],

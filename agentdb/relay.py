@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -93,6 +94,8 @@ class Relay:
         self._limit = asyncio.Semaphore(publish_concurrency)
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
+        # Where the next claim starts on Citus (claimed tenant by tenant).
+        self._claim_after: uuid.UUID | None = None
 
     def stop(self) -> None:
         """Stop after the batch in hand is marked."""
@@ -110,13 +113,15 @@ class Relay:
         """Claim, publish and mark one batch; return how many were claimed."""
         try:
             claimed = await outbox.claim(
-                self.pool, self.relay_id, batch=self.batch, visibility=self.visibility
-            )
+                self.pool, self.relay_id, batch=self.batch, visibility=self.visibility,
+                after_tenant=self._claim_after,
+            )  # fmt: skip
         except (TransientError, OSError) as exc:
             log.warning("claim failed, retrying: %s", exc)
             return 0
         if not claimed:
             return 0
+        self._claim_after = claimed[-1].tenant_id
         self.stats.claimed += len(claimed)
         _faults.point("after_relay_claim")
         results = await asyncio.gather(*(self._publish(m) for m in claimed))

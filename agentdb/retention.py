@@ -21,11 +21,12 @@ Dead outbox messages are never purged: an operator must look at them.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from agentdb import _db
+from agentdb import _db, schema
 from agentdb.errors import ConfigurationError
 
 __all__ = ["CLASSES", "DEFAULT_AGES", "PurgeReport", "purge"]
@@ -80,12 +81,22 @@ async def purge(
     report = PurgeReport()
     started = time.perf_counter()
 
-    for kind in classes:
+    # On Citus the cross-tenant step is refused; each tenant's routes to its worker.
+    scopes: list[uuid.UUID | None] = [None]
+    if await schema.distributed(db):
+        scopes = [r["tenant_id"] for r in await _db.fetch_many(db, _Q["purge_tenants"])]
+    for kind, tenant in ((k, t) for k in classes for t in scopes):
         while True:
             t0 = time.perf_counter()
-            row = await _db.fetch_one(
-                db, _Q["purge_step"], kind=kind, batch=batch, older_than=wanted[kind]
-            )
+            if tenant is None:
+                row = await _db.fetch_one(
+                    db, _Q["purge_step"], kind=kind, batch=batch, older_than=wanted[kind]
+                )
+            else:
+                row = await _db.fetch_one(
+                    db, _Q["purge_tenant_step"], tenant_id=tenant, kind=kind, batch=batch,
+                    older_than=wanted[kind],
+                )  # fmt: skip
             report.longest_statement = max(report.longest_statement, time.perf_counter() - t0)
             report.statements += 1
             removed = int(row["removed"])

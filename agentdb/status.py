@@ -1,8 +1,9 @@
 """What an operator needs to know, per tenant and overall - read-only, for a health endpoint.
 
-Tasks by state, leases expired but not reclaimed (a worker died), operations
-in unknown state (reconcile them), outbox pending / age of the oldest pending
-message / dead messages, inbox size, and the purge backlog. ``agentdb status``
+Tasks by state, leases expired but not reclaimed (a worker died), tasks due
+now and the wait of the oldest, running tasks against each concurrency cap
+(G18), operations in unknown state (reconcile them), outbox pending / age of
+the oldest pending message / dead messages, inbox size, and the purge backlog. ``agentdb status``
 renders a :class:`Snapshot` (:mod:`agentdb.tools.status`).
 """
 
@@ -36,6 +37,11 @@ class TenantStatus:
     outbox_oldest_pending_seconds: float | None = None
     outbox_dead: int = 0
     inbox: int = 0
+    #: Tasks due now, and how long the oldest of them has waited (G18).
+    due: int = 0
+    oldest_due_seconds: float | None = None
+    #: Concurrency caps (G18): task type ('*' for all) -> (running, max_running).
+    limits: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def add(self, other: TenantStatus) -> None:
         for k, v in other.tasks.items():
@@ -46,12 +52,16 @@ class TenantStatus:
         self.outbox_pending += other.outbox_pending
         self.outbox_dead += other.outbox_dead
         self.inbox += other.inbox
-        ages = [
-            a
-            for a in (self.outbox_oldest_pending_seconds, other.outbox_oldest_pending_seconds)
-            if a is not None
-        ]
-        self.outbox_oldest_pending_seconds = max(ages) if ages else None
+        self.due += other.due
+        self.outbox_oldest_pending_seconds = _oldest(
+            self.outbox_oldest_pending_seconds, other.outbox_oldest_pending_seconds
+        )
+        self.oldest_due_seconds = _oldest(self.oldest_due_seconds, other.oldest_due_seconds)
+
+
+def _oldest(a: float | None, b: float | None) -> float | None:
+    ages = [x for x in (a, b) if x is not None]
+    return max(ages) if ages else None
 
 
 @dataclass
@@ -86,6 +96,11 @@ async def snapshot(db: _db.Executor) -> Snapshot:
             t.outbox_oldest_pending_seconds = float(r["oldest"])
     for r in await _db.fetch_many(db, _Q["status_inbox"]):
         of(r["tenant_id"]).inbox = r["n"]
+    for r in await _db.fetch_many(db, _Q["status_due"]):
+        t = of(r["tenant_id"])
+        t.due, t.oldest_due_seconds = r["due"], float(r["oldest"])
+    for r in await _db.fetch_many(db, _Q["status_limits"]):
+        of(r["tenant_id"]).limits[r["task_type"]] = (r["running"], r["max_running"])
 
     backlog = await _db.fetch_one(
         db,

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from agentdb import _db, _explain, telemetry
+from agentdb import _db, _explain, _routed, schema, telemetry
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import AgentDBError, ConfigurationError, IdempotencyConflict, TransientError
 from agentdb.hashing import input_hash
@@ -186,28 +186,45 @@ async def transition(
     bodies = [
         document(m.payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}") for m in messages
     ]
-    row = await _db.fetch_optional(
-        db,
-        _Q["task_transition"],
-        tenant_id=tenant_id,
-        id=task_id,
-        expected_version=expected_version,
-        to_state=to_state,
-        set_step=step is not KEEP,
-        current_step=None if step is KEEP else step,
-        wake_at=wake_at,
-        last_error=error[:TEXT_CAP] if error is not None else None,
-        lease_owner=lease.owner if lease else None,
-        lease_token=lease.token if lease else None,
-        event_type=event_type or f"task.{to_state}",
-        actor_id=actor or (lease.owner if lease else "agentdb"),
-        payload=event_body,
-        outbox_ids=[m.id for m in messages],
-        outbox_topics=[m.topic for m in messages],
-        outbox_payloads=bodies,
-        trace_id=trace_id,
-        span_id=span_id,
-    )
+    update = {
+        "tenant_id": tenant_id,
+        "id": task_id,
+        "expected_version": expected_version,
+        "to_state": to_state,
+        "set_step": step is not KEEP,
+        "current_step": None if step is KEEP else step,
+        "wake_at": wake_at,
+        "last_error": error[:TEXT_CAP] if error is not None else None,
+        "lease_owner": lease.owner if lease else None,
+        "lease_token": lease.token if lease else None,
+    }
+    event = {
+        "event_type": event_type or f"task.{to_state}",
+        "actor_id": actor or (lease.owner if lease else "agentdb"),
+        "payload": event_body,
+    }
+    if await schema.distributed(db):
+        row = await _routed.transition(
+            db,
+            update,
+            {**event, "trace_id": trace_id, "span_id": span_id},
+            [
+                {"id": m.id, "topic": m.topic, "payload": b}
+                for m, b in zip(messages, bodies, strict=True)
+            ],
+        )
+    else:
+        row = await _db.fetch_optional(
+            db,
+            _Q["task_transition"],
+            **update,
+            **event,
+            outbox_ids=[m.id for m in messages],
+            outbox_topics=[m.topic for m in messages],
+            outbox_payloads=bodies,
+            trace_id=trace_id,
+            span_id=span_id,
+        )
     if row is None:
         raise await _explain.task_write(db, tenant_id, task_id, expected_version, lease)
     return Task.from_record(row)

@@ -16,10 +16,25 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from agentdb import _db, _explain
+from agentdb.errors import ConfigurationError
 
-__all__ = ["DeletionStep", "TenantDeletion", "create_tenant", "delete_tenant", "tenant_scope"]
+__all__ = [
+    "ALL_TYPES",
+    "ConcurrencyLimit",
+    "DeletionStep",
+    "TenantDeletion",
+    "concurrency_limits",
+    "create_tenant",
+    "delete_tenant",
+    "set_concurrency_limit",
+    "tenant_scope",
+]
+
+#: The ``task_type`` of a cap that counts every task of the tenant.
+ALL_TYPES = "*"
 
 _Q = _db.queries(__name__)
+_INT4_MAX = 2**31 - 1
 
 
 async def create_tenant(
@@ -36,6 +51,59 @@ async def create_tenant(
     return uuid.UUID(str(row["id"]))
 
 
+@dataclass(frozen=True, slots=True)
+class ConcurrencyLimit:
+    """One cap of a tenant (G18): at most ``max_running`` of its ``task_type`` tasks
+    run at once (:data:`ALL_TYPES`: of all its tasks; ``None``: no cap), and how
+    many run now."""
+
+    task_type: str
+    max_running: int | None
+    running: int
+
+
+async def set_concurrency_limit(
+    db: _db.Executor,
+    tenant_id: uuid.UUID,
+    max_running: int | None,
+    *,
+    task_type: str = ALL_TYPES,
+) -> None:
+    """Cap how many of the tenant's tasks (or of one ``task_type``) run at once (G18).
+
+    ``None`` lifts the cap; ``0`` pauses the tenant (or the type). Workers
+    never claim past a cap, and the database refuses any other write that
+    would start a task beyond it (:class:`~agentdb.errors.ConcurrencyLimitExceeded`).
+    Lowering a cap stops new starts; tasks already running finish normally.
+
+    Raises:
+        ConfigurationError: ``max_running`` is negative or not an integer, or
+            ``task_type`` is empty or over 200 characters.
+        TenantMismatch: there is no such tenant.
+    """
+    if max_running is not None and (
+        isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 0
+    ):
+        raise ConfigurationError(f"max_running must be a whole number >= 0, not {max_running!r}")
+    if max_running is not None and max_running > _INT4_MAX:
+        raise ConfigurationError(f"max_running must be at most {_INT4_MAX}")
+    if not isinstance(task_type, str) or not 1 <= len(task_type) <= 200:
+        raise ConfigurationError("task_type must be 1 to 200 characters")
+    await _db.fetch_one(
+        db,
+        _Q["tenant_limit_set"],
+        tenant_id=tenant_id,
+        task_type=task_type,
+        max_running=max_running,
+    )
+
+
+async def concurrency_limits(db: _db.Executor, tenant_id: uuid.UUID) -> list[ConcurrencyLimit]:
+    """The tenant's caps (G18), each with how many of its tasks run now; ``[]``: unlimited."""
+    rows = await _db.fetch_many(db, _Q["tenant_limits"], tenant_id=tenant_id)
+    return [ConcurrencyLimit(r["task_type"], r["max_running"], r["running"]) for r in rows]
+
+
 @asynccontextmanager
 async def tenant_scope(db: _db.Executor, tenant_id: uuid.UUID) -> AsyncIterator[_db.Conn]:
     """Open a transaction scoped to ``tenant_id`` and yield its connection.
@@ -44,7 +112,7 @@ async def tenant_scope(db: _db.Executor, tenant_id: uuid.UUID) -> AsyncIterator[
         whatever the block raises (the transaction is rolled back).
     """
     async with _db.transaction(db) as conn:
-        await _db.fetch_one(conn, _Q["tenant_scope_set"], tenant_id=str(tenant_id))
+        await _db.fetch_one(conn, _Q["tenant_scope_set"], tenant_id=tenant_id)
         yield conn
 
 

@@ -26,7 +26,14 @@ def not_async(job: Job) -> None:
     """A plain def: refused when the worker starts."""
 
 
+async def brief(job: Job) -> None:
+    """Runs for 20 ms: long enough that a capped tenant's slots are all taken at once."""
+    await asyncio.sleep(0.02)
+
+
 HANDLERS = {"slow": slow}
+#: Short jobs of two types, for the concurrency-cap tests (G18).
+BRIEF = {"capped": brief, "free": brief}
 #: Jobs that stay in flight: one in its handler, one in its finishing write (when held up).
 IN_FLIGHT = {"slow": slow, "finishing": finishing}
 NOT_ASYNC = {"slow": slow, "sync.job": not_async}

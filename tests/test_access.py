@@ -38,6 +38,7 @@ TENANT_TABLES = (
     "agent_inbox",
     "agent_artifacts",
     "agent_credential_refs",
+    "agent_concurrency_limits",
 )
 # Table names below come from the constants above, never from data.
 _COUNT = (
@@ -73,6 +74,9 @@ async def _seed(conn: asyncpg.Connection, tenant: uuid.UUID) -> None:
         conn,
         "agent_credential_refs",
         {"tenant_id": tenant, "name": "openai", "provider": "openai", "secret_ref": "vault://x"},
+    )
+    await conn.execute(
+        "INSERT INTO agent_concurrency_limits (tenant_id, max_running) VALUES ($1, 3)", tenant
     )
 
 
@@ -380,7 +384,7 @@ async def test_G15_owner_without_createrole_and_no_roles_then_grant(
                 "SELECT count(*) FROM pg_policy WHERE polname LIKE '%runtime_all'"
                 " OR polname LIKE '%agent_scope'"
             ).fetchone()
-        assert policies == (13,)
+        assert policies == (14,)
 
 
 def test_cli_wrong_password_is_one_line(
@@ -431,6 +435,7 @@ _TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
         "agent_events": "INSERT,SELECT",
         "agent_inbox": "INSERT,SELECT",
         "agent_artifacts": "INSERT,SELECT",
+        "agent_concurrency_limits": "INSERT,SELECT,UPDATE",
     },
     "agentdb_agent": {
         "agent_tenants": "SELECT",

@@ -1,4 +1,4 @@
-"""Raw-SQL attacks on every constraint and guard trigger (G2-G17).
+"""Raw-SQL attacks on every constraint and guard trigger (G2-G18).
 
 Each case pairs a positive control (a valid write that must be accepted, so
 the attack cannot pass vacuously) with an attack that Postgres must refuse
@@ -159,6 +159,35 @@ def cred(**kw: Any) -> Step:
         },
         **kw,
     )
+
+
+def cap(*, upsert: bool = False, **kw: Any) -> Step:
+    """A cap for tenant a; ``upsert`` replaces one the control already set."""
+    statement = (
+        "INSERT INTO agent_concurrency_limits (tenant_id, task_type, max_running)"
+        " VALUES ($1, $2, $3)"
+    )
+    if upsert:
+        statement += (
+            " ON CONFLICT (tenant_id, task_type) DO UPDATE SET max_running = EXCLUDED.max_running"
+        )
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        values = {"tenant_id": ctx.a, "task_type": "*", "max_running": 5, **_resolve(ctx, kw)}
+        return await conn.execute(statement, *values.values())
+
+    return step
+
+
+def set_cap(**kw: Any) -> Step:
+    return cap(upsert=True, **kw)
+
+
+async def _start_task(conn: asyncpg.Connection, ctx: Ctx) -> None:
+    """A hand-written claim of a fresh task of tenant a (type 'summarise'), with its events."""
+    tid = await F.create_task(conn, ctx.a)
+    async with conn.transaction():
+        await F.claim_task(conn, ctx.a, tid)
 
 
 def tenant(**kw: Any) -> Step:
@@ -1137,6 +1166,46 @@ CASES: list[Case] = [
         label="runtime-cannot-write-credentials",
         constraint="",
     ),
+    # ---- concurrency caps (G18) ---------------------------------------------------------
+    Case(
+        "agent_concurrency_limits_pkey",
+        "23505",
+        cap(task_type="llm"),
+        seq(cap(task_type="email"), cap(task_type="email")),
+    ),
+    Case("agent_concurrency_limits_tenant_fkey", "23503", cap(), cap(tenant_id=uuid.uuid4())),
+    Case(
+        "agent_concurrency_limits_max_running_valid",
+        "23514",
+        cap(max_running=0),
+        cap(max_running=-1),
+    ),
+    Case("agent_concurrency_limits_task_type_valid", "23514", cap(), cap(task_type="")),
+    Case(
+        "agent_tasks_concurrency_guard",
+        "AG009",
+        seq(set_cap(max_running=2), _start_task, _start_task),
+        seq(set_cap(max_running=1), _start_task, _start_task),
+        label="tenant-cap",
+    ),
+    Case(
+        "agent_tasks_concurrency_guard",
+        "AG009",
+        seq(
+            set_cap(task_type="summarise", max_running=1),
+            set_cap(task_type="other", max_running=0),
+            _start_task,
+        ),
+        seq(set_cap(task_type="summarise", max_running=1), _start_task, _start_task),
+        label="type-cap",
+    ),
+    Case(
+        "agent_tasks_concurrency_guard",
+        "AG009",
+        seq(set_cap(max_running=None), _start_task, _start_task),
+        seq(set_cap(max_running=0), _start_task),
+        label="paused",
+    ),
 ]
 
 
@@ -1189,6 +1258,7 @@ _BY_SQLSTATE: dict[str, type[errors.InvariantViolation]] = {
     "AG006": errors.MissingEvent,
     "AG007": errors.TenantScopeMissing,
     "AG008": errors.ImmutableKey,
+    "AG009": errors.ConcurrencyLimitExceeded,
     "23503": errors.TenantMismatch,
     "23505": errors.DuplicateKey,
     "23514": errors.InvariantViolation,

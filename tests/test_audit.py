@@ -26,13 +26,14 @@ import pytest
 from psycopg import sql
 
 from agentdb.errors import ConfigurationError, DatabaseUnavailable
+from agentdb.guarantees import GUARANTEES
 from agentdb.tools.audit import api as audit
 from tests import _pg
 from tests.conftest import _ROLE_LOCK, Database
 
 ROOT = Path(__file__).resolve().parent.parent
 AUDITOR = "agentdb_test_auditor"
-ALL = [f"G{n}" for n in range(1, 18)]
+ALL = list(GUARANTEES)
 
 # The article's two CREATE TABLE statements, verbatim, and an events table
 # with exactly the columns its INSERT INTO agent_events names.
@@ -91,6 +92,7 @@ ARTICLE_STATUSES = {
     "G15": "missing",  # no RLS
     "G16": "missing",  # no trace/span ids
     "G17": "missing",  # no tenants table: nothing anchors a tenant's rows
+    "G18": "missing",  # no tenant-leading due index, no caps
 }
 
 
@@ -196,7 +198,7 @@ def test_fresh_agentdb_schema_cli_exits_0_with_fail_on_partial(agentdb_dsn: str)
     result = _cli("--dsn", agentdb_dsn, "--fail-on", "partial")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
-    assert "17 guarantees: 17 enforced, 0 partial, 0 missing" in result.stdout
+    assert "18 guarantees: 18 enforced, 0 partial, 0 missing" in result.stdout
 
 
 def test_G13_evidence_is_the_unknown_state_and_the_unsettled_index(agentdb_dsn: str) -> None:
@@ -734,7 +736,7 @@ def test_json_output_validates_against_the_documented_schema(
         doc = json.loads(result.stdout)
         _validate(doc, audit.JSON_SCHEMA)
         assert doc["version"] == 1
-        assert sum(doc["summary"].values()) == 17
+        assert sum(doc["summary"].values()) == len(GUARANTEES)
     # The validator is not vacuous.
     doc.pop("version")
     with pytest.raises(AssertionError):

@@ -33,8 +33,13 @@ INDEX_QUERIES: dict[str, str] = {
         " AND updated_at <= now() - interval '30 days' LIMIT 100"
     ),
     "agent_tasks_due_idx": (
-        "SELECT id FROM agent_tasks WHERE state IN ('pending', 'waiting') AND wake_at <= now()"
-        " ORDER BY wake_at LIMIT 10 FOR UPDATE SKIP LOCKED"
+        "SELECT id FROM agent_tasks WHERE state IN ('pending', 'waiting')"
+        " AND tenant_id = '00000000-0000-4000-8000-000000000001' AND task_type = 't'"
+        " AND wake_at <= now() ORDER BY wake_at LIMIT 10 FOR UPDATE SKIP LOCKED"
+    ),
+    "agent_tasks_running_idx": (
+        "SELECT count(*) FROM agent_tasks WHERE state = 'running'"
+        " AND tenant_id = '00000000-0000-4000-8000-000000000001' AND task_type = 't'"
     ),
     "agent_tasks_lease_expiry_idx": (
         "SELECT id FROM agent_tasks WHERE state = 'running' AND lease_expires_at < now()"

@@ -38,7 +38,8 @@ def test_every_migration_from_0011_on_records_its_own_version() -> None:
 
 
 async def test_worker_and_relay_refuse_an_older_schema(db: Database) -> None:
-    migrate.rollback(db.admin_dsn, count=1)  # back to 0010: no agentdb_schema_version()
+    # Back to 0010: no agentdb_schema_version() at all.
+    migrate.rollback(db.admin_dsn, count=sum(m > "0011" for m in migrate.migration_ids()))
     pool = await asyncpg.create_pool(db.admin_dsn, min_size=1, max_size=2)
     try:
         with pytest.raises(MigrationError, match="run `agentdb migrate` first"):
@@ -69,4 +70,7 @@ def test_the_worker_command_says_so_in_one_line(db: Database) -> None:
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
-    assert proc.stderr.startswith("agentdb: the database schema is older than this agentdb")
+    older, newest = migrate.migration_ids()[-2:]
+    assert proc.stderr.startswith(
+        f"agentdb: the database schema is at migration {older}, this agentdb needs {newest}"
+    ), proc.stderr

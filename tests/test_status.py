@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from agentdb import leases, operations, outbox, tasks
+from agentdb import leases, operations, outbox, tasks, tenancy
 from tests import factories as F
 from tests.conftest import Database, Tenants
 
@@ -88,3 +89,40 @@ def test_status_migrations_and_bad_watch(db: Database) -> None:
     bad = _status(db, "--watch", "0")
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1
+
+
+async def test_status_shows_claiming_g18(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool
+) -> None:
+    """Due work, its age and running vs cap per tenant: what a fairness question needs."""
+    past = datetime.now(UTC) - timedelta(seconds=90)  # a's work has waited a while
+    for _ in range(4):
+        await tasks.create(pool, tenants.a, "t", wake_at=past)
+    await tasks.create(pool, tenants.b, "t")
+    await tasks.create(pool, tenants.b, "later", wake_at=datetime.now(UTC) + timedelta(hours=1))
+    await tenancy.set_concurrency_limit(pool, tenants.a, 2)
+    await tenancy.set_concurrency_limit(pool, tenants.a, 1, task_type="t")
+    [held] = await leases.claim(pool, "w1", task_types=["t"], batch=1)
+    assert held.tenant_id in (tenants.a, tenants.b)
+
+    doc = json.loads(_status(db, "--json").stdout)
+    a = next(t for t in doc["tenants"] if t["tenant_id"] == str(tenants.a))
+    b = next(t for t in doc["tenants"] if t["tenant_id"] == str(tenants.b))
+    a_running = 1 if held.tenant_id == tenants.a else 0
+    assert a["due"] == 4 - a_running
+    assert a["oldest_due_seconds"] >= 90
+    assert a["limits"] == {
+        "*": {"running": a_running, "max_running": 2},
+        "t": {"running": a_running, "max_running": 1},
+    }
+    assert b["due"] == a_running  # b's one due task, unless it is the one claimed; not the sleeper
+    assert b["limits"] == {}
+    assert doc["total"]["due"] == a["due"] + b["due"]
+
+    lines = _status(db).stdout.splitlines()
+    at = lines.index("claiming (G18)")
+    assert lines[at + 1].split()[:3] == ["tenant", "due", "now"]
+    row_a = next(line for line in lines[at:] if f"({str(tenants.a)[:8]})" in line)
+    assert f"{a_running}/2" in row_a
+    assert f"t {a_running}/1" in row_a
+    assert max(len(line) for line in lines) <= 100

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from typing import Any, NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias, TypeGuard
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -29,11 +29,14 @@ __all__ = [
     "StatementBug",
     "by_ord",
     "connection",
+    "execute_each",
     "execute_rows",
     "fetch_many",
     "fetch_one",
     "fetch_optional",
+    "is_pool",
     "parse_status",
+    "raw_connection",
     "transaction",
     "translate",
 ]
@@ -44,6 +47,12 @@ Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 #: Anything that can run one statement: a pool (it acquires), or a connection.
 Executor: TypeAlias = "asyncpg.Pool[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
+# Citus re-raises a worker's error with its SQLSTATE and message but without
+# the constraint field, and the name in the message carries the shard id
+# (agent_tenants_pkey_102156). The name is recovered from that one quoted
+# spot and accepted only if, without its shard suffix, it is one of ours
+# (error_for checks the catalogue): the mapping is still by constraint name.
+_CITUS_CONSTRAINT = re.compile(r'constraint "([a-z0-9_]+?)(?:_[0-9]+)?"')
 _STATUS = re.compile(r"^(?:INSERT \d+|UPDATE|DELETE|SELECT|MERGE|COPY|FETCH|MOVE) (\d+)$")
 
 
@@ -80,12 +89,14 @@ def translate(exc: BaseException) -> BaseException:
             "a cached statement was invalidated by a schema change", sqlstate=exc.sqlstate
         )
     if isinstance(exc, asyncpg.PostgresError):
-        mapped = error_for(
-            exc.sqlstate or "",
-            getattr(exc, "constraint_name", None),
-            # asyncpg's own (client-side) errors carry no server message.
-            str(getattr(exc, "message", None) or exc),
-        )
+        # asyncpg's own (client-side) errors carry no server message.
+        message = str(getattr(exc, "message", None) or exc)
+        constraint = getattr(exc, "constraint_name", None)
+        sqlstate = exc.sqlstate or ""
+        if constraint is None and sqlstate.startswith("23"):
+            found = _CITUS_CONSTRAINT.search(message)
+            constraint = found.group(1) if found else None
+        mapped = error_for(sqlstate, constraint, message)
         return exc if mapped is None else mapped
     if isinstance(exc, (asyncpg.ConnectionDoesNotExistError, ConnectionError, TimeoutError)):
         return TransientError(f"lost the database connection: {exc}")
@@ -189,6 +200,40 @@ async def execute_rows(db: Executor, q: Query, /, **params: Any) -> int:
     except Exception as exc:
         _reraise(exc, db)
     return parse_status(status)
+
+
+async def execute_each(db: Executor, q: Query, rows: list[dict[str, Any]]) -> None:
+    """Run an ``:execrows`` statement once per element of ``rows``, in one round trip.
+
+    For Citus: one single-row statement per row routes to one shard each,
+    where one multi-row ``INSERT ... SELECT`` would be copied through the
+    coordinator and commit with two-phase commit.
+
+    Raises:
+        TypeError: a parameter is missing or unknown (see :meth:`Query.bind`).
+        mapped database errors (:func:`translate`).
+    """
+    _expect(q, ":execrows")
+    if not rows:
+        return
+    args = [q.bind(r) for r in rows]
+    try:
+        await db.executemany(q.sql, args)
+    except Exception as exc:
+        _reraise(exc, db)
+
+
+def is_pool(db: Executor) -> TypeGuard[Pool]:
+    """Whether ``db`` is a pool (it acquires a connection per statement)."""
+    return isinstance(db, asyncpg.Pool)
+
+
+def raw_connection(conn: Conn) -> asyncpg.Connection[Any]:
+    """The connection under a pool's proxy (the proxy is new on every acquire)."""
+    if isinstance(conn, PoolConnectionProxy):
+        raw: asyncpg.Connection[Any] = conn._con  # type: ignore[attr-defined]  # unexported
+        return raw
+    return conn
 
 
 def connection(db: Executor) -> AbstractAsyncContextManager[Conn]:

@@ -34,22 +34,140 @@ WITH victims AS (
 SELECT tenant_id, id FROM buried;
 
 -- name: lease_claim :many
--- Lease up to $2 due tasks to worker $1: pending/waiting tasks whose wake_at
--- has passed, and running tasks whose lease expired (recovery). Each claim
--- takes a new lease token, counts an attempt and writes its event. SKIP
--- LOCKED lets concurrent workers claim disjoint rows. Tasks that used up
--- their attempts are left to lease_bury_exhausted. On Citus replace this
--- statement by a per-tenant claim (row locks need a single-shard filter).
--- guarantee: G12, G7, G8
--- params: $1 lease_owner text, $2 batch int8, $3 lease_ttl interval, $4 task_types text[]
-WITH due AS (
-    SELECT tenant_id, id, state AS from_state
-    FROM agent_tasks
-    WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND attempts < max_attempts
-      AND ($4::text[] IS NULL OR task_type = ANY ($4))
-    ORDER BY wake_at
+-- Lease up to $2 due tasks to worker $1, shared fairly between tenants (G18):
+-- running tasks whose lease expired first (recovery), then a round-robin
+-- walk over the tenants with due work, starting after tenant $5 (the worker
+-- passes the tenant of the last task it was given, so successive claims
+-- rotate). The walk steps through agent_tasks_due_idx one (tenant, task
+-- type) at a time - one index probe each, whatever the backlog - and stops
+-- after $2 tenants that have a due task this worker may take and a free
+-- slot, or after one full turn. Each of those tenants offers up to its share
+-- of the batch (ceil($2 / tenants), never more than its caps leave free),
+-- and the batch takes the tenants' first tasks, then their second, and so
+-- on. A tenant's caps are locked FOR UPDATE SKIP LOCKED, so two claimers
+-- never fill the same tenant's slots at once (a tenant whose caps another
+-- claimer holds waits for the next claim), and agentdb_running_count counts
+-- with a fresh snapshot. Each claim takes a new lease token, counts an
+-- attempt and writes its event. Rows come back in the order the batch took
+-- them. Tasks that used up their attempts are left to lease_bury_exhausted.
+-- guarantee: G18, G12, G7, G8
+-- zero rows: nothing is due that this worker may take (or all of it is locked by other claimers).
+-- params: $1 lease_owner text, $2 batch int4, $3 lease_ttl interval, $4 task_types text[], $5 after_tenant uuid
+WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_due) AS (
+    SELECT 1, f.tenant_id, f.task_type, f.takeable, f.wrapped,
+           CASE WHEN f.takeable THEN 1 ELSE 0 END,
+           CASE WHEN f.takeable THEN f.tenant_id END
+    FROM ((SELECT t.tenant_id, t.task_type, t.wake_at, false AS wrapped
+           FROM agent_tasks t
+           WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts
+             AND t.tenant_id > coalesce($5, '00000000-0000-0000-0000-000000000000'::uuid)
+           ORDER BY t.tenant_id, t.task_type, t.wake_at
+           LIMIT 1)
+          UNION ALL
+          (SELECT t.tenant_id, t.task_type, t.wake_at, true
+           FROM agent_tasks t
+           WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts
+           ORDER BY t.tenant_id, t.task_type, t.wake_at
+           LIMIT 1)
+          LIMIT 1) n0
+    CROSS JOIN LATERAL (
+        SELECT n0.tenant_id, n0.task_type, n0.wake_at, n0.wrapped,
+               n0.wake_at <= now() AND ($4::text[] IS NULL OR n0.task_type = ANY ($4))
+               AND NOT EXISTS (
+                   SELECT 1 FROM agent_concurrency_limits l
+                   WHERE l.tenant_id = n0.tenant_id AND l.task_type IN ('*', n0.task_type)
+                     AND l.max_running <= (
+                         SELECT count(*) FROM agent_tasks r
+                         WHERE r.tenant_id = l.tenant_id AND r.state = 'running'
+                           AND (l.task_type = '*' OR r.task_type = l.task_type))) AS takeable
+    ) f
+    UNION ALL
+    SELECT w.step + 1, f.tenant_id, f.task_type, f.takeable, f.wrapped,
+           w.found + CASE WHEN f.takeable AND f.tenant_id IS DISTINCT FROM w.last_due
+                          THEN 1 ELSE 0 END,
+           CASE WHEN f.takeable THEN f.tenant_id ELSE w.last_due END
+    FROM walk w
+    CROSS JOIN LATERAL (
+        (SELECT t.tenant_id, t.task_type, t.wake_at, w.wrapped AS wrapped
+         FROM agent_tasks t
+         WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts
+           AND (t.tenant_id, t.task_type) > (w.tenant_id, w.task_type)
+         ORDER BY t.tenant_id, t.task_type, t.wake_at
+         LIMIT 1)
+        UNION ALL
+        (SELECT t.tenant_id, t.task_type, t.wake_at, true
+         FROM agent_tasks t
+         WHERE NOT w.wrapped AND t.state IN ('pending', 'waiting')
+           AND t.attempts < t.max_attempts
+         ORDER BY t.tenant_id, t.task_type, t.wake_at
+         LIMIT 1)
+        LIMIT 1
+    ) n
+    CROSS JOIN LATERAL (
+        SELECT n.tenant_id, n.task_type, n.wake_at, n.wrapped,
+               n.wake_at <= now() AND ($4::text[] IS NULL OR n.task_type = ANY ($4))
+               AND NOT EXISTS (
+                   SELECT 1 FROM agent_concurrency_limits l
+                   WHERE l.tenant_id = n.tenant_id AND l.task_type IN ('*', n.task_type)
+                     AND l.max_running <= (
+                         SELECT count(*) FROM agent_tasks r
+                         WHERE r.tenant_id = l.tenant_id AND r.state = 'running'
+                           AND (l.task_type = '*' OR r.task_type = l.task_type))) AS takeable
+    ) f
+    -- Go on until enough tenants (finishing the last one's task types), and
+    -- stop when the walk is back where it began.
+    WHERE (w.found < $2 OR n.tenant_id = w.tenant_id)
+      AND NOT (n.wrapped AND n.tenant_id > coalesce($5, '00000000-0000-0000-0000-000000000000'::uuid))
+), due_pairs AS (
+    SELECT tenant_id, task_type, step FROM walk WHERE takeable
+), due AS (
+    SELECT tenant_id, min(step) AS step
+    FROM due_pairs
+    GROUP BY tenant_id
+    ORDER BY min(step)
     LIMIT $2
+), caps AS (
+    SELECT l.tenant_id, l.task_type, l.max_running
+    FROM agent_concurrency_limits l
+    WHERE l.tenant_id IN (SELECT tenant_id FROM due) AND l.max_running IS NOT NULL
+    ORDER BY l.tenant_id, l.task_type
     FOR UPDATE SKIP LOCKED
+), free AS (
+    SELECT c.tenant_id, c.task_type,
+           c.max_running - agentdb_running_count(c.tenant_id, c.task_type) AS slots
+    FROM caps c
+), held_elsewhere AS (
+    SELECT l.tenant_id
+    FROM agent_concurrency_limits l
+    WHERE l.tenant_id IN (SELECT tenant_id FROM due) AND l.max_running IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM caps c
+                      WHERE c.tenant_id = l.tenant_id AND c.task_type = l.task_type)
+), share AS (
+    SELECT d.tenant_id, d.step,
+           greatest(0, least((SELECT ($2 + count(*) - 1) / count(*) FROM due),
+                             (SELECT f.slots FROM free f
+                              WHERE f.tenant_id = d.tenant_id AND f.task_type = '*'))) AS n
+    FROM due d
+    WHERE d.tenant_id NOT IN (SELECT tenant_id FROM held_elsewhere)
+), offered AS (
+    SELECT o.tenant_id, o.id, o.task_type, o.wake_at, o.from_state, s.step
+    FROM share s
+    JOIN due_pairs p ON p.tenant_id = s.tenant_id
+    CROSS JOIN LATERAL (
+        SELECT t.tenant_id, t.id, t.task_type, t.wake_at, t.state AS from_state
+        FROM agent_tasks t
+        WHERE t.tenant_id = p.tenant_id AND t.task_type = p.task_type
+          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()
+          AND t.attempts < t.max_attempts
+        ORDER BY t.wake_at
+        LIMIT least(s.n, (SELECT greatest(0, f.slots) FROM free f
+                          WHERE f.tenant_id = p.tenant_id AND f.task_type = p.task_type))
+        FOR UPDATE SKIP LOCKED
+    ) o
+), ranked AS (
+    SELECT o.tenant_id, o.id, o.from_state, o.step,
+           row_number() OVER (PARTITION BY o.tenant_id ORDER BY o.wake_at, o.id) AS nth
+    FROM offered o
 ), expired AS (
     SELECT tenant_id, id, state AS from_state
     FROM agent_tasks
@@ -59,9 +177,13 @@ WITH due AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT tenant_id, id, from_state FROM expired
-    UNION ALL
-    SELECT tenant_id, id, from_state FROM due
+    SELECT tenant_id, id, from_state, ord
+    FROM ((SELECT tenant_id, id, from_state, 0::int8 AS ord FROM expired)
+          UNION ALL
+          (SELECT r.tenant_id, r.id, r.from_state, row_number() OVER (ORDER BY r.nth, r.step)
+           FROM ranked r JOIN share s ON s.tenant_id = r.tenant_id
+           WHERE r.nth <= s.n)) p
+    ORDER BY ord
     LIMIT $2
 ), claimed AS (
     UPDATE agent_tasks t
@@ -79,7 +201,7 @@ WITH due AS (
               t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
               t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
               t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
-              t.updated_at, p.from_state
+              t.updated_at, p.from_state, p.ord
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
                               from_state, to_state, task_state_version, payload, trace_id,
@@ -95,7 +217,8 @@ SELECT id, tenant_id, task_type, workflow_version, state, state_version, current
        wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
        lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
        trace_id, span_id, created_at, updated_at
-FROM claimed;
+FROM claimed
+ORDER BY ord;
 
 -- name: lease_release :one
 -- Give the task back: running -> pending (due at $5, default now), or

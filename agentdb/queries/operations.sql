@@ -115,7 +115,7 @@ WITH fence AS (
     SELECT i.tenant_id, i.task_id, i.id, 'operation.reserved', $7, t.workflow_version, i.state,
            i.state_version, jsonb_build_object('action', i.action, 'idempotency_key',
            i.idempotency_key), i.trace_id, i.span_id
-    FROM ins i JOIN agent_tasks t ON t.tenant_id = i.tenant_id AND t.id = i.task_id
+    FROM ins i JOIN agent_tasks t ON t.tenant_id = $1 AND t.id = i.task_id
 )
 SELECT true AS created, id, tenant_id, task_id, idempotency_key, action, input_hash, state,
        state_version, provider_reference, result, error, attempts, trace_id, span_id,
@@ -215,7 +215,7 @@ WITH upd AS (
     WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)
       AND ($10::text IS NULL OR EXISTS (
           SELECT 1 FROM agent_tasks t
-          WHERE t.tenant_id = o.tenant_id AND t.id = o.task_id AND t.state = 'running'
+          WHERE t.tenant_id = $1 AND t.id = o.task_id AND t.state = 'running'
             AND t.lease_owner = $10 AND t.lease_token = $11
           FOR SHARE))
     RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash,
@@ -230,7 +230,9 @@ WITH upd AS (
            jsonb_strip_nulls(jsonb_build_object('provider_reference', u.provider_reference,
                                                 'attempts', u.attempts)),
            u.trace_id, u.span_id
-    FROM upd u JOIN agent_tasks t ON t.tenant_id = u.tenant_id AND t.id = u.task_id
+    -- The tenant as a constant ($1, not u.tenant_id): Citus then reads one
+    -- shard of agent_tasks, not all of them; the same on plain Postgres.
+    FROM upd u JOIN agent_tasks t ON t.tenant_id = $1 AND t.id = u.task_id
 )
 SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, state, state_version,
        provider_reference, result, error, attempts, trace_id, span_id, created_at, updated_at

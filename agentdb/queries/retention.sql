@@ -7,3 +7,17 @@
 -- zero rows: never (a function call returns one row).
 -- params: $1 kind text, $2 batch int4, $3 older_than interval
 SELECT agentdb_purge($1, $2, $3) AS removed;
+
+-- name: purge_tenant_step :one
+-- purge_step for tenant $1 alone (agentdb_purge_tenant, sql/0013): on
+-- Citus each step then routes to the tenant's worker.
+-- guarantee: G9
+-- zero rows: never (a function call returns one row).
+-- params: $1 tenant_id uuid, $2 kind text, $3 batch int4, $4 older_than interval
+SELECT agentdb_purge_tenant($1, $2, $3, $4) AS removed;
+
+-- name: purge_tenants :many
+-- Every tenant, for a purge that runs tenant by tenant (on Citus).
+-- guarantee: G9
+-- params: none
+SELECT id AS tenant_id FROM agent_tenants ORDER BY id;

@@ -3,6 +3,16 @@
 -- and the purge backlog are served by partial indexes; status_tasks,
 -- status_tenants and status_inbox count every row of their table.
 
+-- name: status_due :many
+-- Tasks due now per tenant and how long the oldest has waited for a
+-- worker: the delay fair claiming (G18) keeps short for every tenant.
+-- guarantee: none
+-- params: none
+SELECT tenant_id, count(*) AS due, extract(epoch FROM now() - min(wake_at)) AS oldest
+FROM agent_tasks
+WHERE state IN ('pending', 'waiting') AND wake_at <= now()
+GROUP BY tenant_id;
+
 -- name: status_expired_leases :many
 -- Running tasks whose lease expired and nobody has reclaimed yet.
 -- guarantee: none
@@ -17,6 +27,15 @@ GROUP BY tenant_id;
 -- guarantee: none
 -- params: none
 SELECT tenant_id, count(*) AS n FROM agent_inbox GROUP BY tenant_id;
+
+-- name: status_limits :many
+-- Every concurrency cap (G18) and how many tasks it counts as running now.
+-- guarantee: none
+-- params: none
+SELECT l.tenant_id, l.task_type, l.max_running,
+       agentdb_running_count(l.tenant_id, l.task_type) AS running
+FROM agent_concurrency_limits l
+WHERE l.max_running IS NOT NULL;
 
 -- name: status_outbox :many
 -- Pending messages and the age of the oldest; dead messages.

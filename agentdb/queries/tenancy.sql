@@ -19,11 +19,35 @@ RETURNING id;
 SELECT step, object, action, affected, retained_until, refs
 FROM agentdb_delete_tenant($1, $2, $3);
 
+-- name: tenant_limit_set :one
+-- Cap how many of a tenant's tasks run at once: all of them ($2 = '*') or
+-- one task type. NULL lifts the cap, 0 pauses. A lowered cap stops new
+-- starts; tasks already running finish normally.
+-- guarantee: G18
+-- zero rows: never (the upsert returns its row or raises).
+-- params: $1 tenant_id uuid, $2 task_type text, $3 max_running int4
+INSERT INTO agent_concurrency_limits (tenant_id, task_type, max_running)
+VALUES ($1, $2, $3)
+ON CONFLICT (tenant_id, task_type)
+DO UPDATE SET max_running = EXCLUDED.max_running, updated_at = EXCLUDED.updated_at
+RETURNING tenant_id;
+
+-- name: tenant_limits :many
+-- A tenant's caps and how many of its tasks each one counts as running now.
+-- guarantee: G18
+-- zero rows: the tenant has no caps (it is unlimited).
+-- params: $1 tenant_id uuid
+SELECT l.task_type, l.max_running, agentdb_running_count(l.tenant_id, l.task_type) AS running
+FROM agent_concurrency_limits l
+WHERE l.tenant_id = $1
+ORDER BY l.task_type;
+
 -- name: tenant_scope_set :one
 -- Scope the current transaction to one tenant for the agentdb_agent role's
--- row-level security. is_local = true: the setting ends with the
+-- row-level security. SET LOCAL (inside agentdb_scope_tenant, which also
+-- makes Citus pass it to the workers): the setting ends with the
 -- transaction and never leaks to the next user of a pooled connection.
 -- guarantee: G15
--- zero rows: never (SELECT without FROM returns one row).
--- params: $1 tenant_id text
-SELECT set_config('agentdb.tenant_id', $1, true);
+-- zero rows: never (a function call returns one row).
+-- params: $1 tenant_id uuid
+SELECT agentdb_scope_tenant($1);

@@ -33,6 +33,11 @@ def add_migrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = sub.add_parser("migrate", help="apply pending migrations")
     add_target(p)
     p.add_argument("--create-schema", action="store_true", help="create --schema if missing")
+    p.add_argument(
+        "--citus",
+        action="store_true",
+        help="on a Citus coordinator: then distribute the tables by tenant (re-runnable)",
+    )
     _add_lock_timeout(p)
     p.set_defaults(func=_migrate)
 
@@ -47,11 +52,14 @@ def _migrate(args: argparse.Namespace) -> int:
         pooler=args.pooler,
         lock_timeout=args.lock_timeout,
         notify=_stderr,
+        citus=args.citus,
     )
     for mid in applied:
         print(f"applied {mid}")
     if not applied:
         print("nothing to apply: the schema is up to date")
+    if args.citus:
+        print("distributed: every tenant table by tenant_id, colocated; shared tables replicated")
     return 0
 
 

@@ -147,7 +147,12 @@ def pgbouncer(
         os.chmod(workdir / name, 0o644)
     user = _runs_as(host)
     cmd = [exe, *(["-u", user] if user else []), str(workdir / "pgbouncer.ini")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Its stderr goes to a file, never to a pipe: PgBouncer logs every login
+    # there too, and a pipe nobody drains fills after ~64 KiB and freezes the
+    # proxy mid-run, with every client waiting on it.
+    err_path = workdir / "pgbouncer.stderr"
+    with open(err_path, "wb") as err_file:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file)
     bouncer = Bouncer("127.0.0.1", listen, workdir)
     try:
         deadline = time.monotonic() + 15
@@ -155,7 +160,7 @@ def pgbouncer(
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", listen), 0.2):
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read() if proc.stderr else ""
+                err = err_path.read_text(errors="replace")
                 raise ConfigurationError(
                     f"pgbouncer did not start: {err.strip() or bouncer.log().strip()}"
                 )
@@ -169,6 +174,4 @@ def pgbouncer(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
         shutil.rmtree(workdir, ignore_errors=True)

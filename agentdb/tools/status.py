@@ -90,6 +90,19 @@ def _age(seconds: float | None) -> str:
 
 _TASK_HEAD = ("tenant", *TASK_STATES, "lease expired")
 _DELIVERY_HEAD = ("tenant", "unknown ops", "outbox pending", "oldest", "outbox dead", "inbox")
+_CLAIM_HEAD = ("tenant", "due now", "oldest due", "running", "cap", "task type caps")
+_TYPE_CAPS = 36  # the task-type caps column is cut at this width
+
+
+def _caps(t: TenantStatus) -> tuple[str, str]:
+    """The tenant-wide cap as running/max, and the task-type caps the same way."""
+    whole = t.limits.get("*")
+    types = ", ".join(f"{k} {r}/{m}" for k, (r, m) in sorted(t.limits.items()) if k != "*")
+    if len(types) > _TYPE_CAPS:
+        types = types[: _TYPE_CAPS - 1] + "…"
+    return (f"{whole[0]}/{whole[1]}" if whole else "-"), (types or "-")
+
+
 _LABEL = 32  # a tenant name longer than this is cut: every line stays within 100 columns
 
 
@@ -114,7 +127,7 @@ def _grid(head: tuple[str, ...], rows: list[list[str]]) -> list[str]:
 
 
 def to_table(s: Snapshot, *, header: str = "") -> str:
-    """The readable report: tasks per tenant, then delivery per tenant (under 100 columns)."""
+    """The readable report: tasks, delivery and claiming per tenant (under 100 columns)."""
     tenants = [s.total, *s.tenants]
     tasks = [
         [_label(t), *(str(t.tasks.get(k, 0)) for k in TASK_STATES), str(t.expired_leases)]
@@ -131,9 +144,15 @@ def to_table(s: Snapshot, *, header: str = "") -> str:
         ]
         for t in tenants
     ]
+    claiming = [
+        [_label(t), str(t.due), _age(t.oldest_due_seconds), str(t.tasks.get("running", 0)),
+         *_caps(t)]
+        for t in tenants
+    ]  # fmt: skip
     b = s.purge_backlog
     lines = [header] if header else []
     lines += ["tasks", *_grid(_TASK_HEAD, tasks), "", "delivery", *_grid(_DELIVERY_HEAD, delivery)]
+    lines += ["", "claiming (G18)", *_grid(_CLAIM_HEAD, claiming)]
     lines.append(
         f"purge backlog: {b['event_payloads']} event payloads, {b['events']} events, "
         f"{b['outbox_delivered']} delivered outbox rows, {b['inbox']} inbox rows"
@@ -154,6 +173,9 @@ def _tenant_json(t: TenantStatus) -> dict[str, Any]:
             "dead": t.outbox_dead,
         },
         "inbox": t.inbox,
+        "due": t.due,
+        "oldest_due_seconds": t.oldest_due_seconds,
+        "limits": {k: {"running": r, "max_running": m} for k, (r, m) in sorted(t.limits.items())},
     }
 
 

@@ -36,6 +36,7 @@ from agentdb._db.pool import pooler_mode
 from agentdb._runtime import nap, owner_id, wakeups
 from agentdb.errors import (
     AgentDBError,
+    ConcurrencyLimitExceeded,
     ConfigurationError,
     IdempotencyConflict,
     LeaseLost,
@@ -162,6 +163,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._running: dict[asyncio.Task[None], Job] = {}
+        # Workers start their walk over the tenants at different places (G18).
+        self._claim_after = uuid.uuid4()
         # Leases the shutdown releases with the attempt refunded: jobs it
         # interrupted, and jobs a fatal error stopped.
         self._interrupted: dict[uuid.UUID, Job] = {}
@@ -254,10 +257,14 @@ class Worker:
                 batch=free,
                 lease_ttl=self.lease_ttl,
                 task_types=sorted(self.handlers),
+                after_tenant=self._claim_after,
             )
-        except (TransientError, OSError) as exc:
+        except (TransientError, ConcurrencyLimitExceeded, OSError) as exc:
             log.warning("claim failed, retrying: %s", exc)
             return 0
+        if claimed:
+            # G18: the next claim walks the tenants from where this one stopped.
+            self._claim_after = claimed[-1].tenant_id
         if claimed:
             _faults.point("after_claim")
         for task in claimed:

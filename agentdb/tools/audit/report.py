@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
 from agentdb.errors import ConfigurationError
+from agentdb.guarantees import GUARANTEES
 
 __all__ = [
     "EXIT_FINDINGS",
@@ -45,7 +46,7 @@ class Finding:
     """What the schema does about one guarantee.
 
     Attributes:
-        guarantee: ``"G1"`` ... ``"G17"``.
+        guarantee: ``"G1"`` ... ``"G18"``.
         title: the guarantee in a few words.
         status: ``enforced``, ``partial``, ``missing`` or ``not_applicable``.
         reason: one line: what enforces it, or the first thing missing.
@@ -74,7 +75,7 @@ class TableRef:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """The audit of one schema: one finding per guarantee, G1 to G17 in order."""
+    """The audit of one schema: one finding per guarantee, G1 to G18 in order."""
 
     database: str
     schema: str
@@ -234,8 +235,8 @@ JSON_SCHEMA: Final[dict[str, Any]] = {
         "notes": {"type": "array", "items": {"type": "string"}},
         "findings": {
             "type": "array",
-            "minItems": 17,
-            "maxItems": 17,
+            "minItems": len(GUARANTEES),
+            "maxItems": len(GUARANTEES),
             "items": {"$ref": "#/$defs/finding"},
         },
     },
@@ -254,7 +255,7 @@ JSON_SCHEMA: Final[dict[str, Any]] = {
             "required": ["guarantee", "title", "status", "reason", "evidence", "problems", "fix"],
             "additionalProperties": False,
             "properties": {
-                "guarantee": {"type": "string", "pattern": "^G([1-9]|1[0-7])$"},
+                "guarantee": {"type": "string", "pattern": "^G([1-9]|1[0-8])$"},
                 "title": {"type": "string"},
                 "status": {"enum": list(STATUSES)},
                 "reason": {"type": "string"},

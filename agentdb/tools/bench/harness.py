@@ -58,10 +58,14 @@ class Sizes:
     scale_small: int  # tasks in the small table (scaling)
     scale_large: int  # tasks in the large table
     scale_claims: int  # timed claims per table per repetition
+    tenants_small: int = 10  # tenants sharing the backlog (scaling with tenants)
+    tenants_large: int = 10_000
+    tenant_tasks: int = 20_000  # tasks in both, spread evenly over the tenants
+    citus_tasks: int = 400  # tasks per run of the Citus comparison (per worker count)
 
 
 FULL = Sizes(8000, 16, 8000, 1500, 40_000, 10_000, 1_000_000, 1000)
-QUICK = Sizes(640, 16, 400, 100, 2000, 10_000, 100_000, 150)
+QUICK = Sizes(640, 16, 400, 100, 2000, 10_000, 100_000, 150, 10, 1_000, 4_000, 80)
 SKIP_1M_LARGE = 100_000
 # Rows per seeding statement: large enough to amortise the round trip, small
 # enough that one statement's WAL and memory stay modest.

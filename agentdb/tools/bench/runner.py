@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 from agentdb import _db, _dsn, tenancy
 from agentdb.errors import ConfigurationError
+from agentdb.tools.bench.citus import bench_citus, citus_database, citus_workers
 from agentdb.tools.bench.cycle import AGENTDB_RUNS
 from agentdb.tools.bench.harness import (
     ANALYZE,
@@ -52,7 +53,7 @@ from agentdb.tools.bench.peers import (
 )
 from agentdb.tools.bench.relay import RELAYS, deliver_pending, seed_outbox
 from agentdb.tools.bench.report import write_outputs
-from agentdb.tools.bench.scaling import bench_scaling
+from agentdb.tools.bench.scaling import bench_scaling, bench_tenant_scaling
 from agentdb.tools.bench.statements import STATEMENTS, Body, Slot, open_slots
 from agentdb.tools.pgbouncer import find_binary, pgbouncer
 
@@ -409,6 +410,7 @@ async def _bench(
     admin: str,
     dbs: dict[str, Database],
     scale: dict[int, Database],
+    tenant_scale: dict[int, Database],
     opts: Options,
     sizes: Sizes,
     peers: Peers,
@@ -439,6 +441,8 @@ async def _bench(
         lap("relay")
         scaling = await bench_scaling(scale, sizes, opts.reps)
         lap("scaling")
+        tenant_scaling = await bench_tenant_scaling(tenant_scale, sizes, opts.reps)
+        lap("scaling with tenants")
     finally:
         await probe.close()
     return {
@@ -461,6 +465,7 @@ async def _bench(
         "cycle": cycle,
         "relay": relay,
         "scaling": scaling,
+        "scaling_tenants": tenant_scaling,
         "notes": notes,
     }
 
@@ -479,6 +484,22 @@ async def _through_pgbouncer(
         return await bench_statements(
             db, sizes, reps, probe, url=bouncer.url(db.url), pooler="transaction"
         )
+
+
+def _citus(
+    admin: str, dbs: Databases, sizes: Sizes, reps: int, notes: list[str]
+) -> dict[str, Any] | None:
+    """Citus against plain Postgres on the same box, when ``admin`` is a Citus coordinator."""
+    workers = citus_workers(admin)
+    if not workers:
+        notes.append("the server is not a Citus coordinator: the Citus comparison is left out")
+        return None
+    plain = dbs.create(dbs.name("plain"))
+    migrate_locked(admin, plain.url)
+    with citus_database(dbs, workers) as citus_url:
+        found = asyncio.run(bench_citus(citus_url, plain.url, sizes.citus_tasks, reps))
+    found["nodes"] = len(workers) + 1
+    return found
 
 
 def _sizes(opts: Options) -> Sizes:
@@ -542,7 +563,14 @@ def run(opts: Options) -> dict[str, Any]:
         for peer in ("pgqueuer", "procrastinate"):
             if peers.has(peer):
                 created[peer] = dbs.create(dbs.name(peer))
-        results = asyncio.run(_bench(admin, created, scale, opts, sizes, peers, notes))
+        tenant_scale = {
+            n: dbs.create(f"{main_db}_t{i}", template=main_db)
+            for i, n in enumerate((sizes.tenants_small, sizes.tenants_large))
+        }
+        results = asyncio.run(
+            _bench(admin, created, scale, tenant_scale, opts, sizes, peers, notes)
+        )
+        results["citus"] = _citus(admin, dbs, sizes, opts.reps, results["notes"])
         results["meta"]["databases"] = list(dbs.created)  # all dropped on the way out
     results["meta"]["seconds"] = time.perf_counter() - t0
     results["meta"]["load_before"] = load_before

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any, LiteralString
 
 from agentdb import _db, leases, tenancy
 from agentdb.tools.bench.harness import HOUR, Database, Sizes, percentile, seed_tasks
 
-__all__ = ["bench_scaling"]
+__all__ = ["bench_scaling", "bench_tenant_scaling"]
 
 # The plan of the very statement leases.claim runs, so the prefix is joined to
 # its text: EXPLAIN takes no statement as a parameter, and a copy of the claim
@@ -60,7 +61,12 @@ async def _latencies(conn: _db.Conn, claims: int) -> list[float]:
 async def _explain_claim(conn: _db.Conn) -> str:
     """The claim's plan, from a run that is rolled back (EXPLAIN ANALYZE executes it)."""
     q = _db.QUERIES["lease_claim"]
-    args = q.bind({"lease_owner": "explain", "batch": 1, "lease_ttl": HOUR, "task_types": None})
+    args = q.bind(
+        {
+            "lease_owner": "explain", "batch": 1, "lease_ttl": HOUR, "task_types": None,
+            "after_tenant": None,
+        }
+    )  # fmt: skip
     tr = conn.transaction()
     await tr.start()
     try:
@@ -98,6 +104,73 @@ async def bench_scaling(dbs: Mapping[int, Database], sizes: Sizes, reps: int) ->
             "p50_ms": {str(n): v for n, v in p50.items()},
             "p99_ms": {str(n): v for n, v in p99.items()},
             "explain_rows": large,
+            "explain": plan,
+            "index_path": "agent_tasks_due_idx" in plan and "Seq Scan on agent_tasks" not in plan,
+        }
+    finally:
+        for c in conns.values():
+            await c.close()
+
+
+# Many tenants at once, each born with its tasks and their creation events in
+# one statement (the deferred event trigger demands the events, G8).
+_SEED_TENANTS: LiteralString = """
+WITH tn AS (
+    INSERT INTO agent_tenants (id, name)
+    SELECT gen_random_uuid(), 'bench-tenant-' || g FROM generate_series(1, $1) AS g
+    RETURNING id
+), t AS (
+    INSERT INTO agent_tasks (tenant_id, task_type, workflow_version, params)
+    SELECT tn.id, 'scale', '1', jsonb_build_object('n', g)
+    FROM tn, generate_series(1, $2) AS g
+    RETURNING tenant_id, id, workflow_version, state, state_version
+)
+INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                          to_state, task_state_version)
+SELECT tenant_id, id, 'task.created', 'bench', workflow_version, state, state_version FROM t
+"""
+
+
+async def bench_tenant_scaling(
+    dbs: Mapping[int, Database], sizes: Sizes, reps: int
+) -> dict[str, Any]:
+    """The same backlog spread over few and over many tenants; claims rotate as a worker's do.
+
+    Raises:
+        DatabaseUnavailable: as for :func:`agentdb._db.connect`.
+        RuntimeError: a table ran out of due tasks.
+    """
+    conns = {n: await _db.connect(db.url) for n, db in dbs.items()}
+    try:
+        for n, c in conns.items():
+            await c.execute(_SEED_TENANTS, n, max(1, sizes.tenant_tasks // n))
+            await c.execute("VACUUM (ANALYZE) agent_tasks")
+        after: dict[int, uuid.UUID | None] = dict.fromkeys(conns)
+
+        async def timed(n: int, c: _db.Conn, claims: int) -> list[float]:
+            lat: list[float] = []
+            for _ in range(claims):
+                t0 = time.perf_counter()
+                got = await leases.claim(c, "scale", lease_ttl=HOUR, after_tenant=after[n])
+                lat.append((time.perf_counter() - t0) * 1000)
+                if len(got) != 1:
+                    raise RuntimeError("the tenant-scaling queue ran dry")
+                after[n] = got[-1].tenant_id
+            return lat
+
+        for n, c in conns.items():
+            await timed(n, c, _WARM_CLAIMS)
+        p50: dict[int, list[float]] = {n: [] for n in dbs}
+        for _ in range(reps):
+            for n, c in conns.items():
+                p50[n].append(percentile(await timed(n, c, sizes.scale_claims), 50))
+        large = max(conns)
+        plan = await _explain_claim(conns[large])
+        return {
+            "tenants": sorted(dbs),
+            "tasks": sizes.tenant_tasks,
+            "claims_per_rep": sizes.scale_claims,
+            "p50_ms": {str(n): v for n, v in p50.items()},
             "explain": plan,
             "index_path": "agent_tasks_due_idx" in plan and "Seq Scan on agent_tasks" not in plan,
         }

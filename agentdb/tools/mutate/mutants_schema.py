@@ -5,6 +5,22 @@ from __future__ import annotations
 from agentdb.tools.mutate.catalogue import ATTACKS, GUARD, Mutant, T, m
 
 MUTANTS: tuple[Mutant, ...] = (
+    m(
+        "sql-cap-guard-silent",
+        "sql/0012.fair_claim.sql",
+        "        IF running > cap.max_running THEN\n",
+        "        IF false THEN\n",
+        (ATTACKS, T + "test_fairness.py"),
+        "0012: agentdb_guard_concurrency lets a write pass a cap (AG009 never raised)",
+    ),
+    m(
+        "sql-running-count-zero",
+        "sql/0012.fair_claim.sql",
+        "    WHERE t.tenant_id = p_tenant AND t.state = 'running'\n",
+        "    WHERE false AND t.tenant_id = p_tenant AND t.state = 'running'\n",
+        (ATTACKS, T + "test_fairness.py"),
+        "0012: agentdb_running_count counts nothing, so no cap ever fills",
+    ),
     # ---- migrations ---------------------------------------------------------------------------
     m(
         "sql-request-task-public",

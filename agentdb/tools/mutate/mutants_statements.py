@@ -15,6 +15,39 @@ from agentdb.tools.mutate.catalogue import (
 )
 
 MUTANTS: tuple[Mutant, ...] = (
+    # ---- G18: the fair claim ------------------------------------------------------------------
+    m(
+        "claim-caps-not-locked",
+        "agentdb/queries/leases.sql",
+        "    ORDER BY l.tenant_id, l.task_type\n    FOR UPDATE SKIP LOCKED\n",
+        "    ORDER BY l.tenant_id, l.task_type\n",
+        (T + "test_fairness.py",),
+        "lease_claim: two claimers fill the same tenant's free slots at once",
+    ),
+    m(
+        "claim-no-share",
+        "agentdb/queries/leases.sql",
+        "least((SELECT ($2 + count(*) - 1) / count(*) FROM due),",
+        "least($2,",
+        (T + "test_fairness.py",),
+        "lease_claim: the first tenant of the walk may take the whole batch (no fair share)",
+    ),
+    m(
+        "claim-ignores-held-caps",
+        "agentdb/queries/leases.sql",
+        "    WHERE d.tenant_id NOT IN (SELECT tenant_id FROM held_elsewhere)\n",
+        "",
+        (T + "test_fairness.py",),
+        "lease_claim: a tenant whose caps another claimer holds is claimed unlocked",
+    ),
+    m(
+        "claim-walk-never-wraps",
+        "agentdb/queries/leases.sql",
+        "      AND NOT (n.wrapped AND n.tenant_id > coalesce($5,",
+        "      AND NOT (n.wrapped AND n.tenant_id >= coalesce($5,",
+        (T + "test_fairness.py",),
+        "lease_claim: the walk stops before the tenant it started after",
+    ),
     # ---- task statements ---------------------------------------------------------------
     m(
         "tasks-finish-many-no-token",
@@ -395,11 +428,11 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "tenancy-scope-session-wide",
-        "agentdb/queries/tenancy.sql",
-        "SELECT set_config('agentdb.tenant_id', $1, true);",
-        "SELECT set_config('agentdb.tenant_id', $1, false);",
+        "sql/0013.citus.sql",
+        "    EXECUTE format('SET LOCAL agentdb.tenant_id = %L', p_tenant);",
+        "    EXECUTE format('SET agentdb.tenant_id = %L', p_tenant);",
         (T + "test_tenancy.py",),
-        "tenant_scope_set: the tenant scope outlives its transaction (leaks on a pooled connection)",
+        "agentdb_scope_tenant: the tenant scope outlives its transaction (leaks on a pooled connection)",
     ),
     m(
         "explain-lease-lost-ignores-token",

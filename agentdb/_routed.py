@@ -1,0 +1,335 @@
+"""The runtime's writes on Citus: per tenant, each routed whole to one worker.
+
+On a distributed schema (``agentdb migrate --citus``) :mod:`agentdb.leases`,
+:mod:`agentdb.tasks` and :mod:`agentdb.outbox` run these instead of their
+one-statement forms, which Citus cannot route (see ``queries/_routed.sql``).
+Every function here works on one tenant inside one transaction: an UPDATE
+that names the tenant, then its events and messages as single-row inserts
+sent together, so the transaction touches one worker and commits there
+without two-phase commit. Work across tenants is discovered by a lock-free
+read and then taken tenant by tenant.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from agentdb import _db
+from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, document
+
+__all__ = [
+    "bury",
+    "claim",
+    "due_tenants",
+    "outbox_claim",
+    "outbox_delivered",
+    "reserve",
+    "settle",
+    "transition",
+]
+
+_Q = _db.queries(__name__)
+
+
+def _claim_event(row: _db.Record) -> dict[str, Any]:
+    return {
+        "tenant_id": row["tenant_id"],
+        "task_id": row["id"],
+        "event_type": "task.reclaimed" if row["from_state"] == "running" else "task.claimed",
+        "actor_id": row["lease_owner"],
+        "policy_version": row["workflow_version"],
+        "from_state": row["from_state"],
+        "to_state": row["state"],
+        "task_state_version": row["state_version"],
+        "payload": document(
+            {"lease_token": row["lease_token"], "attempt": row["attempts"]},
+            cap=EVENT_PAYLOAD_CAP,
+            what="claim event",
+        ),
+        "trace_id": row["trace_id"],
+        "span_id": row["span_id"],
+    }
+
+
+async def due_tenants(
+    db: _db.Executor, after: uuid.UUID | None, limit: int, task_types: list[str] | None
+) -> list[uuid.UUID]:
+    """Up to ``limit`` tenants with work a worker may take, after ``after`` and then wrapping.
+
+    Raises:
+        mapped database errors.
+    """
+    rows = await _db.fetch_many(
+        db, _Q["routed_due_tenants"], after_tenant=after, max_tenants=limit, task_types=task_types
+    )
+    found = [r["tenant_id"] for r in rows]
+    if len(found) < limit and after is not None:
+        again = await _db.fetch_many(
+            db, _Q["routed_due_tenants"], after_tenant=None, max_tenants=limit - len(found),
+            task_types=task_types,
+        )  # fmt: skip
+        found += [r["tenant_id"] for r in again if r["tenant_id"] not in found]
+    return found
+
+
+async def claim(
+    db: _db.Executor,
+    owner: str,
+    *,
+    batch: int,
+    lease_ttl: timedelta | None,
+    task_types: list[str] | None,
+    after_tenant: uuid.UUID | None,
+) -> list[_db.Record]:
+    """The fair claim (G18) on Citus: tenants with work after ``after_tenant`` each
+    offer their share of ``batch``, each tenant in its own single-worker transaction.
+
+    Rows come back tenant by tenant in the walk's order.
+
+    Raises:
+        ConcurrencyLimitExceeded: a write outside the claim filled a cap at the
+            same moment (only that tenant's claim is lost).
+        mapped database errors.
+    """
+    tenants = await due_tenants(db, after_tenant, batch, task_types)
+    if not tenants:
+        return []
+    share = -(-batch // len(tenants))
+    out: list[_db.Record] = []
+    for tenant in tenants:
+        want = min(share, batch - len(out))
+        if want <= 0:
+            break
+        async with _db.transaction(db) as conn:
+            rows = await _db.fetch_many(
+                conn, _Q["routed_claim"], tenant_id=tenant, lease_owner=owner, batch=want,
+                lease_ttl=lease_ttl, task_types=task_types,
+            )  # fmt: skip
+            rows.sort(key=lambda r: r["ord"])
+            await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
+        out += rows
+    return out
+
+
+async def bury(db: _db.Executor, actor: str, batch: int) -> list[_db.Record]:
+    """Move exhausted tasks to 'dead' with their events, tenant by tenant.
+
+    Raises:
+        mapped database errors.
+    """
+    tenants = [
+        r["tenant_id"]
+        for r in await _db.fetch_many(db, _Q["routed_exhausted_tenants"], max_tenants=batch)
+    ]
+    out: list[_db.Record] = []
+    for tenant in tenants:
+        if len(out) >= batch:
+            break
+        async with _db.transaction(db) as conn:
+            rows = await _db.fetch_many(
+                conn, _Q["routed_bury"], tenant_id=tenant, batch=batch - len(out)
+            )
+            events = [
+                {
+                    "tenant_id": r["tenant_id"], "task_id": r["id"], "event_type": "task.dead",
+                    "actor_id": actor, "policy_version": r["workflow_version"],
+                    "from_state": r["from_state"], "to_state": r["state"],
+                    "task_state_version": r["state_version"],
+                    "payload": document(
+                        {"attempts": r["attempts"]}, cap=EVENT_PAYLOAD_CAP, what="event"
+                    ),
+                    "trace_id": r["trace_id"], "span_id": r["span_id"],
+                }
+                for r in rows
+            ]  # fmt: skip
+            await _db.execute_each(conn, _Q["routed_task_event"], events)
+        out += rows
+    return out
+
+
+async def transition(
+    db: _db.Executor,
+    update: dict[str, Any],
+    event: dict[str, Any],
+    messages: Sequence[dict[str, Any]],
+) -> _db.Record | None:
+    """``tasks.transition`` on Citus: the UPDATE, then its event and outbox messages,
+    in one transaction on the tenant's worker. ``None``: the UPDATE matched nothing.
+
+    ``update`` holds routed_transition's parameters; ``event`` those of
+    routed_task_event but the ones the updated row supplies; each message
+    those of routed_outbox_message but the tenant and task.
+
+    Raises:
+        mapped database errors.
+    """
+    async with _db.transaction(db) as conn:
+        row = await _db.fetch_optional(conn, _Q["routed_transition"], **update)
+        if row is None:
+            return None
+        trace_id = event["trace_id"] or row["trace_id"]
+        span_id = event["span_id"] or row["span_id"]
+        await _db.execute_each(
+            conn,
+            _Q["routed_task_event"],
+            [
+                {
+                    **event, "tenant_id": row["tenant_id"], "task_id": row["id"],
+                    "policy_version": row["workflow_version"], "from_state": row["from_state"],
+                    "to_state": row["state"], "task_state_version": row["state_version"],
+                    "trace_id": trace_id, "span_id": span_id,
+                }
+            ],
+        )  # fmt: skip
+        await _db.execute_each(
+            conn,
+            _Q["routed_outbox_message"],
+            [
+                {**m, "tenant_id": row["tenant_id"], "task_id": row["id"],
+                 "trace_id": trace_id, "span_id": span_id}
+                for m in messages
+            ],
+        )  # fmt: skip
+        return row
+
+
+async def outbox_claim(
+    db: _db.Executor,
+    owner: str,
+    *,
+    batch: int,
+    visibility: timedelta,
+    after_tenant: uuid.UUID | None,
+) -> list[_db.Record]:
+    """``outbox.claim`` on Citus: due messages tenant by tenant, from the one after
+    ``after_tenant``, each tenant's claim routed to its worker.
+
+    Raises:
+        mapped database errors.
+    """
+    rows = await _db.fetch_many(
+        db, _Q["routed_outbox_due_tenants"], after_tenant=after_tenant, max_tenants=batch
+    )
+    tenants = [r["tenant_id"] for r in rows]
+    if len(tenants) < batch and after_tenant is not None:
+        again = await _db.fetch_many(
+            db, _Q["routed_outbox_due_tenants"], after_tenant=None, max_tenants=batch
+        )
+        tenants += [r["tenant_id"] for r in again if r["tenant_id"] not in tenants]
+    out: list[_db.Record] = []
+    for tenant in tenants:
+        if len(out) >= batch:
+            break
+        out += await _db.fetch_many(
+            db, _Q["routed_outbox_claim"], tenant_id=tenant, lease_owner=owner,
+            batch=batch - len(out), visibility=visibility,
+        )  # fmt: skip
+    return out
+
+
+async def outbox_delivered(
+    db: _db.Executor,
+    tenant_ids: Sequence[uuid.UUID],
+    ids: Sequence[uuid.UUID],
+    tokens: Sequence[int],
+) -> list[_db.Record]:
+    """``outbox.mark_delivered`` on Citus: one routed UPDATE per tenant of the batch.
+
+    Raises:
+        mapped database errors.
+    """
+    by_tenant: dict[uuid.UUID, tuple[list[uuid.UUID], list[int]]] = {}
+    for tenant, id_, token in zip(tenant_ids, ids, tokens, strict=True):
+        mine = by_tenant.setdefault(tenant, ([], []))
+        mine[0].append(id_)
+        mine[1].append(token)
+    out: list[_db.Record] = []
+    for tenant, (mine_ids, mine_tokens) in by_tenant.items():
+        out += await _db.fetch_many(
+            db, _Q["routed_outbox_delivered"], tenant_id=tenant, ids=mine_ids,
+            lease_tokens=mine_tokens,
+        )  # fmt: skip
+    return out
+
+
+async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
+    """``operation_reserve`` on Citus: fence, insert or read the key's holder, event.
+
+    ``params`` are operation_reserve's. ``None``: as its zero rows (no such
+    task, the lease is not current, or the key's holder vanished in between);
+    the caller explains which.
+
+    Raises:
+        mapped database errors.
+    """
+    tenant = params["tenant_id"]
+    async with _db.transaction(db) as conn:
+        fence = await _db.fetch_optional(
+            conn, _Q["routed_operation_fence"], tenant_id=tenant, task_id=params["task_id"],
+            lease_owner=params["lease_owner"], lease_token=params["lease_token"],
+        )  # fmt: skip
+        if fence is None or not fence["ok"]:
+            return None
+        row = await _db.fetch_optional(
+            conn, _Q["routed_operation_insert"], tenant_id=tenant, id=params["id"],
+            task_id=params["task_id"], idempotency_key=params["idempotency_key"],
+            action=params["action"], input_hash=params["input_hash"],
+            trace_id=params["trace_id"], span_id=params["span_id"],
+        )  # fmt: skip
+        if row is None:
+            return await _db.fetch_optional(
+                conn, _Q["routed_operation_by_key"], tenant_id=tenant,
+                idempotency_key=params["idempotency_key"],
+            )  # fmt: skip
+        payload = {"action": row["action"], "idempotency_key": row["idempotency_key"]}
+        await _db.execute_each(
+            conn,
+            _Q["routed_operation_event"],
+            [_operation_event(row, "operation.reserved", params["actor_id"],
+                              fence["workflow_version"], payload)],
+        )  # fmt: skip
+        return row
+
+
+async def settle(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
+    """``operation_settle`` on Citus: the UPDATE, then its event. ``None``: its zero rows.
+
+    Raises:
+        mapped database errors.
+    """
+    update = {k: v for k, v in params.items() if k not in ("actor_id", "event_type")}
+    async with _db.transaction(db) as conn:
+        row = await _db.fetch_optional(conn, _Q["routed_operation_settle"], **update)
+        if row is None:
+            return None
+        payload = {"attempts": row["attempts"]}
+        if row["provider_reference"] is not None:
+            payload["provider_reference"] = row["provider_reference"]
+        await _db.execute_each(
+            conn,
+            _Q["routed_operation_event"],
+            [_operation_event(row, params["event_type"], params["actor_id"],
+                              row["policy_version"], payload)],
+        )  # fmt: skip
+        return row
+
+
+def _operation_event(
+    row: _db.Record, event_type: str, actor: str, policy: str, payload: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "tenant_id": row["tenant_id"],
+        "task_id": row["task_id"],
+        "operation_id": row["id"],
+        "event_type": event_type,
+        "actor_id": actor,
+        "policy_version": policy,
+        "to_state": row["state"],
+        "operation_state_version": row["state_version"],
+        "payload": document(payload, cap=EVENT_PAYLOAD_CAP, what="operation event"),
+        "trace_id": row["trace_id"],
+        "span_id": row["span_id"],
+    }

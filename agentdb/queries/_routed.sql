@@ -1,0 +1,325 @@
+-- The runtime's statements on Citus (agentdb._routed; SPEC §9, citus.md §7).
+--
+-- On a distributed schema every hot-path write is for one tenant, and each
+-- statement here names that tenant ($1) on every table it touches, so
+-- Citus routes it whole to the one worker that holds the tenant's shards.
+-- A task's claim, its events and its outbox rows then commit on that
+-- worker in one transaction without two-phase commit. The one-statement
+-- forms of the plain runtime cannot be routed: Citus plans an INSERT inside
+-- a WITH through the coordinator, copies its rows, and then always commits
+-- with two-phase commit. So here a write is an UPDATE ... RETURNING (its
+-- WITH clauses only read and lock), followed by one single-row INSERT per
+-- event or message, sent together (agentdb._db.execute_each).
+
+-- name: routed_bury :many
+-- Tenant $1's tasks that used up their attempts and are not held by a live
+-- lease, moved to 'dead' (at most $3). The caller writes their events.
+-- guarantee: G6, G8
+-- zero rows: nothing of this tenant is exhausted (or another worker is burying it).
+-- params: $1 tenant_id uuid, $2 batch int8
+WITH victims AS MATERIALIZED (
+    SELECT t.id, t.state AS from_state
+    FROM agent_tasks t
+    WHERE t.tenant_id = $1 AND t.attempts >= t.max_attempts
+      AND ((t.state = 'running' AND t.lease_expires_at <= now())
+           OR (t.state IN ('pending', 'waiting') AND t.wake_at <= now()))
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_tasks t
+SET state = 'dead', state_version = t.state_version + 1, lease_owner = NULL,
+    lease_acquired_at = NULL, lease_expires_at = NULL, updated_at = now()
+FROM victims v
+WHERE t.tenant_id = $1 AND t.id = v.id
+RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.attempts,
+          t.trace_id, t.span_id, v.from_state;
+
+-- name: routed_claim :many
+-- Lease up to $3 of tenant $1's due tasks to worker $2: running tasks whose
+-- lease expired first, then pending/waiting ones in wake_at order, never
+-- beyond the tenant's caps (G18). The caps are locked FOR UPDATE SKIP
+-- LOCKED; if another claimer holds any of them this claim takes no new
+-- task (it may still recover expired ones, which do not change how many
+-- run). Candidates are locked SKIP LOCKED, then trimmed to each task type's
+-- free slots and to the tenant's. The caller writes each claim's event
+-- (routed_task_event) in the same transaction.
+-- guarantee: G18, G12, G7
+-- zero rows: nothing of this tenant is due that this worker may take, or its caps are full or held by another claimer.
+-- params: $1 tenant_id uuid, $2 lease_owner text, $3 batch int8, $4 lease_ttl interval, $5 task_types text[]
+WITH caps AS MATERIALIZED (
+    SELECT l.task_type, l.max_running
+    FROM agent_concurrency_limits l
+    WHERE l.tenant_id = $1 AND l.max_running IS NOT NULL
+    ORDER BY l.task_type
+    FOR UPDATE SKIP LOCKED
+), free AS MATERIALIZED (
+    SELECT c.task_type,
+           c.max_running - (SELECT count(*) FROM agent_tasks r
+                            WHERE r.tenant_id = $1 AND r.state = 'running'
+                              AND (c.task_type = '*' OR r.task_type = c.task_type)) AS slots
+    FROM caps c
+), open AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM caps) = (
+               SELECT count(*) FROM agent_concurrency_limits l
+               WHERE l.tenant_id = $1 AND l.max_running IS NOT NULL)
+           AND coalesce((SELECT f.slots FROM free f WHERE f.task_type = '*'), 1) > 0 AS ok
+), expired AS MATERIALIZED (
+    SELECT t.id, t.state AS from_state
+    FROM agent_tasks t
+    WHERE t.tenant_id = $1 AND t.state = 'running' AND t.lease_expires_at <= now()
+      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))
+    ORDER BY t.lease_expires_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), fresh AS MATERIALIZED (
+    SELECT t.id, t.state AS from_state, t.task_type, t.wake_at
+    FROM agent_tasks t
+    WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()
+      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))
+      AND (SELECT o.ok FROM open o)
+      AND NOT EXISTS (SELECT 1 FROM free f WHERE f.task_type = t.task_type AND f.slots <= 0)
+    ORDER BY t.wake_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+), by_type AS (
+    SELECT f.id, f.from_state, f.task_type, f.wake_at,
+           row_number() OVER (PARTITION BY f.task_type ORDER BY f.wake_at, f.id) AS nth
+    FROM fresh f
+), allowed AS (
+    SELECT b.id, b.from_state, row_number() OVER (ORDER BY b.wake_at, b.id) AS nth
+    FROM by_type b
+    WHERE b.nth <= coalesce((SELECT f.slots FROM free f WHERE f.task_type = b.task_type), b.nth)
+), picked AS (
+    SELECT p.id, p.from_state, p.ord
+    FROM ((SELECT e.id, e.from_state, 0::int8 AS ord FROM expired e)
+          UNION ALL
+          (SELECT a.id, a.from_state, a.nth FROM allowed a
+           WHERE a.nth <= coalesce((SELECT f.slots FROM free f WHERE f.task_type = '*'), a.nth))) p
+    ORDER BY p.ord
+    LIMIT $3
+)
+UPDATE agent_tasks t
+SET state = 'running',
+    state_version = t.state_version + 1,
+    lease_owner = $2,
+    lease_token = t.lease_token + 1,
+    lease_acquired_at = now(),
+    lease_expires_at = now() + coalesce($4, t.lease_ttl),
+    attempts = t.attempts + 1,
+    updated_at = now()
+FROM picked p
+WHERE t.tenant_id = $1 AND t.id = p.id
+RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+          t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+          t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+          t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+          t.updated_at, p.from_state, p.ord;
+
+-- name: routed_due_tenants :many
+-- Tenants after $1 (in id order) with a task a worker may take now: due,
+-- or running under an expired lease. A lock-free read that Citus runs on
+-- every worker at once, one index probe per tenant; the claim per tenant
+-- (routed_claim) locks. The worker walks on from the last tenant it was
+-- given, so successive claims rotate through the tenants (G18).
+-- guarantee: G18
+-- params: $1 after_tenant uuid, $2 max_tenants int8, $3 task_types text[]
+SELECT t.id AS tenant_id
+FROM agent_tenants t
+WHERE t.id > coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid)
+  AND EXISTS (
+      SELECT 1 FROM agent_tasks k
+      WHERE k.tenant_id = t.id AND k.attempts < k.max_attempts
+        AND ((k.state IN ('pending', 'waiting') AND k.wake_at <= now())
+             OR (k.state = 'running' AND k.lease_expires_at <= now()))
+        AND ($3::text[] IS NULL OR k.task_type = ANY ($3)))
+ORDER BY t.id
+LIMIT $2;
+
+-- name: routed_exhausted_tenants :many
+-- Tenants with a task that used up its attempts and is not held by a live
+-- lease: where routed_bury has work. A lock-free read.
+-- guarantee: G6
+-- params: $1 max_tenants int8
+SELECT t.id AS tenant_id
+FROM agent_tenants t
+WHERE EXISTS (
+    SELECT 1 FROM agent_tasks k
+    WHERE k.tenant_id = t.id AND k.attempts >= k.max_attempts
+      AND ((k.state = 'running' AND k.lease_expires_at <= now())
+           OR (k.state IN ('pending', 'waiting') AND k.wake_at <= now())))
+ORDER BY t.id
+LIMIT $1;
+
+-- name: routed_operation_by_key :one
+-- The operation that holds tenant $1's key $2 (after routed_operation_insert
+-- found it taken). The caller compares input_hash (G4).
+-- guarantee: G3, G4
+-- zero rows: the holder was removed in between (purged); reserve again.
+-- params: $1 tenant_id uuid, $2 idempotency_key text
+SELECT false AS created, o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action,
+       o.input_hash, o.state, o.state_version, o.provider_reference, o.result, o.error,
+       o.attempts, o.trace_id, o.span_id, o.created_at, o.updated_at
+FROM agent_operations o
+WHERE o.tenant_id = $1 AND o.idempotency_key = $2;
+
+-- name: routed_operation_event :execrows
+-- One event of one operation of tenant $1 (G8), beside the write that moved it.
+-- guarantee: G8
+-- zero rows: never; the insert either writes its row or raises.
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 operation_id uuid, $4 event_type text, $5 actor_id text, $6 policy_version text, $7 to_state text, $8 operation_state_version int8, $9 payload jsonb, $10 trace_id text, $11 span_id text
+INSERT INTO agent_events (tenant_id, task_id, operation_id, event_type, actor_id, policy_version,
+                          to_state, operation_state_version, payload, trace_id, span_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+
+-- name: routed_operation_fence :one
+-- Tenant $1's task $2, share-locked for the reservation: its workflow
+-- version (the event's policy) and whether the caller's lease ($3, $4; none:
+-- NULL) is current (G12).
+-- guarantee: G12
+-- zero rows: no such task in this tenant.
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 lease_owner text, $4 lease_token int8
+SELECT t.workflow_version,
+       ($3::text IS NULL OR (t.state = 'running' AND t.lease_owner = $3
+                             AND t.lease_token = $4)) AS ok
+FROM agent_tasks t
+WHERE t.tenant_id = $1 AND t.id = $2
+FOR SHARE;
+
+-- name: routed_operation_insert :one
+-- Reserve tenant $1's key $4 for this input hash (G3); nothing if it is taken.
+-- The caller has checked the lease (routed_operation_fence) in this transaction.
+-- guarantee: G3, G13
+-- zero rows: the key is taken; read its holder (routed_operation_by_key).
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_id uuid, $4 idempotency_key text, $5 action text, $6 input_hash text, $7 trace_id text, $8 span_id text
+INSERT INTO agent_operations (id, tenant_id, task_id, idempotency_key, action, input_hash,
+                              trace_id, span_id)
+VALUES ($2, $1, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+RETURNING true AS created, id, tenant_id, task_id, idempotency_key, action, input_hash, state,
+          state_version, provider_reference, result, error, attempts, trace_id, span_id,
+          created_at, updated_at;
+
+-- name: routed_operation_settle :one
+-- The operation_settle UPDATE alone (operations.sql), with the task's
+-- workflow version for the event the caller writes (routed_operation_event).
+-- guarantee: G7, G12, G13
+-- zero rows: the operation is gone, in another state, at another version, or the caller's lease was taken over; reload before deciding anything.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 from_states text[], $5 to_state text, $6 provider_reference text, $7 result jsonb, $8 error text, $9 lease_owner text, $10 lease_token int8
+UPDATE agent_operations o
+SET state = $5,
+    state_version = o.state_version + 1,
+    provider_reference = coalesce($6, o.provider_reference),
+    result = coalesce($7, o.result),
+    error = CASE WHEN $5 = 'succeeded' THEN NULL ELSE coalesce($8, o.error) END,
+    attempts = CASE WHEN $5 = 'reserved' THEN o.attempts + 1 ELSE o.attempts END,
+    updated_at = now()
+WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)
+  AND ($9::text IS NULL OR EXISTS (
+      SELECT 1 FROM agent_tasks t
+      WHERE t.tenant_id = $1 AND t.id = o.task_id AND t.state = 'running'
+        AND t.lease_owner = $9 AND t.lease_token = $10
+      FOR SHARE))
+RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash,
+          o.state, o.state_version, o.provider_reference, o.result, o.error, o.attempts,
+          o.trace_id, o.span_id, o.created_at, o.updated_at,
+          (SELECT t.workflow_version FROM agent_tasks t
+           WHERE t.tenant_id = $1 AND t.id = o.task_id) AS policy_version;
+
+-- name: routed_outbox_claim :many
+-- outbox_claim (outbox.sql) for tenant $1 alone: lease up to $3 of its due
+-- pending messages to relay $2 for $4. SKIP LOCKED keeps relays disjoint.
+-- guarantee: G10
+-- params: $1 tenant_id uuid, $2 lease_owner text, $3 batch int8, $4 visibility interval
+WITH due AS MATERIALIZED (
+    SELECT id
+    FROM agent_outbox
+    WHERE tenant_id = $1 AND state = 'pending' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_outbox o
+SET lease_owner = $2, lease_token = o.lease_token + 1, attempts = o.attempts + 1,
+    next_attempt_at = now() + $4
+FROM due
+WHERE o.tenant_id = $1 AND o.id = due.id
+RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
+          o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at;
+
+-- name: routed_outbox_delivered :many
+-- outbox_mark_delivered (outbox.sql) for tenant $1's messages alone, each
+-- fenced by its lease token; the rows returned are the ones still held.
+-- guarantee: G10, G11
+-- params: $1 tenant_id uuid, $2 ids uuid[], $3 lease_tokens int8[]
+UPDATE agent_outbox o
+SET state = 'delivered', delivered_at = now(), last_error = NULL
+FROM unnest($2::uuid[], $3::int8[]) AS m (id, lease_token)
+WHERE o.tenant_id = $1 AND o.id = m.id AND o.lease_token = m.lease_token
+  AND o.state = 'pending'
+RETURNING o.tenant_id, o.id;
+
+-- name: routed_outbox_due_tenants :many
+-- Tenants after $1 (in id order) with a pending message due now: where a
+-- relay's per-tenant claim (routed_outbox_claim) has work. A lock-free read.
+-- guarantee: G10
+-- params: $1 after_tenant uuid, $2 max_tenants int8
+SELECT t.id AS tenant_id
+FROM agent_tenants t
+WHERE t.id > coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid)
+  AND EXISTS (SELECT 1 FROM agent_outbox o
+              WHERE o.tenant_id = t.id AND o.state = 'pending' AND o.next_attempt_at <= now())
+ORDER BY t.id
+LIMIT $2;
+
+-- name: routed_outbox_message :execrows
+-- One outbox message of tenant $1's task $2 (G10), written beside the
+-- transition that emits it, in the same transaction.
+-- guarantee: G10
+-- zero rows: never; the insert either writes its row or raises.
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 id uuid, $4 topic text, $5 payload jsonb, $6 trace_id text, $7 span_id text
+INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
+VALUES ($3, $1, $2, $4, $5, $6, $7);
+
+-- name: routed_task_event :execrows
+-- One event of one task of tenant $1 (G8): the event a claim, a transition
+-- or a burial writes beside its UPDATE, in the same transaction. The
+-- deferred agent_tasks_event_required check finds it at commit.
+-- guarantee: G8
+-- zero rows: never; the insert either writes its row or raises.
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 event_type text, $4 actor_id text, $5 policy_version text, $6 from_state text, $7 to_state text, $8 task_state_version int8, $9 payload jsonb, $10 trace_id text, $11 span_id text
+INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version, from_state,
+                          to_state, task_state_version, payload, trace_id, span_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+
+-- name: routed_transition :one
+-- The task_transition UPDATE alone (tasks.sql): move tenant $1's task $2 if
+-- it is still at $3 and, for a lease holder, under the caller's lease. The
+-- caller writes the event (routed_task_event) and the outbox messages
+-- (routed_outbox_message) in the same transaction.
+-- guarantee: G7, G12
+-- zero rows: the task is gone, another writer moved state_version on, or the caller's lease was taken over; reload before deciding anything.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8
+WITH prior AS MATERIALIZED (
+    SELECT state FROM agent_tasks WHERE tenant_id = $1 AND id = $2
+)
+UPDATE agent_tasks t
+SET state = $4,
+    state_version = t.state_version + 1,
+    current_step = CASE WHEN $5 THEN $6 ELSE t.current_step END,
+    wake_at = CASE
+        WHEN $4 IN ('pending', 'waiting')
+            THEN coalesce($7, CASE WHEN $4 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END)
+        ELSE t.wake_at END,
+    last_error = coalesce($8, t.last_error),
+    lease_owner = CASE WHEN $4 = 'running' THEN t.lease_owner END,
+    lease_acquired_at = CASE WHEN $4 = 'running' THEN t.lease_acquired_at END,
+    lease_expires_at = CASE WHEN $4 = 'running' THEN t.lease_expires_at END,
+    updated_at = now()
+FROM prior
+WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3
+  AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))
+RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+          t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+          t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+          t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+          t.updated_at, prior.state AS from_state;

@@ -1,0 +1,247 @@
+"""agentdb on a real Citus cluster (make test-citus): the schema distributed by
+`agentdb migrate --citus`, the runtime's per-tenant statements routed to one
+worker each, fairness and caps (G18), error mapping without constraint names,
+tenant scope on the workers, and the worker, relay and demo processes."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import asyncpg
+import pytest
+from psycopg import sql
+
+from agentdb import leases, operations, outbox, retention, tasks, tenancy
+from agentdb.errors import DuplicateKey, InvalidTransition, OperationInFlight, TenantMismatch
+from agentdb.models import Message
+from tests import _pg
+from tests.citus.conftest import Cluster, Three
+
+T = TypeVar("T")
+NIL = uuid.UUID(int=0)
+
+
+def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentdb", *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+async def _remote(
+    conn: asyncpg.Connection, call: Callable[[], Awaitable[T]]
+) -> tuple[T, list[str]]:
+    """Run ``call`` with citus.log_remote_commands on; the commands sent to workers."""
+    seen: list[str] = []
+
+    def listener(_c: Any, m: Any) -> None:
+        seen.append(str(m.message))
+
+    conn.add_log_listener(listener)
+    await conn.execute("SET citus.log_remote_commands = on; SET client_min_messages = log")
+    try:
+        out = await call()
+    finally:
+        await conn.execute("RESET citus.log_remote_commands; RESET client_min_messages")
+        await asyncio.sleep(0.05)  # the last notices arrive with the RESET's reply
+        conn.remove_log_listener(listener)
+    return out, [m for m in seen if m.startswith("issuing ")]
+
+
+def _two_phase(commands: list[str]) -> int:
+    return sum("PREPARE TRANSACTION" in c for c in commands)
+
+
+def _begins(commands: list[str]) -> int:
+    """Worker transactions opened: one per node a transaction wrote to."""
+    return sum(c.startswith("issuing BEGIN") for c in commands)
+
+
+def test_migrate_citus_distributes_once_and_reruns_as_a_noop(citus: Cluster) -> None:
+    with _pg.admin(citus.dsn) as conn:
+        rows = conn.execute(
+            "SELECT logicalrelid::text, partmethod, colocationid FROM pg_dist_partition"
+            " WHERE logicalrelid::text LIKE 'agent_%' ORDER BY 1"
+        ).fetchall()
+        triggers = conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgname IN"
+            " ('agent_tasks_notify', 'agent_outbox_notify')"
+        ).fetchall()
+    hashed = {r[0] for r in rows if r[1] == "h"}
+    reference = {r[0] for r in rows if r[1] == "n"}
+    assert hashed == {
+        "agent_tenants", "agent_tasks", "agent_operations", "agent_events", "agent_outbox",
+        "agent_inbox", "agent_artifacts", "agent_credential_refs", "agent_concurrency_limits",
+    }  # fmt: skip
+    assert reference == {"agent_principals", "agent_transitions", "agent_semconv_pins"}
+    assert len({r[2] for r in rows if r[1] == "h"}) == 1  # one colocation group
+    assert triggers == []  # NOTIFY would break PREPARE TRANSACTION on the workers
+
+    again = _cli("migrate", "--citus", "--dsn", citus.dsn)
+    assert again.returncode == 0, again.stderr
+    assert "nothing to apply" in again.stdout
+    assert again.stderr == ""
+
+
+def test_migrate_citus_without_the_extension_is_one_line(citus: Cluster) -> None:
+    name = f"agentdb_nocitus_{uuid.uuid4().hex[:8]}"
+    with _pg.admin(_pg.with_db(citus.dsn, "postgres")) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        run = _cli("migrate", "--citus", "--dsn", _pg.with_db(citus.dsn, name))
+        assert run.returncode != 0
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1, run.stderr
+        assert "citus extension is not installed" in lines[0]
+        with _pg.admin(_pg.with_db(citus.dsn, name)) as conn:
+            left = conn.execute(
+                "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'agent_%'"
+            ).fetchone()
+        assert left == (0,)  # nothing applied
+    finally:
+        with _pg.admin(_pg.with_db(citus.dsn, "postgres")) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+async def test_a_task_cycle_commits_on_one_worker_without_2pc(
+    conn: asyncpg.Connection, three: Three
+) -> None:
+    """Claim, finish with an outbox message, relay claim and delivery: each one node, 1PC."""
+    await tasks.create(conn, three.x, "cycle")
+    claimed, cmds = await _remote(
+        conn, lambda: leases.claim(conn, "w1", batch=1, task_types=["cycle"], after_tenant=NIL)
+    )
+    assert [t.tenant_id for t in claimed] == [three.x]
+    assert (_two_phase(cmds), _begins(cmds)) == (0, 1), cmds
+    held = claimed[0]
+    assert held.lease is not None
+    lease = held.lease
+    res, cmds = await _remote(
+        conn,
+        lambda: operations.reserve(
+            conn, held.tenant_id, held.id, "charge-1", "charge", {"amount": 5}, lease=lease
+        ),
+    )
+    assert res.fresh
+    assert (_two_phase(cmds), _begins(cmds)) == (0, 1), cmds
+    with pytest.raises(OperationInFlight):  # the key's holder, read back and refused: G3
+        await operations.reserve(
+            conn, held.tenant_id, held.id, "charge-1", "charge", {"amount": 5}, lease=lease
+        )
+    op, cmds = await _remote(
+        conn, lambda: operations.complete(conn, res.operation, result={"ok": True}, lease=lease)
+    )
+    assert op.state == "succeeded"
+    assert (_two_phase(cmds), _begins(cmds)) == (0, 1), cmds
+    done, cmds = await _remote(
+        conn,
+        lambda: tasks.transition(
+            conn, held.tenant_id, held.id, expected_version=held.state_version,
+            to_state="succeeded", lease=held.lease, outbox=[Message("invoice.paid", {"n": 1})],
+        ),
+    )  # fmt: skip
+    assert done.state == "succeeded"
+    assert (_two_phase(cmds), _begins(cmds)) == (0, 1), cmds
+    msgs, cmds = await _remote(conn, lambda: outbox.claim(conn, "r1", batch=10, after_tenant=NIL))
+    mine = [m for m in msgs if m.tenant_id == three.x]
+    assert [m.topic for m in mine] == ["invoice.paid"]
+    assert _two_phase(cmds) == 0, cmds
+    marked, cmds = await _remote(conn, lambda: outbox.mark_delivered(conn, mine))
+    assert marked == {mine[0].id}
+    assert _two_phase(cmds) == 0, cmds
+    purged, cmds = await _remote(
+        conn,
+        lambda: retention.purge(
+            conn, ages={"outbox_delivered": timedelta(0)}, classes=("outbox_delivered",)
+        ),
+    )
+    assert purged.removed["outbox_delivered"] >= 1  # tenant by tenant, each on its worker
+    assert _two_phase(cmds) == 0, cmds
+    events = await conn.fetch(
+        "SELECT event_type FROM agent_events WHERE tenant_id = $1 AND task_id = $2 ORDER BY id",
+        three.x, held.id,
+    )  # fmt: skip
+    assert [e["event_type"] for e in events] == [
+        "task.created", "task.claimed", "operation.reserved", "operation.succeeded",
+        "task.succeeded",
+    ]  # fmt: skip
+
+
+async def test_claim_is_fair_and_capped_on_citus(conn: asyncpg.Connection, three: Three) -> None:
+    """X has 60 due tasks, Y and Z 3 each, X is capped at 2: Y and Z start in the
+    first claim, X never runs more than 2 at once."""
+    for i in range(60):
+        await tasks.create(conn, three.x, "fair", params={"i": i})
+    for t in (three.y, three.z):
+        for i in range(3):
+            await tasks.create(conn, t, "fair", params={"i": i})
+    await tenancy.set_concurrency_limit(conn, three.x, 2)
+    first = await leases.claim(conn, "w1", batch=6, task_types=["fair"], after_tenant=NIL)
+    assert {three.y, three.z} <= {t.tenant_id for t in first}
+    seen_x = []
+    after = first[-1].tenant_id
+    for _ in range(6):
+        got = await leases.claim(conn, "w1", batch=6, task_types=["fair"], after_tenant=after)
+        if got:
+            after = got[-1].tenant_id
+        running_x = await conn.fetchval(
+            "SELECT count(*) FROM agent_tasks WHERE tenant_id = $1 AND state = 'running'", three.x
+        )
+        seen_x.append(running_x)
+    assert max(seen_x) == 2  # the cap is reached and never passed
+
+
+async def test_errors_map_without_constraint_names(conn: asyncpg.Connection, three: Three) -> None:
+    """Citus drops the constraint field and suffixes the shard id: still mapped."""
+    with pytest.raises(DuplicateKey) as dup:
+        await tenancy.create_tenant(conn, "again", tenant_id=three.x)
+    assert dup.value.constraint == "agent_tenants_pkey"
+    assert dup.value.guarantee == "G2" or dup.value.guarantee is not None
+    task = await tasks.create(conn, three.x, "errs")
+    with pytest.raises(TenantMismatch):
+        async with conn.transaction():
+            await outbox.enqueue(conn, three.y, "t", {}, task_id=task.id)
+    with pytest.raises(InvalidTransition):
+        await tasks.transition(
+            conn, three.x, task.id, expected_version=task.state_version, to_state="succeeded"
+        )
+
+
+async def test_tenant_scope_reaches_the_workers(citus: Cluster, three: Three) -> None:
+    """An unpinned agent login scoped with tenant_scope sees its tenant's rows on the
+    shards (set_config() would reach only the coordinator: it would see none)."""
+    admin = await asyncpg.connect(citus.dsn)
+    try:
+        await tasks.create(admin, three.x, "scoped")
+        await tasks.create(admin, three.y, "scoped")
+    finally:
+        await admin.close()
+    agent = await asyncpg.connect(citus.url("agentdb_ct_agent"))
+    try:
+        unscoped = await agent.fetchval("SELECT count(*) FROM agent_tasks")
+        async with tenancy.tenant_scope(agent, three.x) as scoped:
+            seen = await scoped.fetch(
+                "SELECT DISTINCT tenant_id FROM agent_tasks WHERE task_type = 'scoped'"
+            )
+    finally:
+        await agent.close()
+    assert unscoped == 0
+    assert [r["tenant_id"] for r in seen] == [three.x]
+
+
+def test_worker_and_relay_run_on_citus(citus: Cluster) -> None:
+    """`agentdb demo --dsn COORD`: 4 worker and 2 relay processes under SIGKILLs."""
+    run = _cli(
+        "demo", "--dsn", citus.dsn, "--tasks", "40", "--tenants", "4", "--kill-every", "2",
+        "--timeout", "180", "--seed", "5",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "OK: every effect once" in run.stdout

@@ -1,0 +1,357 @@
+"""Fair claiming and per-tenant concurrency caps (G18).
+
+The claim walks the tenants with due work round-robin and gives each its
+share of the batch; a cap on a tenant (or one of its task types) is applied
+by the claim and enforced by a trigger for every other writer.
+
+The bound the fairness test proves: with B the batch size and n tenants
+with due work (n <= B), every claim offers each tenant ceil(B/n) tasks and
+takes at least floor(B/n) from each that has that many unlocked, whatever
+the others' backlogs. So a tenant with k due tasks is fully started within
+ceil(k / floor(B/n)) claims of any one worker - here 20 tasks, B = 10,
+n = 3: within 7 rounds - while the tenant with 20,000 gets at most
+ceil(B/n) = 4 per claim meanwhile. Claiming in wake_at order across tenants
+(the claim before 0012) would start all 20,000 first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from agentdb import leases, tasks, tenancy
+from agentdb.errors import ConfigurationError, TenantMismatch
+from agentdb.models import Task
+from agentdb.worker import Job, Worker
+from tests.conftest import RUNTIME, Database, Tenants
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_SEED = """
+WITH t AS (
+    INSERT INTO agent_tasks (tenant_id, task_type, workflow_version, wake_at)
+    SELECT $1, $2, 'v1', now() - $4::text::interval + g * interval '1 millisecond'
+    FROM generate_series(1, $3) AS g
+    RETURNING tenant_id, id, workflow_version
+)
+INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version, to_state,
+                          task_state_version)
+SELECT tenant_id, id, 'task.created', 'test', workflow_version, 'pending', 0 FROM t
+"""
+
+
+async def _seed(
+    conn: asyncpg.Connection, tenant: uuid.UUID, n: int, *, kind: str = "t", age: str = "1 minute"
+) -> None:
+    """``n`` due tasks of ``kind`` for ``tenant``, the oldest due ``age`` ago."""
+    await conn.execute(_SEED, tenant, kind, n, age)
+
+
+async def _tenant(conn: asyncpg.Connection, name: str) -> uuid.UUID:
+    tid = uuid.uuid4()
+    await conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, $2)", tid, name)
+    return tid
+
+
+async def test_G18_a_backlog_does_not_delay_the_other_tenants(
+    db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    x, y, z = [await _tenant(admin_conn, n) for n in ("x", "y", "z")]
+    # X's backlog is older than anything Y or Z has: in wake_at order it would all go first.
+    await _seed(admin_conn, x, 20_000, age="1 hour")
+    await _seed(admin_conn, y, 20)
+    await _seed(admin_conn, z, 20)
+    conns = [await db.connect(RUNTIME) for _ in range(4)]
+    after: list[uuid.UUID | None] = [None] * 4
+
+    async def claim(i: int) -> list[Task]:
+        got = await leases.claim(conns[i], f"w{i}", batch=10, after_tenant=after[i])
+        if got:
+            after[i] = got[-1].tenant_id
+        return got
+
+    started: Counter[uuid.UUID] = Counter()
+    rounds = 0
+    try:
+        while started[y] < 20 or started[z] < 20:
+            rounds += 1
+            assert rounds <= 7, f"after 7 rounds of 4 claims only {dict(started)} started"
+            # X's share of a batch of 10: a third (4) while Y and Z both have due
+            # tasks through the whole round (4 claimers take at most 4 of each),
+            # half (5) while only one of them is sure to.
+            share = 4 if min(20 - started[y], 20 - started[z]) > 16 else 5
+            for batch in await asyncio.gather(*(claim(i) for i in range(4))):
+                per = Counter(t.tenant_id for t in batch)
+                assert per[x] <= share, per
+                started.update(per)
+    finally:
+        for c in conns:
+            await c.close()
+    assert started[x] <= 7 * 4 * 4
+
+
+async def test_G18_successive_claims_rotate_through_the_tenants(
+    pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    ts = sorted([await _tenant(admin_conn, f"t{i}") for i in range(3)])
+    for i, t in enumerate(ts):
+        await _seed(admin_conn, t, 5, age=f"{10 - i} minutes")
+    order: list[uuid.UUID] = []
+    after: uuid.UUID | None = None
+    for _ in range(9):
+        [task] = await leases.claim(pool, "w", batch=1, after_tenant=after)
+        order.append(task.tenant_id)
+        after = task.tenant_id
+    assert order == ts * 3  # round-robin, not the oldest tenant three times over
+
+
+async def test_G18_one_claim_shares_its_batch_between_the_tenants(
+    pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    big, small = await _tenant(admin_conn, "big"), await _tenant(admin_conn, "small")
+    await _seed(admin_conn, big, 100, age="1 hour")
+    await _seed(admin_conn, small, 3)
+    got = await leases.claim(pool, "w", batch=6)
+    assert Counter(t.tenant_id for t in got) == {big: 3, small: 3}
+    # Alone with due work, a tenant takes the whole batch.
+    got = await leases.claim(pool, "w", batch=6)
+    assert Counter(t.tenant_id for t in got) == {big: 6}
+
+
+async def test_G18_a_cap_holds_the_claim_to_the_free_slots(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    await _seed(admin_conn, tenants.a, 10)
+    await _seed(admin_conn, tenants.b, 10)
+    await tenancy.set_concurrency_limit(pool, tenants.a, 2)
+    # Each tenant's share is 5; A's cap leaves it 2 (the worker claims again at once).
+    got = await leases.claim(pool, "w", batch=10)
+    assert Counter(t.tenant_id for t in got) == {tenants.a: 2, tenants.b: 5}
+    got = await leases.claim(pool, "w", batch=10)
+    assert Counter(t.tenant_id for t in got) == {tenants.b: 5}  # A is full
+    [limit] = await tenancy.concurrency_limits(pool, tenants.a)
+    assert (limit.task_type, limit.max_running, limit.running) == ("*", 2, 2)
+    # A finished task frees its slot for the next claim.
+    first = (await _running(admin_conn, tenants.a))[0]
+    await tasks.transition(
+        pool, tenants.a, first.id, expected_version=first.state_version, to_state="succeeded",
+        lease=first.lease,
+    )  # fmt: skip
+    got = await leases.claim(pool, "w", batch=10)
+    assert Counter(t.tenant_id for t in got) == {tenants.a: 1}
+    # 0 pauses the tenant; NULL lifts the cap.
+    await tenancy.set_concurrency_limit(pool, tenants.b, 0)
+    await _seed(admin_conn, tenants.b, 1)
+    assert await leases.claim(pool, "w", batch=10) == []
+    await tenancy.set_concurrency_limit(pool, tenants.a, None)
+    got = await leases.claim(pool, "w", batch=10)
+    assert Counter(t.tenant_id for t in got) == {tenants.a: 7}
+
+
+async def test_G18_a_cap_on_one_task_type_leaves_the_others_free(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    await _seed(admin_conn, tenants.a, 10, kind="llm", age="1 hour")
+    await _seed(admin_conn, tenants.a, 10, kind="email")
+    await tenancy.set_concurrency_limit(pool, tenants.a, 1, task_type="llm")
+    got = await leases.claim(pool, "w", batch=8)
+    assert Counter(t.task_type for t in got) == {"llm": 1, "email": 7}
+    got = await leases.claim(pool, "w", batch=8)
+    assert Counter(t.task_type for t in got) == {"email": 3}
+    # A worker that only handles the capped type finds nothing, and no other tenant is held up.
+    await _seed(admin_conn, tenants.b, 2, kind="llm")
+    got = await leases.claim(pool, "w", batch=8, task_types=["llm"])
+    assert Counter(t.tenant_id for t in got) == {tenants.b: 2}
+
+
+async def test_G18_a_capped_tenant_spoils_no_batch_of_one(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A full tenant first in the walk must not make a one-slot worker come back empty."""
+    a, b = sorted([tenants.a, tenants.b])
+    await _seed(admin_conn, a, 5, age="1 hour")
+    await _seed(admin_conn, b, 5)
+    await tenancy.set_concurrency_limit(pool, a, 0)
+    for _ in range(3):
+        [task] = await leases.claim(pool, "w", batch=1, after_tenant=uuid.UUID(int=0))
+        assert task.tenant_id == b
+
+
+async def test_G18_set_concurrency_limit_refuses_bad_input(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    for bad in (-1, 1.5, True, "3", 2**31):
+        with pytest.raises(ConfigurationError):
+            await tenancy.set_concurrency_limit(pool, tenants.a, bad)  # type: ignore[arg-type]
+    for kind in ("", "x" * 201):
+        with pytest.raises(ConfigurationError):
+            await tenancy.set_concurrency_limit(pool, tenants.a, 1, task_type=kind)
+    with pytest.raises(TenantMismatch):
+        await tenancy.set_concurrency_limit(pool, uuid.uuid4(), 1)
+    assert await tenancy.concurrency_limits(pool, tenants.a) == []
+
+
+async def _running(conn: asyncpg.Connection, tenant: uuid.UUID) -> list[Task]:
+    rows = await conn.fetch(
+        "SELECT * FROM agent_tasks WHERE tenant_id = $1 AND state = 'running' ORDER BY id", tenant
+    )
+    return [Task.from_record(r) for r in rows]
+
+
+async def test_G18_a_cap_is_never_exceeded_by_in_process_workers(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """4 Workers (own pools) race for a tenant capped at 3; a sampler watches from outside."""
+    await _seed(admin_conn, tenants.a, 120)
+    await _seed(admin_conn, tenants.b, 40)
+    setup = await db.connect(RUNTIME)
+    try:
+        await tenancy.set_concurrency_limit(setup, tenants.a, 3)
+    finally:
+        await setup.close()
+
+    async def brief(job: Job) -> None:
+        await asyncio.sleep(0.01)
+
+    pools = [await asyncpg.create_pool(db.url(RUNTIME), min_size=1, max_size=4) for _ in range(4)]
+    workers = [Worker(p, {"t": brief}, concurrency=8, poll_interval=0.05) for p in pools]
+    runs = [asyncio.create_task(w.run(install_signals=False)) for w in workers]
+    peak = 0
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            running = await admin_conn.fetchval(
+                "SELECT count(*) FROM agent_tasks WHERE tenant_id = $1 AND state = 'running'",
+                tenants.a,
+            )
+            peak = max(peak, running)
+            assert running <= 3
+            left = await admin_conn.fetchval(
+                "SELECT count(*) FROM agent_tasks WHERE state <> 'succeeded'"
+            )
+            if left == 0:
+                break
+            assert time.monotonic() < deadline, f"{left} tasks unfinished"
+            await asyncio.sleep(0.002)
+    finally:
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*runs)
+        for p in pools:
+            await p.close()
+    assert peak == 3  # the cap was reached, so the check above was tested
+
+
+def test_G18_a_cap_is_never_exceeded_by_worker_processes(db: Database, tenants: Tenants) -> None:
+    """4 ``agentdb worker`` processes, a cap of 3 on one type of one tenant, a cap of 5
+    on the tenant; sampled continuously from another connection."""
+    asyncio.run(_seed_for_processes(db, tenants))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentdb",
+                "worker",
+                "tests.fixture_handlers:BRIEF",
+                "--dsn",
+                db.url(RUNTIME),
+                "--concurrency",
+                "6",
+                "--poll-interval",
+                "0.05",
+                "--no-listen",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    try:
+        peaks = asyncio.run(_sample_until_done(db, tenants.a))
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    assert peaks == {"capped": 3, "*": 5}, peaks
+
+
+async def _seed_for_processes(db: Database, tenants: Tenants) -> None:
+    conn = await db.connect()
+    try:
+        await _seed(conn, tenants.a, 150, kind="capped")
+        await _seed(conn, tenants.a, 150, kind="free")
+        await _seed(conn, tenants.b, 100, kind="free")
+        await tenancy.set_concurrency_limit(conn, tenants.a, 5)
+        await tenancy.set_concurrency_limit(conn, tenants.a, 3, task_type="capped")
+    finally:
+        await conn.close()
+
+
+async def _sample_until_done(db: Database, tenant: uuid.UUID) -> dict[str, int]:
+    conn = await db.connect()
+    peaks = {"capped": 0, "*": 0}
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            row = await conn.fetchrow(
+                "SELECT count(*) FILTER (WHERE task_type = 'capped') AS capped, count(*) AS all"
+                " FROM agent_tasks WHERE tenant_id = $1 AND state = 'running'",
+                tenant,
+            )
+            assert row is not None
+            assert row["capped"] <= 3, dict(row)
+            assert row["all"] <= 5, dict(row)
+            peaks = {
+                "capped": max(peaks["capped"], row["capped"]),
+                "*": max(peaks["*"], row["all"]),
+            }
+            left = await conn.fetchval(
+                "SELECT count(*) FROM agent_tasks WHERE state <> 'succeeded'"
+            )
+            if left == 0:
+                return peaks
+            assert time.monotonic() < deadline, f"{left} tasks unfinished"
+            await asyncio.sleep(0.002)
+    finally:
+        await conn.close()
+
+
+async def test_G18_concurrent_claimers_never_overfill_a_tenant(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Rounds of eight claims at once against a cap of 5: together they take exactly 5."""
+    await _seed(admin_conn, tenants.a, 50)
+    await tenancy.set_concurrency_limit(admin_conn, tenants.a, 5)
+    conns = [await db.connect(RUNTIME) for _ in range(8)]
+    total = 0
+    try:
+        for _ in range(4):
+            got = await asyncio.gather(
+                *(leases.claim(c, f"w{i}", batch=4, lease_ttl=timedelta(minutes=5))
+                  for i, c in enumerate(conns))
+            )  # fmt: skip
+            total += sum(len(g) for g in got)
+            assert total <= 5
+    finally:
+        for c in conns:
+            await c.close()
+    assert len(await _running(admin_conn, tenants.a)) == 5
