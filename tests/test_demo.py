@@ -1,14 +1,20 @@
-"""The demo's replay rule (:mod:`agentdb.tools.demo.workload`) on ledgers written by hand.
+"""The demo's replay rule (:mod:`agentdb.tools.demo.workload`) on ledgers written by hand,
+and how a demo run ends when it is told to.
 
-Each case writes one charge's history: agentdb's side through the library
-(reserve, complete, fail, mark_unknown, reconcile) and the provider's side as
-rows of ``agentdb_demo.provider_requests``, in the order given, then counts
-the replays the rule does not justify. The crash tests show the rule on real
-crashes; these pin down its edges, which real crashes reach only by chance.
+Each replay case writes one charge's history: agentdb's side through the
+library (reserve, complete, fail, mark_unknown, reconcile) and the provider's
+side as rows of ``agentdb_demo.provider_requests``, in the order given, then
+counts the replays the rule does not justify. The crash tests show the rule on
+real crashes; these pin down its edges, which real crashes reach only by
+chance.
 """
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -19,7 +25,10 @@ from agentdb import operations, tasks
 from agentdb.models import Operation
 from agentdb.tools.demo.provider import SCHEMA, TASK_TYPE
 from agentdb.tools.demo.workload import Result, count
-from tests.conftest import Tenants
+from tests import _procs
+from tests.conftest import Database, Tenants
+
+ROOT = Path(__file__).resolve().parent.parent
 
 _LEDGER_STEPS = ("reserve", "complete", "fail", "unknown", "reconcile")
 
@@ -110,3 +119,40 @@ def test_an_unjustified_replay_fails_the_run(replays: int, ok: bool) -> None:
     counts = {"duplicates": 0, "lost": 0, "unjustified_replays": replays}
     run = Result(True, 1.0, 1, {}, counts, {"succeeded": 1}, {"delivered": 1}, Path("log"))
     assert run.ok is ok
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: str(s.name)
+)
+def test_a_demo_ended_by_a_signal_mid_run_leaves_no_process(
+    db: Database, sig: signal.Signals
+) -> None:
+    """SIGTERM and SIGINT (to the demo alone, not its process group): the demo stops its
+    workers and relays, reaps them and says so in one line. SIGKILL: the kernel kills them
+    when the demo dies (they asked it to), so that none goes on holding leases and connections."""
+    mark = uuid.uuid4().hex
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "agentdb", "demo", "--dsn", db.admin_dsn, "--tasks", "300",
+         "--tenants", "3", "--timeout", "200", "--seed", "5"],
+        cwd=ROOT, env=_procs.marked_env(mark), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert _procs.wait_for_children(demo, mark, within=120), "no worker started"
+        time.sleep(1)  # mid-run: the processes are connecting and claiming
+        demo.send_signal(sig)
+        _, err = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+    if sig == signal.SIGKILL:
+        assert demo.returncode == -signal.SIGKILL
+        assert _procs.gone(mark, within=30) == []  # a SIGKILLed process still takes a moment
+        return
+    assert demo.returncode == 128 + sig, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"agentdb: demo stopped by {sig.name} after "), err
+    assert "while running the workload: " in last
+    assert _procs.marked(mark) == []  # reaped before the demo exited

@@ -10,11 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
+import psycopg
 import pytest
 
 import agentdb
@@ -22,8 +25,8 @@ from agentdb import inbox, leases, operations, outbox, tasks, tenancy
 from agentdb.errors import PoolerMismatch
 from agentdb.models import Message, OutboxMessage
 from agentdb.relay import Relay
-from agentdb.tools.pgbouncer import Bouncer
-from tests import _pg
+from agentdb.tools.pgbouncer import Bouncer, pgbouncer
+from tests import _pg, _procs
 from tests.conftest import AGENT_UNPINNED, RUNTIME, Database, Tenants
 
 pytestmark = pytest.mark.usefixtures("bouncer")
@@ -261,6 +264,69 @@ def test_G10_G12_workers_and_two_relays_under_sigkill_through_the_proxy_lose_not
             "SELECT count(*) FROM agent_tasks WHERE state = 'running'"
         ).fetchone()
     assert running == (0,)
+
+
+@pytest.fixture
+def tiny_bouncer(db: Database) -> Iterator[Bouncer]:
+    """A PgBouncer of its own with one server connection per database and login: a client
+    that holds it in an open transaction makes every other one queue."""
+    parts = urlsplit(db.admin_dsn)
+    logins = {parts.username or "postgres": parts.password or ""}
+    with pgbouncer(db.admin_dsn, logins, pool_size=1, binary=_pg.ensure_pgbouncer()) as running:
+        yield running
+
+
+@pytest.mark.parametrize(
+    ("hold", "timeout", "stage"),
+    [
+        pytest.param("before-it-starts", 5, "migrating the database", id="queued-migrating"),
+        pytest.param("once-the-fleet-runs", 20, "running the workload", id="queued-working"),
+    ],
+)
+def test_a_demo_queued_in_a_tiny_pool_times_out_in_one_line_and_leaves_no_process(
+    db: Database, tiny_bouncer: Bouncer, hold: str, timeout: int, stage: str
+) -> None:
+    """The pool's one server connection held in a transaction: every statement of the demo
+    and of its workers and relays waits in PgBouncer's queue, none ever returns, and the run
+    cannot finish. It still ends by its --timeout, and takes its processes with it."""
+    url = db.through(tiny_bouncer)
+    mark = uuid.uuid4().hex
+    holder = psycopg.connect(url, autocommit=True, prepare_threshold=None)
+
+    def hold_the_pool() -> None:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1")  # PgBouncer pins its only server connection to this
+
+    if hold == "before-it-starts":
+        hold_the_pool()
+    started = time.monotonic()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "agentdb", "demo", "--dsn", url, "--pooler", "transaction",
+         "--tasks", "60", "--tenants", "3", "--timeout", str(timeout), "--seed", "11"],
+        cwd=ROOT, env=_procs.marked_env(mark), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        if hold == "once-the-fleet-runs":
+            assert _procs.wait_for_children(demo, mark, within=timeout), "no worker started"
+            hold_the_pool()
+        _, err = demo.communicate(timeout=timeout + 60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.communicate()
+        holder.close()
+    took = time.monotonic() - started
+    assert demo.returncode == 1, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"agentdb: demo timed out after {timeout}s while {stage}: "), err
+    assert "the orderly stop hung" not in last  # the watchdog is a backstop, not the way out
+    if stage == "running the workload":
+        assert "of 60 tasks unfinished" in last
+        assert "worker and relay logs:" in last
+    assert took < timeout + 60  # generous: the bound is the deadline, not this machine's speed
+    assert _procs.marked(mark) == []  # the demo reaped its processes before it exited
 
 
 def test_the_audit_runs_through_the_proxy_again_and_again(db: Database, bouncer: Bouncer) -> None:

@@ -25,6 +25,7 @@ from typing import IO
 
 from agentdb._faults import POINTS
 from agentdb.tools.demo.fleet import Workload
+from agentdb.tools.demo.limits import DemoStopped, DemoTimeout
 from agentdb.tools.demo.workload import Result, run_workload, with_database
 
 __all__ = ["main"]
@@ -103,7 +104,15 @@ def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace)
         runs = 0
         # The soak repeats until it has survived its share of kills.
         while True:
-            r = asyncio.run(run_workload(dsn, w, log, log_path))
+            try:
+                r = asyncio.run(run_workload(dsn, w, log, log_path))
+            except DemoTimeout as exc:  # its processes are stopped: a failed run, not the end
+                print(f"chaos: {name}: {exc}", file=sys.stderr)
+                failures += 1
+                break
+            except DemoStopped as exc:
+                print(f"chaos: {exc}", file=sys.stderr)
+                return 128 + exc.signum
             runs += 1
             kills += r.kills
             rows.append(_row(name if runs == 1 else f"{name} #{runs}", w, r))

@@ -5,6 +5,7 @@ fake provider and consumer, with their own ledgers) and the handlers the
 worker and relay processes run; :mod:`~agentdb.tools.demo.fleet` is those
 processes and the supervisor that kills and replaces them;
 :mod:`~agentdb.tools.demo.workload` seeds a run, drives it and counts what
-happened from the database; :mod:`~agentdb.tools.demo.report` is the
+happened from the database; :mod:`~agentdb.tools.demo.limits` holds every
+step of it to one deadline; :mod:`~agentdb.tools.demo.report` is the
 command's run and report. Importing this package imports none of them.
 """

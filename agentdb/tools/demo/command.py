@@ -20,7 +20,12 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--kill-every", type=float, default=0.5, help="mean seconds between SIGKILLs (0: none)"
     )
-    p.add_argument("--timeout", type=float, default=100.0, help="give up after this many seconds")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=100.0,
+        help="give up after this many seconds, migrations and counts included (default 100)",
+    )
     p.add_argument("--seed", type=int, help="random seed for kills and provider faults")
     p.set_defaults(func=_demo)
 

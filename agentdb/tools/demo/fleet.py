@@ -5,10 +5,19 @@ running :mod:`agentdb.tools.demo.provider`. The supervisor kills them with
 SIGKILL from outside at random, and replaces every one that died, whether
 killed from outside or by an armed fault point (:mod:`agentdb._faults`),
 which also logs the point it fired at.
+
+The supervisor reaps every process it started, whatever ends the run: the
+fleet is a context manager whose exit SIGTERMs what still runs, SIGKILLs
+what is still running :data:`~agentdb.tools.demo.limits.STOP_GRACE` seconds
+later and waits for each, within bounds. And each process has the kernel
+SIGKILL it when the demo itself dies, so that not even a SIGKILLed demo
+leaves its workers behind, holding leases and - behind PgBouncer - the
+server connections of a small pool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -18,12 +27,45 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
+
+from agentdb.tools.demo.limits import REAP_WAIT, STOP_GRACE
 
 __all__ = ["PUBLISHER_TARGET", "WORKER_TARGET", "Fleet", "Workload", "kills_by_point"]
 
 WORKER_TARGET = "agentdb.tools.demo.provider:WORKER"
 PUBLISHER_TARGET = "agentdb.tools.demo.provider:PUBLISHER"
+
+# Each process runs the CLI through this instead of ``-m agentdb``: the same command,
+# once it has tied its life to the demo's (_die_with_parent).
+_BOOT = "from agentdb.tools.demo.fleet import _child; _child()"
+_PARENT = "AGENTDB_DEMO_PARENT"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when the demo that started it dies (Linux).
+
+    The demo stops its processes itself on every way out it sees; this is for the
+    one it cannot see, its own SIGKILL (an OOM kill, a harness's timeout). The
+    kernel watches the thread that forked, here the demo's main thread, which
+    lives as long as the demo.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = int(os.environ.get(_PARENT) or 0)
+    if parent and os.getppid() != parent:
+        os._exit(1)  # the demo died before the line above took effect: nobody to work for
+
+
+def _child() -> NoReturn:
+    """``python -c _BOOT worker|relay ...``: a worker or relay that dies with the demo."""
+    _die_with_parent()
+    from agentdb.tools.cli import main
+
+    sys.exit(main())
 
 
 @dataclass(frozen=True)
@@ -37,7 +79,7 @@ class Workload:
     kill_every: float = 0.5  # mean seconds between external SIGKILLs; 0 for none
     worker_faults: str = ""  # AGENTDB_FAULTS for worker processes
     relay_faults: str = ""  # AGENTDB_FAULTS for relay processes
-    timeout: float = 100.0
+    timeout: float = 100.0  # seconds for the whole run: connecting, seeding, working, counting
     seed: int | None = None
     max_attempts: int = 25
     lease_ttl: timedelta = timedelta(seconds=2)
@@ -60,10 +102,11 @@ class Fleet:
     def _spawn(self, faults: str, *args: str) -> subprocess.Popen[bytes]:
         env = dict(os.environ, DATABASE_URL=self.dsn, AGENTDB_FAULTS=faults)
         env["AGENTDB_FAULTS_LOG"] = str(self.fault_log)
+        env[_PARENT] = str(os.getpid())
         if self.workload.seed is not None:
             env["AGENTDB_DEMO_SEED"] = str(self.workload.seed)
         return subprocess.Popen(
-            [sys.executable, "-m", "agentdb", *args, "--dsn", self.dsn, "--log-level", "warning"],
+            [sys.executable, "-c", _BOOT, *args, "--dsn", self.dsn, "--log-level", "warning"],
             env=env,
             stdout=self.log,
             stderr=self.log,
@@ -86,9 +129,26 @@ class Fleet:
         )  # fmt: skip
 
     def start(self) -> None:
-        """Start the workload's workers and relays."""
-        self.workers = [self.worker() for _ in range(self.workload.workers)]
-        self.relays = [self.relay() for _ in range(self.workload.relays)]
+        """Start the workload's workers and relays (if one fails to start, stop the others)."""
+        try:
+            for _ in range(self.workload.workers):
+                self.workers.append(self.worker())
+            for _ in range(self.workload.relays):
+                self.relays.append(self.relay())
+        except BaseException:
+            self.stop()
+            raise
+
+    def __enter__(self) -> Fleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """Every process started and not yet reaped."""
+        return [p for p in self.workers + self.relays if p.returncode is None]
 
     def kill_one(self, rng: random.Random) -> None:
         """SIGKILL one process, a worker four times out of five (they hold the leases)."""
@@ -96,8 +156,10 @@ class Fleet:
         victim = group[rng.randrange(len(group))]
         if victim.poll() is None:
             victim.send_signal(signal.SIGKILL)
-            victim.wait()
             self.external_kills += 1
+            # Dead at once unless the kernel holds it; then supervise() reaps it later.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                victim.wait(REAP_WAIT)
 
     def supervise(self) -> None:
         """Replace every process that died (killed from outside or by a fault point)."""
@@ -107,19 +169,24 @@ class Fleet:
                     self.died += 1
                     group[i] = make()
 
-    def stop(self) -> None:
-        """SIGTERM every process, then SIGKILL those still running after 10 s."""
-        procs = self.workers + self.relays
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """SIGTERM every process, SIGKILL those still running ``grace`` seconds later, reap all.
+
+        At most ``grace`` plus :data:`REAP_WAIT` seconds: a worker that waits on the
+        database (a statement queued in PgBouncer) does not end on SIGTERM, and a
+        process that SIGKILL has not ended by then is the kernel's to end, not ours.
+        """
+        procs = self.processes()
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            p.send_signal(signal.SIGTERM)  # a no-op for a process already reaped
+        for limit in (grace, REAP_WAIT):
+            deadline = time.monotonic() + limit
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(max(0.0, deadline - time.monotonic()))
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
 
 
 def kills_by_point(fault_log: Path) -> dict[str, int]:

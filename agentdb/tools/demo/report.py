@@ -10,17 +10,26 @@ the provider executed, duplicate effects (must be 0), repeat requests the
 provider answered from its key and how many of them agentdb's ledger does
 not justify (must be 0), operations reconciled after crashes, messages
 delivered, redeliveries the inbox absorbed, messages lost (must be 0).
+
+``--timeout`` holds the whole run, and SIGTERM or SIGINT end it early
+(:mod:`agentdb.tools.demo.limits`): then there is no report, the processes
+are stopped, and one line says where the run was and what it left
+unfinished - exit status 1 for the timeout, 128 + the signal's number for a
+signal.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import sys
 from pathlib import Path
 from typing import IO
 
 from agentdb.errors import ConfigurationError
 from agentdb.tools.demo.fleet import Workload
+from agentdb.tools.demo.limits import DemoStopped, Limits
 from agentdb.tools.demo.workload import Result, run_workload, with_database
 
 __all__ = ["main", "report"]
@@ -69,17 +78,28 @@ def main(args: argparse.Namespace) -> int:
     """Run the demo (``agentdb demo``); return the exit status.
 
     Raises:
-        ConfigurationError: a count below 1, or no ``--dsn`` and pgserver is not installed.
+        ConfigurationError: a count below 1, a timeout that is not a positive number of
+            seconds, or no ``--dsn`` and pgserver is not installed.
         DatabaseUnavailable, MigrationError: the database cannot be used.
+        DemoTimeout: the run passed its ``--timeout`` (its processes were stopped).
     """
     if args.tasks < 1 or args.tenants < 1 or args.workers < 1 or args.relays < 1:
         raise ConfigurationError("--tasks, --tenants, --workers and --relays must be at least 1")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ConfigurationError("--timeout must be a number of seconds more than 0")
     w = Workload(
         tasks=args.tasks, tenants=args.tenants, workers=args.workers, relays=args.relays,
         kill_every=args.kill_every, timeout=args.timeout, seed=args.seed,
     )  # fmt: skip
+    # From here: the migrations count against the timeout too.
+    limits = Limits(w.timeout)
 
     def body(dsn: str, log: IO[bytes], log_path: Path) -> int:
-        return report(w, asyncio.run(run_workload(dsn, w, log, log_path)))
+        return report(w, asyncio.run(run_workload(dsn, w, log, log_path, limits)))
 
-    return with_database(args.dsn, body)
+    try:
+        with limits.guard():
+            return with_database(args.dsn, body, limits)
+    except DemoStopped as exc:
+        print(f"agentdb: {exc}", file=sys.stderr)
+        return 128 + exc.signum

@@ -47,12 +47,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
 
 from agentdb import _db, tasks, tenancy
 from agentdb.tools.demo.fleet import Fleet, Workload, kills_by_point
+from agentdb.tools.demo.limits import REPORT_GRACE, Limits
 from agentdb.tools.demo.provider import SCHEMA, TASK_TYPE
 
 __all__ = ["Result", "count", "run_workload", "with_database"]
@@ -148,7 +150,7 @@ _OUTBOX_BY_STATE = (
 class Result:
     """What a run did, counted from the database."""
 
-    finished: bool
+    finished: bool  # run_workload's always are: a run that does not finish raises DemoTimeout
     elapsed: float
     kills: int
     kills_by_point: dict[str, int]
@@ -204,13 +206,14 @@ def _bar(done: int, total: int, kills: int, elapsed: float, tty: bool) -> str:
     )
 
 
-async def _seed(pool: _db.Pool, w: Workload, rng: random.Random) -> list[uuid.UUID]:
+async def _seed(pool: _db.Pool, w: Workload, rng: random.Random, limits: Limits) -> list[uuid.UUID]:
     async with pool.acquire() as conn:
         for statement in SCHEMA:
             await conn.execute(statement)
     run = uuid.uuid4().hex[:6]
     tenants = [await tenancy.create_tenant(pool, f"demo-{run}-{i}") for i in range(w.tenants)]
     for i in range(w.tasks):
+        limits.at("seeding the tasks", f"{i} of {w.tasks} tasks created, none run")
         await tasks.create(
             pool, tenants[i % len(tenants)], TASK_TYPE,
             params={"invoice": i, "amount": rng.randint(1, 500)},
@@ -219,94 +222,137 @@ async def _seed(pool: _db.Pool, w: Workload, rng: random.Random) -> list[uuid.UU
     return tenants
 
 
-async def _drive(pool: _db.Pool, fleet: Fleet, tenant_ids: list[uuid.UUID]) -> tuple[bool, float]:
+async def _drive(
+    pool: _db.Pool, fleet: Fleet, tenant_ids: list[uuid.UUID], limits: Limits
+) -> float:
     """Kill and replace processes until every task is terminal and the outbox drained.
 
-    Returns whether that happened within the workload's timeout, and the
-    seconds it took (not counting the fleet's shutdown).
+    Returns the seconds it took. It has no deadline of its own: the run's
+    (``limits``) cancels it, wherever it waits.
     """
     w = fleet.workload
     rng = random.Random(w.seed)
     tty = w.progress and sys.stderr.isatty()
     start = time.monotonic()
     next_kill = start + (rng.expovariate(1 / w.kill_every) if w.kill_every > 0 else 1e18)
-    last_line, done, finished = 0.0, 0, False
+    last_line, done = 0.0, 0
+    limits.at("running the workload", f"{w.tasks} of {w.tasks} tasks unfinished")
     try:
-        while time.monotonic() - start < w.timeout:
+        while True:
             row = await pool.fetchrow(_PROGRESS, tenant_ids)
             assert row is not None
             done, pending_out = int(row[0]), int(row[1])
+            limits.at(
+                "running the workload",
+                f"{w.tasks - done} of {w.tasks} tasks unfinished,"
+                f" {pending_out} outbox messages undelivered",
+            )
             now = time.monotonic()
             if w.progress and (tty or now - last_line >= 5):
                 bar = _bar(done, w.tasks, fleet.died, now - start, tty)
                 print(bar, end="" if tty else "\n", file=sys.stderr, flush=True)
                 last_line = now
             if done == w.tasks and pending_out == 0:
-                finished = True
                 break
             if now >= next_kill and done < w.tasks:
                 fleet.kill_one(rng)
                 next_kill = now + rng.expovariate(1 / w.kill_every)
             fleet.supervise()
             await asyncio.sleep(0.1)
-    finally:
-        elapsed = time.monotonic() - start
-        fleet.supervise()
-        fleet.stop()
+    except BaseException:
+        if tty:
+            print(file=sys.stderr)  # end the bar's line: the line saying why follows
+        raise
+    elapsed = time.monotonic() - start
     if w.progress:
         print(_bar(done, w.tasks, fleet.died, elapsed, tty), file=sys.stderr)
-    return finished, elapsed
+    return elapsed
 
 
-async def run_workload(dsn: str, w: Workload, log: IO[bytes], log_path: Path) -> Result:
+async def run_workload(
+    dsn: str, w: Workload, log: IO[bytes], log_path: Path, limits: Limits | None = None
+) -> Result:
     """Seed ``w.tasks`` invoice tasks, run the fleet with its crashes until done, and count.
 
+    ``limits``: the run's deadline, when it started before this call (the
+    demo's counts its migrations too); default ``w.timeout`` from now. Every
+    step is held to it, and however the run ends its processes are reaped.
+
     Raises:
+        DemoTimeout: the deadline passed (the fleet was stopped).
+        DemoStopped: SIGTERM or SIGINT (the fleet was stopped).
         DatabaseUnavailable: ``dsn`` cannot be reached.
         AgentDBError: seeding the tenants or tasks failed.
     """
+    limits = limits or Limits(w.timeout)
     seed_rng = random.Random(w.seed)
     fault_log = log_path.with_suffix(".faults")
     fault_log.unlink(missing_ok=True)
-    pool = await _db.create_pool(dsn, min_size=1, max_size=3)
-    try:
-        tenant_ids = await _seed(pool, w, seed_rng)
-        fleet = Fleet(dsn, w, log, fault_log)
-        fleet.start()
-        finished, elapsed = await _drive(pool, fleet, tenant_ids)
-        by_point = kills_by_point(fault_log)
-        return Result(
-            finished=finished,
-            elapsed=elapsed,
-            kills=fleet.external_kills + sum(by_point.values()),
-            kills_by_point=by_point,
-            counts=await count(pool, tenant_ids),
-            tasks_by_state={r[0]: r[1] for r in await pool.fetch(_TASKS_BY_STATE, tenant_ids)},
-            outbox_by_state={r[0]: r[1] for r in await pool.fetch(_OUTBOX_BY_STATE, tenant_ids)},
-            log_path=log_path,
-        )
-    finally:
+    async with limits.watch():
+        limits.at("connecting to the database", "no task was created")
+        pool = await _db.create_pool(dsn, min_size=1, max_size=3)
+        # First, when the run is stopped: a statement queued in PgBouncer ignores cancellation.
+        limits.on_stop(pool.terminate)
+        try:
+            tenant_ids = await _seed(pool, w, seed_rng, limits)
+            fleet = Fleet(dsn, w, log, fault_log)
+            limits.track(fleet.processes)
+            limits.log_path = log_path
+            with fleet:  # stopped and reaped on the way out, however the run ends
+                elapsed = await _drive(pool, fleet, tenant_ids, limits)
+            # The work is done: its counts may take a little longer than the deadline.
+            limits.extend(REPORT_GRACE)
+            limits.at("counting the results", f"all {w.tasks} tasks finished, none counted")
+            by_point = kills_by_point(fault_log)
+            result = Result(
+                finished=True,
+                elapsed=elapsed,
+                kills=fleet.external_kills + sum(by_point.values()),
+                kills_by_point=by_point,
+                counts=await count(pool, tenant_ids),
+                tasks_by_state={r[0]: r[1] for r in await pool.fetch(_TASKS_BY_STATE, tenant_ids)},
+                outbox_by_state={
+                    r[0]: r[1] for r in await pool.fetch(_OUTBOX_BY_STATE, tenant_ids)
+                },
+                log_path=log_path,
+            )
+        except BaseException:
+            # Closing would wait for whatever the connections were doing: the run is over.
+            pool.terminate()
+            raise
         await pool.close()
+    return result
 
 
-def with_database(dsn: str | None, body: Callable[[str, IO[bytes], Path], T]) -> T:
+def with_database(
+    dsn: str | None, body: Callable[[str, IO[bytes], Path], T], limits: Limits | None = None
+) -> T:
     """Run ``body(dsn, log, log_path)`` against ``dsn`` (migrated) or an embedded Postgres.
 
-    The processes' output goes to ``log`` (``log_path``, in a new temporary directory).
+    The processes' output goes to ``log`` (``log_path``, in a new temporary
+    directory). With ``limits``, migrating (and starting the embedded Postgres)
+    is held to its deadline.
 
     Raises:
         MigrationError: the migrations failed.
         ConfigurationError: no ``dsn`` and pgserver is not installed.
+        DemoTimeout, DemoStopped: the deadline passed, or a signal came, before ``body``.
         whatever ``body`` raises.
     """
     from agentdb.migrate import migrate
     from agentdb.tools.embedded import embedded_postgres
 
+    def step(stage: str) -> AbstractContextManager[None]:
+        return limits.interruptible(stage, "no task was created") if limits else nullcontext()
+
     log_path = Path(tempfile.mkdtemp(prefix="agentdb-run-")) / "processes.log"
-    if dsn:
-        migrate(dsn)
-        with open(log_path, "ab") as log:
-            return body(dsn, log, log_path)
-    print("starting an embedded Postgres (no server to install)...", file=sys.stderr)
-    with embedded_postgres() as local, open(log_path, "ab") as log:
-        return body(local, log, log_path)
+    with ExitStack() as stack:
+        if dsn:
+            with step("migrating the database"):
+                migrate(dsn)
+        else:
+            print("starting an embedded Postgres (no server to install)...", file=sys.stderr)
+            with step("starting an embedded Postgres"):
+                dsn = stack.enter_context(embedded_postgres())
+        log = stack.enter_context(open(log_path, "ab"))
+        return body(dsn, log, log_path)
