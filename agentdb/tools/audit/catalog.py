@@ -56,11 +56,19 @@ _Q_SCHEMA: Final[LiteralString] = """
 SELECT n.oid, quote_ident(n.nspname) FROM pg_namespace n WHERE n.nspname = %s
 """
 
+# Ordinary, partitioned and foreign tables; partitions are read through their
+# root (their rows are the root's), views and sequences are not tables.
 _Q_TABLES: Final[LiteralString] = """
 SELECT c.oid, c.relname::text, quote_ident(c.relname), c.relrowsecurity, c.relforcerowsecurity,
-       pg_get_userbyid(c.relowner)::text
+       pg_get_userbyid(c.relowner)::text, c.relkind::text, c.relpersistence::text,
+       ARRAY(SELECT a.attname::text
+             FROM pg_partitioned_table pt
+             CROSS JOIN LATERAL unnest(pt.partattrs::int2[]) AS k (num)
+             JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = k.num
+             WHERE pt.partrelid = c.oid),
+       (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = c.oid)::int
 FROM pg_class c
-WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p', 'f') AND NOT c.relispartition
 ORDER BY c.relname
 """
 
@@ -70,14 +78,16 @@ _Q_COLUMNS: Final[LiteralString] = """
 SELECT a.attrelid, a.attname::text, quote_ident(a.attname), a.attnotnull,
        format_type(a.atttypid, a.atttypmod), coalesce(bt.typname, t.typname)::text,
        ARRAY(SELECT e.enumlabel::text FROM pg_enum e
-             WHERE e.enumtypid = a.atttypid ORDER BY e.enumsortorder),
+             WHERE e.enumtypid = coalesce(bt.oid, t.oid) ORDER BY e.enumsortorder),
        ARRAY(SELECT pg_get_constraintdef(d.oid) FROM pg_constraint d
-             WHERE d.contypid = a.atttypid AND d.contype = 'c' ORDER BY d.conname)
+             WHERE d.contypid = a.atttypid AND d.contype = 'c' ORDER BY d.conname),
+       a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '',
+       a.attgenerated <> ''
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
-WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p', 'f') AND NOT c.relispartition
   AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attrelid, a.attnum
 """
@@ -120,6 +130,25 @@ JOIN pg_class i ON i.oid = x.indexrelid
 JOIN pg_class c ON c.oid = x.indrelid
 WHERE c.relnamespace = %s
 ORDER BY x.indrelid, i.relname
+"""
+
+# Unique indexes that live only on partitions (a partitioned root may have
+# none of its own): read with the partition's root and how many partitions
+# carry the same key, so a key on every partition counts for the root.
+_Q_PARTITION_INDEXES: Final[LiteralString] = """
+SELECT pg_partition_root(c.oid)::oid, c.relname::text,
+       ARRAY(SELECT coalesce(a.attname::text, '')
+             FROM unnest(x.indkey::int2[]) WITH ORDINALITY AS k (num, ord)
+             LEFT JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.num
+             WHERE k.ord <= x.indnkeyatts
+             ORDER BY k.ord),
+       pg_get_expr(x.indexprs, x.indrelid), pg_get_expr(x.indpred, x.indrelid), i.relname::text
+FROM pg_index x
+JOIN pg_class i ON i.oid = x.indexrelid
+JOIN pg_class c ON c.oid = x.indrelid
+WHERE c.relnamespace = %s AND c.relispartition AND x.indisunique AND x.indisvalid
+  AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = x.indexrelid)
+ORDER BY 1, 2, i.relname
 """
 
 _Q_TRIGGERS: Final[LiteralString] = """
@@ -211,10 +240,17 @@ class Column:
     base: str  # the type's name; a domain's base type
     enum_labels: tuple[str, ...]
     domain_checks: tuple[str, ...]
+    has_default: bool = False  # a DEFAULT, an identity or a generated column
+    generated: bool = False
 
     @property
     def is_json(self) -> bool:
         return self.base in ("json", "jsonb")
+
+    @property
+    def is_payload(self) -> bool:
+        """A column that holds a document or blob whose size only a CHECK bounds."""
+        return self.base in ("json", "jsonb", "bytea")
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +280,7 @@ class Index:
     predicate: str | None
     backs_constraint: bool
     valid: bool
+    partition: str | None = None  # read from this partition (on every one of them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +363,10 @@ class Table:
     owner: str
     rls: bool
     force_rls: bool
+    kind: str = "r"  # pg_class.relkind: r ordinary, p partitioned, f foreign
+    persistence: str = "p"  # p permanent, u unlogged
+    partition_key: tuple[str, ...] = ()
+    children: int = 0  # partitions or inheriting tables
     columns: dict[str, Column] = field(default_factory=dict)
     constraints: list[Constraint] = field(default_factory=list)
     indexes: list[Index] = field(default_factory=list)
@@ -369,15 +410,35 @@ class Table:
         ]
 
     def unique_keys(self) -> list[tuple[str, tuple[str, ...], str | None]]:
-        """(name, key columns, partial predicate) of every UNIQUE constraint or index."""
+        """(name, key columns, partial predicate) of every UNIQUE constraint or index.
+
+        An expression key counts the columns it names (``COALESCE(k, '')`` is a key on ``k``).
+        """
         keys: list[tuple[str, tuple[str, ...], str | None]]
         keys = [(c.name, c.columns, None) for c in self.of("u")]
         keys += [
-            (i.name, i.columns, i.predicate)
+            (i.name, self.index_columns(i), i.predicate)
             for i in self.indexes
             if i.unique and not i.primary and not i.backs_constraint and i.valid
         ]
         return keys
+
+    def index_columns(self, index: Index) -> tuple[str, ...]:
+        """The index's plain key columns, then the columns its key expressions name."""
+        plain = tuple(c for c in index.columns if c)
+        if not index.expressions:
+            return plain
+        named = tuple(
+            c.name
+            for c in self.columns.values()
+            if c.name not in plain
+            and re.search(rf"(?<![\w\"]){re.escape(c.qname)}(?![\w\"])", index.expressions)
+        )
+        return plain + named
+
+    def pk_columns(self) -> tuple[str, ...]:
+        """The primary key's columns (empty without one)."""
+        return self.pk.columns if self.pk is not None else ()
 
 
 @dataclass(slots=True)
@@ -393,6 +454,7 @@ class Catalog:
     tables: dict[str, Table]
     elevated: list[tuple[str, str, bool, bool]]  # (member, via policy role, super, bypassrls)
     routines: list[str]
+    prefix: str = ""  # the schema as fixes qualify new objects ("" on the search_path)
 
     def by_oid(self, oid: int) -> Table | None:
         for t in self.tables.values():
@@ -491,13 +553,25 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
     prefix = "" if target == current else f"{qschema}."
 
     tables: dict[int, Table] = {}
-    for oid, rel, qrel, rls, force, owner in _rows(conn, _Q_TABLES, nsp):
-        tables[oid] = Table(oid, rel, prefix + qrel, owner, rls, force)
-    for rel_oid, col, qcol, notnull, typ, base, labels, checks in _rows(conn, _Q_COLUMNS, nsp):
-        tables[rel_oid].columns[col] = Column(
-            col, qcol, notnull, typ, base, tuple(labels), tuple(checks)
+    for oid, rel, qrel, rls, force, owner, kind, persistence, partkey, children in _rows(
+        conn, _Q_TABLES, nsp
+    ):
+        tables[oid] = Table(
+            oid, rel, prefix + qrel, owner, rls, force, kind, persistence, tuple(partkey), children
         )
+    # Every loop below skips rows of relations that are not audited tables
+    # (partitions, views, indexes, composite types): their catalog rows share
+    # the schema, and the tables they belong to are read through their root.
+    for rel_oid, col, qcol, notnull, typ, base, labels, checks, has_default, generated in _rows(
+        conn, _Q_COLUMNS, nsp
+    ):
+        if rel_oid in tables:
+            tables[rel_oid].columns[col] = Column(
+                col, qcol, notnull, typ, base, tuple(labels), tuple(checks), has_default, generated
+            )
     for rel_oid, *con in _rows(conn, _Q_CONSTRAINTS, nsp):
+        if rel_oid not in tables:
+            continue
         name, qname, kind, cols, ref_oid, ref_display, ref_cols, on_delete, definition = con
         constraint = Constraint(
             name, qname, kind, tuple(cols), ref_oid or 0, ref_display or "", tuple(ref_cols),
@@ -510,6 +584,7 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
             tables[rel_oid].indexes.append(
                 Index(name, unique, primary, tuple(cols), exprs, pred, backs, valid)
             )
+    _partition_indexes(tables, _rows(conn, _Q_PARTITION_INDEXES, nsp))
     for rel_oid, name, tgtype, enabled, cols, function, source in _rows(conn, _Q_TRIGGERS, nsp):
         if rel_oid in tables:
             # 'O' fires in normal sessions, 'A' always; 'D' is disabled and 'R'
@@ -518,12 +593,14 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
                 Trigger(name, tgtype, enabled in ("O", "A"), tuple(cols), function, source or "")
             )
     for rel_oid, name, event, instead in _rows(conn, _Q_RULES, nsp):
-        tables[rel_oid].rules.append(Rule(name, event, instead))
+        if rel_oid in tables:
+            tables[rel_oid].rules.append(Rule(name, event, instead))
     for rel_oid, name, permissive, roles, qual, check in _rows(conn, _Q_POLICIES, nsp):
         if rel_oid in tables:
             tables[rel_oid].policies.append(Policy(name, permissive, tuple(roles), qual, check))
     for rel_oid, grantee, privilege in _rows(conn, _Q_GRANTS, nsp):
-        tables[rel_oid].grants.append((grantee, privilege))
+        if rel_oid in tables:
+            tables[rel_oid].grants.append((grantee, privilege))
     elevated = [(r[0], r[1], r[2], r[3]) for r in _rows(conn, _Q_ELEVATED_MEMBERS, nsp)]
     routines = [r[0] for r in _rows(conn, _Q_ROUTINES, nsp)]
     return Catalog(
@@ -536,4 +613,28 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
         tables={t.name: t for t in tables.values()},
         elevated=elevated,
         routines=routines,
+        prefix=prefix,
     )
+
+
+def _partition_indexes(tables: dict[int, Table], rows: list[tuple[Any, ...]]) -> None:
+    """Give a partitioned root the unique keys every one of its partitions has.
+
+    A unique index on each partition that contains the partition key is as
+    good as one on the root (no two partitions hold the same key values);
+    one on some partitions only, or without the key, makes nothing unique.
+    """
+    seen: dict[tuple[int, tuple[str, ...], str | None, str | None], set[str]] = {}
+    first: dict[tuple[int, tuple[str, ...], str | None, str | None], str] = {}
+    for root, partition, cols, exprs, pred, index_name in rows:
+        key = (root, tuple(cols), exprs, pred)
+        seen.setdefault(key, set()).add(partition)
+        first.setdefault(key, index_name)
+    for (root, cols, exprs, pred), partitions in seen.items():
+        table = tables.get(root)
+        if table is None or len(partitions) < table.children:
+            continue
+        index = Index(first[(root, cols, exprs, pred)], True, False, cols, exprs, pred, False, True,
+                      partition=min(partitions))  # fmt: skip
+        if set(table.partition_key) <= set(table.index_columns(index)):
+            table.indexes.append(index)

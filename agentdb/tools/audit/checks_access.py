@@ -10,10 +10,11 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
+from agentdb.tools.audit import fixes
 from agentdb.tools.audit.catalog import Table, quote
 from agentdb.tools.audit.detect import Context
 from agentdb.tools.audit.report import Finding
-from agentdb.tools.audit.verdicts import Findings, column_list
+from agentdb.tools.audit.verdicts import Findings, column_list, single_tenant
 
 __all__ = ["check_g14", "check_g15", "check_g16", "check_g17"]
 
@@ -95,6 +96,8 @@ def check_g14(ctx: Context) -> Finding:
 
 def check_g15(ctx: Context) -> Finding:
     """G15: forced row-level security on tenant-owned tables, and no role bypasses it."""
+    if (na := single_tenant("G15", ctx.single_tenant, ctx.tc)) is not None:
+        return na
     f = Findings()
     owned = ctx.owned
     if not owned:
@@ -107,7 +110,8 @@ def check_g15(ctx: Context) -> Finding:
                 f"row-level security is off on {t.name}: any role with SELECT sees every tenant",
                 f"ALTER TABLE {t.display} ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL "
                 f"SECURITY;\nCREATE POLICY {quote(t.name + '_tenant_scope')} ON {t.display} "
-                f"USING ({t.q(ctx.tc)} = current_setting('app.tenant_id')::uuid);",
+                f"USING ({t.q(ctx.tc)} = current_setting('app.tenant_id')::"
+                f"{t.columns[ctx.tc].type});",
             )
         elif not t.force_rls:
             f.bad(
@@ -212,18 +216,22 @@ def check_g16(ctx: Context) -> Finding:
 
 def check_g17(ctx: Context) -> Finding:
     """G17: tenant data is anchored by RESTRICT keys; credentials are references."""
+    if (na := single_tenant("G17", ctx.single_tenant, ctx.tc)) is not None:
+        return na
     f = Findings()
     tc = ctx.tc
     owned = ctx.owned
     tenants = ctx.tenants_oid
+    ttype = owned[0].columns[tc].type if owned else "uuid"
+    tenants_new = fixes.name(ctx, "tenants")
     if tenants is None:
         f.bad(
             f"no tenants table: nothing {tc} references, so deleting a tenant leaves its "
             "rows behind unnoticed",
-            "CREATE TABLE tenants (id uuid PRIMARY KEY, name text NOT NULL);\n"
+            f"CREATE TABLE {tenants_new} (id {ttype} PRIMARY KEY, name text NOT NULL);\n"
             + "\n".join(
                 f"ALTER TABLE {t.display} ADD CONSTRAINT {quote(t.name + '_tenant_fkey')} "
-                f"FOREIGN KEY ({t.q(tc)}) REFERENCES tenants (id);"
+                f"FOREIGN KEY ({t.q(tc)}) REFERENCES {tenants_new} (id);"
                 for t in owned
             ),
         )
@@ -257,8 +265,8 @@ def check_g17(ctx: Context) -> Finding:
                 f"{fk.name} ON DELETE {verb} {t.name} rows when a {parent} row goes",
                 f"ALTER TABLE {t.display} DROP CONSTRAINT {fk.qname}, ADD CONSTRAINT "
                 f"{fk.qname} FOREIGN KEY ({column_list([t.q(c) for c in fk.columns])}) REFERENCES "
-                f"{parent} ({column_list(fk.ref_columns)}); -- NO ACTION: deletion goes through "
-                "an explicit routine",
+                f"{parent} ({column_list([quote(c) for c in fk.ref_columns])}); "
+                "-- NO ACTION: deletion goes through an explicit routine",
             )
     creds = ctx.kinds["credentials"]
     if creds is not None:
