@@ -433,7 +433,7 @@ def _hash_checks(f: Findings, t: Table, key: Sequence[str]) -> bool:
         )
         f.bad(
             f"{t.name} stores no input hash beside {label}: a reused key with "
-            "different parameters gets the old result",
+            "different parameters cannot be told from a retry",
             f"ALTER TABLE {t.display} ADD COLUMN input_hash text"
             + (" NOT NULL" if not tie else "")
             + f", ADD CONSTRAINT {quote(t.name + '_input_hash_format')} "
