@@ -654,6 +654,10 @@ def test_map_naming_a_missing_table_is_one_line(article_dsn: str) -> None:
         ("tasks", "must be KEY=TABLE"),
         ("tasks=agent_tasks,tasks=agent_operations", "names 'tasks' twice"),
         ("tenant=org_id", "no table in schema 'public' has a column 'org_id'"),
+        # A mapped table must have the columns its role is judged by.
+        ("operations=agent_events", "agent_events has no idempotency key column"),
+        ("tasks=agent_tasks,operations=agent_events", "agent_events has no idempotency key"),
+        ("inbox=agent_tasks", "agent_tasks has no message id column"),
     ],
 )
 def test_malformed_map_is_one_line(article_dsn: str, spec: str, fragment: str) -> None:
