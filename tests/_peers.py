@@ -6,7 +6,9 @@ with the registry's own client (``pip download``, ``npm pack``), unpacked,
 and asked for its DDL the way the library itself produces it: procrastinate
 ships ``schema.sql``; PgQueuer renders its install script in Python; pg-boss
 builds its plan in JavaScript (and partitions its job table per queue when a
-queue is created); graphile-worker ships numbered migrations. Nothing here
+queue is created); graphile-worker ships numbered migrations; DBOS runs its
+own system-database migrations (installed with its dependencies into the
+cache, never into this environment). Nothing here
 is copied from the libraries: a peer that cannot be fetched fails the test.
 """
 
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PEERS", "Peer", "PeerUnavailable", "scripts"]
+__all__ = ["PEERS", "Peer", "PeerUnavailable", "create", "fetch", "scripts"]
 
 
 class PeerUnavailable(RuntimeError):
@@ -40,6 +42,9 @@ class Peer:
     version: str
     schema: str
     ddl: Callable[[Path], list[str]]  # unpacked package -> scripts, one transaction each
+    # The library creates its schema itself (given the unpacked package and an
+    # admin DSN) instead of handing over scripts; it then needs its dependencies.
+    create: Callable[[Path, str], None] | None = None
 
     @property
     def pin(self) -> str:
@@ -84,7 +89,14 @@ def fetch(peer: Peer) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     download = _cache() / "downloads"
     download.mkdir(exist_ok=True)
-    if peer.registry == "pypi":
+    if peer.registry == "pypi" and peer.create is not None:
+        # Run as a program: the package and its dependencies, in the cache only.
+        _run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
+             "--disable-pip-version-check", "--only-binary=:all:", "--target", str(target),
+             peer.pin],
+        )  # fmt: skip
+    elif peer.registry == "pypi":
         _run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
              "--only-binary=:all:", "--disable-pip-version-check", "--dest", str(download),
@@ -105,6 +117,24 @@ def fetch(peer: Peer) -> Path:
             tar.extractall(target, filter="data")
     (target / ".complete").touch()
     return target
+
+
+def create(peer: Peer, admin_dsn: str) -> None:
+    """Create the peer's schema in the database at ``admin_dsn``, as the library does.
+
+    Raises:
+        PeerUnavailable: the package cannot be fetched, or its migrations failed.
+    """
+    root = fetch(peer)
+    if peer.create is not None:
+        peer.create(root, admin_dsn)
+        return
+    import psycopg
+
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for script in peer.ddl(root):
+            with conn.transaction():
+                conn.execute(script.encode())  # the library's own DDL, one transaction each
 
 
 def scripts(peer: Peer) -> list[str]:
@@ -162,6 +192,22 @@ def _graphile_worker(root: Path) -> list[str]:
     return [boot] + [f.read_text().replace(":GRAPHILE_WORKER_SCHEMA", schema) for f in files]
 
 
+def _dbos(root: Path, admin_dsn: str) -> None:
+    # DBOS migrates its system database itself (ensure_dbos_schema, then each
+    # migration in order, the CONCURRENTLY ones outside a transaction).
+    code = (
+        "import sys\n"
+        "import sqlalchemy as sa\n"
+        "from dbos._migration import ensure_dbos_schema, run_dbos_migrations\n"
+        "engine = sa.create_engine(sys.argv[1])\n"
+        "ensure_dbos_schema(engine, 'dbos')\n"
+        "run_dbos_migrations(engine, 'dbos', True)\n"
+        "engine.dispose()\n"
+    )
+    url = admin_dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    _run([sys.executable, "-c", code, url], env={**os.environ, "PYTHONPATH": str(root)})
+
+
 PEERS: dict[str, Peer] = {
     p.name: p
     for p in (
@@ -170,5 +216,6 @@ PEERS: dict[str, Peer] = {
         Peer("pg-boss", "npm", "pg-boss", "10.1.6", "pgboss", _pg_boss),
         Peer("graphile-worker", "npm", "graphile-worker", "0.16.6", "graphile_worker",
              _graphile_worker),
+        Peer("dbos", "pypi", "dbos", "3.4.0", "dbos", lambda _root: [], _dbos),
     )
 }  # fmt: skip

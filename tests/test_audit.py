@@ -533,6 +533,64 @@ def test_G17_credentials_without_reference_check_are_flagged(db: Database, audit
     )
 
 
+# --- every fix applies: break one object, apply the audit's own fix, re-audit ----------
+
+_RANK = {"missing": 0, "partial": 1, "enforced": 2}
+
+
+@pytest.mark.parametrize(
+    ("ddl", "gid"),
+    [
+        ("ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_idempotency_key", "G3"),
+        ("CREATE UNIQUE INDEX agent_artifacts_uri_key ON agent_artifacts (uri)", "G3"),
+        ("ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_input_hash_format", "G4"),
+        ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_state_valid", "G5"),
+        ("DROP TRIGGER agent_operations_transition_guard ON agent_operations", "G6"),
+        ("DROP TRIGGER agent_tasks_version_guard ON agent_tasks", "G7"),
+        (
+            "DROP TRIGGER agent_events_append_only ON agent_events;"
+            "DROP TRIGGER agent_events_no_truncate ON agent_events;"
+            "GRANT UPDATE, DELETE, TRUNCATE ON agent_events TO agentdb_runtime",
+            "G8",
+        ),
+        ("ALTER TABLE agent_events DROP CONSTRAINT agent_events_payload_size", "G9"),
+        ("DROP INDEX agent_outbox_pending_idx", "G10"),
+        ("DROP TABLE agent_inbox", "G11"),
+        ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_lease_complete", "G12"),
+        ("DROP INDEX agent_operations_unsettled_idx", "G13"),
+        (
+            "CREATE INDEX agent_tasks_priority_idx ON agent_tasks (((params ->> 'priority')::int))",
+            "G14",
+        ),
+        (
+            "CREATE POLICY agent_tasks_by_customer ON agent_tasks FOR SELECT TO agentdb_agent "
+            "USING ((params ->> 'customer') = current_user)",
+            "G14",
+        ),
+        ("ALTER TABLE agent_outbox NO FORCE ROW LEVEL SECURITY", "G15"),
+        ("ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_trace_id_format", "G16"),
+        (
+            "ALTER TABLE agent_events DROP CONSTRAINT agent_events_task_fkey;"
+            "ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey FOREIGN KEY "
+            "(tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id) ON DELETE CASCADE",
+            "G17",
+        ),
+    ],
+)
+def test_the_suggested_fix_applies_and_restores_the_guarantee(
+    db: Database, auditor: str, ddl: str, gid: str
+) -> None:
+    _apply(db.admin_dsn, ddl)
+    broken = audit.audit(db.url(auditor))
+    fix = broken.finding(gid).fix
+    assert fix, broken.render()
+    _apply(db.admin_dsn, fix)  # the audit's own suggestion, on this scratch database
+    fixed = audit.audit(db.url(auditor))
+    before, after = broken.statuses(), fixed.statuses()
+    assert _RANK[after[gid]] > _RANK[before[gid]], (fix, fixed.render())
+    assert not {g for g in before if _RANK[after[g]] < _RANK[before[g]]}, (fix, fixed.render())
+
+
 # --- schemas that are not ours ---------------------------------------------------------
 
 FOREIGN_SQL = """

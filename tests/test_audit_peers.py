@@ -54,11 +54,14 @@ def peer_db(request: pytest.FixtureRequest, pg_server: _pg.Server) -> Iterator[t
     name: str = request.param
     # Fetched before the database exists: a registry that cannot be reached
     # fails here, with the package named - never a skip.
-    scripts = [ARTICLE_SQL] if name == "article" else _peers.scripts(_peers.PEERS[name])
-    with _pg.temp_database(pg_server) as dbname, _pg.admin(pg_server.url(dbname)) as conn:
-        for script in scripts:
-            with conn.transaction():
-                conn.execute(script.encode())  # the library's own DDL, one transaction each
+    if name != "article":
+        _peers.fetch(_peers.PEERS[name])
+    with _pg.temp_database(pg_server) as dbname:
+        if name == "article":
+            with _pg.admin(pg_server.url(dbname)) as conn:
+                conn.execute(ARTICLE_SQL.encode())  # a static script of the test module
+        else:
+            _peers.create(_peers.PEERS[name], pg_server.url(dbname))
         yield name, dbname
 
 

@@ -7,11 +7,11 @@ returns one finding; none of them touches the database.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from agentdb.tools.audit import fixes
-from agentdb.tools.audit.catalog import Table, quote
+from agentdb.tools.audit.catalog import Constraint, Index, Table, quote
 from agentdb.tools.audit.detect import Context
 from agentdb.tools.audit.report import Finding
 from agentdb.tools.audit.verdicts import Findings, column_list, single_tenant
@@ -69,21 +69,19 @@ def check_g14(ctx: Context) -> Finding:
                 in_policy = True
                 f.bad(
                     f"policy {p.name} on {t.name} decides access from a JSON path",
-                    f"-- promote the JSON field policy {p.name} reads to a typed column of "
-                    f"{t.name} and rewrite the policy on it",
+                    _fix(t, _promote(t, [p.qual, p.with_check]), _alter_policy, p.name),
                 )
         for i in t.indexes:
             if _json_path_use(i.expressions, t) or _json_path_use(i.predicate, t):
                 f.bad(
                     f"index {i.name} on {t.name} serves a query on a JSON path",
-                    f"-- promote the JSON field index {i.name} reads to a typed column of "
-                    f"{t.name} and index that",
+                    _fix(t, _promote(t, [i.expressions, i.predicate]), _reindex, ctx, i),
                 )
         for c in t.of("c"):
             if _json_path_use(c.definition, t):
                 f.bad(
                     f"CHECK {c.name} on {t.name} validates a JSON path",
-                    f"-- promote the JSON field {c.name} checks to a typed column of {t.name}",
+                    _fix(t, _promote(t, [c.definition]), _recheck, c),
                 )
     for t in ctx.cat.tables.values():
         f.ok(*(f"json column {t.name}.{c.name}" for c in t.columns.values() if c.is_json))
@@ -92,6 +90,78 @@ def check_g14(ctx: Context) -> Finding:
         core_missing=in_policy,
         enforced="no index, policy or CHECK reads a JSON path; JSON holds only payloads",
     )
+
+
+# ``params ->> 'priority'::text`` as pg_get_expr prints a field read.
+_FIELD = re.compile(
+    r"(?P<col>[a-z_][a-z0-9_]*|\"(?:[^\"]|\"\")+\") (?P<op>->>?) '(?P<key>[^']+)'::text"
+)
+
+
+def _promote(t: Table, texts: list[str | None]) -> tuple[list[str], list[str | None]] | None:
+    """Make the JSON fields ``texts`` read STORED generated columns of ``t``.
+
+    Returns the statements adding them and ``texts`` reading those columns
+    instead; ``None`` when a JSON path is not a plain field read.
+    """
+    adds: dict[str, str] = {}
+
+    def column(m: re.Match[str]) -> str:
+        base = re.sub(r"[^a-z0-9]+", "_", f"{m['col'].strip(chr(34))}_{m['key']}".lower())
+        name = quote(base.strip("_") or "json_field")
+        kind = "text" if m["op"] == "->>" else "jsonb"
+        adds[name] = (
+            f"ADD COLUMN {name} {kind} GENERATED ALWAYS AS ({m['col']} {m['op']} "
+            f"'{m['key']}') STORED"
+        )
+        return name
+
+    new = [None if text is None else _FIELD.sub(column, text) for text in texts]
+    if not adds or any(n is not None and _JSON_PATH.search(n) for n in new):
+        return None
+    add = ", ".join(a for n, a in adds.items() if n.strip('"') not in t.columns)
+    return ([f"ALTER TABLE {t.display} {add};"] if add else []), new
+
+
+def _fix(
+    t: Table,
+    promoted: tuple[list[str], list[str | None]] | None,
+    rewrite: Callable[..., list[str]],
+    *args: Any,
+) -> str:
+    """The promotion's statements, then ``rewrite(t, *args, new_texts)``'s."""
+    if promoted is None:
+        return (
+            f"-- promote the JSON field to a typed column of {t.name} (a STORED generated "
+            "column) and rewrite what reads it on that column"
+        )
+    head, new = promoted
+    return "\n".join(head + rewrite(t, *args, new))
+
+
+def _recheck(t: Table, c: Constraint, new: list[str | None]) -> list[str]:
+    return [
+        f"ALTER TABLE {t.display} DROP CONSTRAINT {c.qname}, ADD CONSTRAINT {c.qname} {new[0]};"
+    ]
+
+
+def _alter_policy(t: Table, name: str, new: list[str | None]) -> list[str]:
+    using = f" USING ({new[0]})" if new[0] else ""
+    check = f" WITH CHECK ({new[1]})" if len(new) > 1 and new[1] else ""
+    return [f"ALTER POLICY {quote(name)} ON {t.display}{using}{check};"]
+
+
+def _reindex(t: Table, ctx: Context, i: Index, new: list[str | None]) -> list[str]:
+    expr, pred = new
+    keys = [quote(c) for c in i.columns if c]
+    if expr:
+        keys.append(f"({expr})")
+    unique = "UNIQUE " if i.unique else ""
+    where = f" WHERE {pred}" if pred else ""
+    return [
+        f"DROP INDEX {fixes.name(ctx, i.name)};",
+        f"CREATE {unique}INDEX {quote(i.name)} ON {t.display} ({', '.join(keys)}){where};",
+    ]
 
 
 def check_g15(ctx: Context) -> Finding:

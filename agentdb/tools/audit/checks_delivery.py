@@ -61,7 +61,7 @@ def check_g10(ctx: Context) -> Finding:
             "attempts integer NOT NULL DEFAULT 0, next_attempt_at timestamptz NOT NULL "
             f"DEFAULT now(), delivered_at timestamptz, PRIMARY KEY ({key}));\n"
             f"CREATE INDEX outbox_pending_idx ON {outbox} (next_attempt_at) "
-            "WHERE state = 'pending';",
+            "WHERE state = 'pending';" + fixes.tenant_scoped(ctx, "outbox"),
         )
         return f.finding("G10", core_missing=True, enforced="")
     f.ok(f"table {ob.name}")
@@ -149,7 +149,8 @@ def check_g11(ctx: Context) -> Finding:
             f"CREATE TABLE {fixes.name(ctx, 'inbox')} ("
             + ("" if ctx.single_tenant else f"{tc} {_tenant_type(ctx)} NOT NULL, ")
             + "consumer text NOT NULL, message_id uuid NOT NULL, processed_at timestamptz NOT "
-            f"NULL DEFAULT now(), PRIMARY KEY ({scope}consumer, message_id));",
+            f"NULL DEFAULT now(), PRIMARY KEY ({scope}consumer, message_id));"
+            + fixes.tenant_scoped(ctx, "inbox"),
         )
     else:
         mid = inbox.col(*MESSAGE_ID)
@@ -191,9 +192,10 @@ def check_g12(ctx: Context) -> Finding:
     owner, takeover, token = lease.owner, lease.takeover, lease.token
     fix = fixes.lease_fence(ctx, t, lease)
     if takeover is None:
+        held = f"{owner.name} names an owner but" if owner else "no owner and"
         f.bad(
-            f"{t.name} has no lease (an owner with an expiry, heartbeat or lock time): "
-            "a crashed worker's task is never taken over",
+            f"{t.name} has no lease: {held} no expiry, heartbeat or lock time, so no "
+            "takeover of a crashed worker's task is visible to the database",
             fix,
         )
     else:

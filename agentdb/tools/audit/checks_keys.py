@@ -93,6 +93,8 @@ def _tasks_table(ctx: Context) -> str:
         f"CHECK (state IN ({ops_states})), PRIMARY KEY ({key}), "
         f"UNIQUE ({', '.join([*scope, 'idempotency_key'])}), FOREIGN KEY "
         f"({', '.join([*scope, 'task_id'])}) REFERENCES {tasks} ({key}));"
+        + fixes.tenant_scoped(ctx, "agent_tasks")
+        + fixes.tenant_scoped(ctx, "agent_operations")
     )
 
 
@@ -352,11 +354,11 @@ def _uniqueness(ctx: Context, f: Findings, t: Table, key: Sequence[str]) -> str:
         f"CREATE UNIQUE INDEX {quote(t.name + '_' + '_'.join(key) + '_uniq')} ON {t.display} "
         f"({cols_sql});"
     )
-    covering = [(n, set(c), p) for n, c, p in keys if wanted <= set(c)]
+    covering = [(n, c, p) for n, c, p in keys if wanted <= set(c)]
     full = [
         (n, p)
         for n, cols, p in covering
-        if cols <= wanted | scope
+        if set(cols) <= wanted | scope
         and (ctx.single_tenant or ctx.tc in cols)
         and (p is None or _NOT_NULL_ONLY.match(p))
     ]
@@ -373,12 +375,12 @@ def _uniqueness(ctx: Context, f: Findings, t: Table, key: Sequence[str]) -> str:
     name, cols, pred = covering[0]
     if not ctx.single_tenant and ctx.tc not in cols:
         f.bad(
-            f"UNIQUE {name} ({column_list(sorted(cols))}) on {t.name} spans tenants: one "
+            f"UNIQUE {name} ({column_list(cols)}) on {t.name} spans tenants: one "
             f"tenant's {label} blocks (and may be answered with) another's",
             fix,
         )
         return "partial"
-    partial = [(n, p) for n, _, p in covering if p]
+    partial = [(n, p) for n, _, p in covering if p and not _NOT_NULL_ONLY.match(p)]
     if partial:
         evidence = "; ".join(f"{n} WHERE {p}" for n, p in partial)
         f.ok(*(f"unique {n} (partial: WHERE {p})" for n, p in partial))
@@ -388,9 +390,9 @@ def _uniqueness(ctx: Context, f: Findings, t: Table, key: Sequence[str]) -> str:
             fix,
         )
         return "partial"
-    extra = sorted(cols - wanted - scope)
+    extra = [c for c in cols if c not in wanted | scope]
     f.bad(
-        f"UNIQUE {name} ({column_list(sorted(cols))}) on {t.name} allows the same {label} "
+        f"UNIQUE {name} ({column_list(cols)}) on {t.name} allows the same {label} "
         f"twice (unique only per {column_list(extra)})",
         fix,
     )
@@ -514,9 +516,12 @@ def check_g5(ctx: Context) -> Finding:
 
 
 def _state_check(t: Table, state: Column, kind: str) -> str:
-    values = fixes.state_values(t, None, "operations" if kind == "operations" else "tasks")
-    listed = ", ".join(f"'{v}'" for v in values)
+    """A CHECK listing the states the table's own indexes name (else agentdb's)."""
+    seen = fixes.seen_states(t, state)
+    values = seen or fixes.state_values(t, None, kind)
+    listed = ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+    where = "the states its indexes name; add" if seen else "replace with"
     return (
         f"ALTER TABLE {t.display} ADD CONSTRAINT {quote(t.name + '_' + state.name + '_valid')} "
-        f"CHECK ({state.qname} IN ({listed})); -- the states your code writes"
+        f"CHECK ({state.qname} IN ({listed})); -- {where} every state your code writes"
     )

@@ -4,11 +4,14 @@ The audit works on schemas agentdb did not create. Tables play roles, found
 from ``mapping`` (``--map tasks=my_jobs,operations=my_effects``) or else by
 heuristics on names and columns:
 
-* tasks: a name with ``task``/``job`` in it, or a ``state``/``status`` column
-  together with a schedule (``wake_at``, ``run_at``...), version or lease column;
-* operations: another table with an ``idempotency_key`` column;
-* events: a name with ``event``/``audit``/``log``/``history`` and an
-  ``event_type`` or ``actor``/``actor_id`` column;
+* tasks: by what the columns do, whatever they are called
+  (:mod:`agentdb.tools.audit.columns`): a state with a schedule (epoch
+  numbers too), attempts, a version or a lease; a task/job name breaks ties;
+* operations: another table with an idempotency key, or step outputs (a
+  unique task reference + step id, with an output column);
+* events: a name with ``event``/``audit``/``log``/``history``/``journal`` and
+  an event column (``event_type``, ``type``, ``status``, ``actor_id``) or a
+  task reference;
 * outbox: a name with ``outbox``, or ``topic`` plus ``delivered_at``/``published_at``;
 * inbox: a name with ``inbox``, or ``message_id`` plus ``consumer``;
 * credentials: a name with ``credential`` or ``secret``;
@@ -18,7 +21,8 @@ The tenant column is ``tenant_id`` unless ``mapping["tenant"]`` names another.
 A table is *tenant-owned* when it has that column and is one of the tables
 above, has row-level security, has the column in a key, or is linked by a
 foreign key to a task/operation/event/outbox table; a table that merely
-carries the column (a role -> tenant lookup keyed by role) is not.
+carries the column (a role -> tenant lookup keyed by role) is not. When no
+table has the tenant column the schema is single-tenant (said once, in a note).
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ MESSAGE_ID = ("message_id", "msg_id", "event_id")
 _EVENT_MARK = ("event_type", "event_name", "actor", "actor_id", "actor_type")
 _TOPIC = ("topic", "channel", "routing_key", "destination")
 _CONSUMER = ("consumer", "consumer_name", "subscriber", "handler")
-_TASK_NAME = re.compile(r"(^|_)(tasks?|jobs?)($|_)")
+_TASK_NAME = re.compile(r"(^|_)(tasks?|jobs?|workflows?)($|_)")
 _OP_NAME = re.compile(r"operation|effect|action|call|step")
 _EVENT_NAME = re.compile(r"(^|_)(events?|audits?|audit_log|logs?|histor(y|ies)|journal)($|_)")
 _CREDENTIAL_NAME = re.compile(r"credential|secret")
@@ -272,6 +276,10 @@ def _event_score(t: Table, tasks: Table | None) -> int:
     """Events, logs and histories: an event-like name with an event column
     (``event_type``, ``type``, ``status``, ``actor``) or a task reference."""
     if tasks is not None and t.oid == tasks.oid:
+        return 0
+    # A key -> value store ("workflow events" one sets and reads back) keeps
+    # the latest value per key: not a record of what happened.
+    if "key" in t.columns and "value" in t.columns:
         return 0
     named = _EVENT_NAME.search(t.name.lower()) is not None
     marks = sum(c in t.columns for c in _EVENT_MARK)

@@ -10,6 +10,7 @@ every fix to a scratch copy of real schemas and re-audits.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Final
 
@@ -48,14 +49,34 @@ def _lit(values: Sequence[str]) -> str:
 
 
 def state_values(t: Table, state: Column | None, kind: str) -> tuple[str, ...]:
-    """The states a column declares (enum labels or a CHECK list), else agentdb's."""
+    """The states a column declares (enum labels or a CHECK list), else the ones its
+    indexes name (``WHERE status = 'PENDING'``), else agentdb's."""
     if state is not None:
         _, values = value_set(t, state)
         if state.enum_labels:
             return state.enum_labels
         if values:
             return tuple(sorted(values))
+        seen = seen_states(t, state)
+        if seen:
+            return seen
     return OP_STATES if kind == "operations" else TASK_STATES
+
+
+def seen_states(t: Table, state: Column) -> tuple[str, ...]:
+    """The literals the table's index predicates compare ``state`` with, in order seen."""
+    col = re.escape(state.qname)
+    found: list[str] = []
+    for i in t.indexes:
+        pred = i.predicate or ""
+        for m in re.finditer(
+            rf"(?<![\w\"]){col}\)?\s*(?:=|<>|!=)\s*(?:ANY\s*\(\s*ARRAY\[(?P<list>[^\]]*)\]"
+            r"|(?P<one>'(?:[^']|'')*'))",
+            pred,
+        ):
+            text = m["list"] or m["one"] or ""
+            found += [v.replace("''", "'") for v in re.findall(r"'((?:[^']|'')*)'", text)]
+    return tuple(dict.fromkeys(found))
 
 
 def _key_columns(t: Table) -> list[Column]:
@@ -71,6 +92,38 @@ def _ref_names(t: Table, prefix: str) -> list[tuple[str, Column]]:
     return [
         (c.name if c.name.startswith(prefix) else f"{prefix}_{c.name}", c) for c in _key_columns(t)
     ]
+
+
+def tenant_scoped(ctx: Context, base: str) -> str:
+    """What a new tenant-owned table needs beside its key (G15, G17): forced RLS with a
+    tenant policy, and a foreign key to the tenants table if there is one."""
+    if ctx.single_tenant:
+        return ""
+    t = name(ctx, base)
+    tc = quote(ctx.tc)
+    ttype = next(
+        (x.columns[ctx.tc].type for x in ctx.cat.tables.values() if ctx.tc in x.columns), "uuid"
+    )
+    out = [
+        f"ALTER TABLE {t} ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;",
+        f"CREATE POLICY {quote(base + '_tenant_scope')} ON {t} USING ({tc} = "
+        f"current_setting('app.tenant_id')::{ttype});",
+    ]
+    if ctx.tenants_oid is not None:
+        ref = next(
+            (
+                fk.ref_columns[0]
+                for x in ctx.cat.tables.values()
+                for fk in x.of("f")
+                if fk.ref_oid == ctx.tenants_oid and fk.columns == (ctx.tc,)
+            ),
+            "id",
+        )
+        out.append(
+            f"ALTER TABLE {t} ADD CONSTRAINT {quote(base + '_tenant_fkey')} FOREIGN KEY ({tc}) "
+            f"REFERENCES {ctx.tenants_display()} ({quote(ref)});"
+        )
+    return "\n" + "\n".join(out)
 
 
 def ops_table(ctx: Context) -> str:
@@ -118,7 +171,7 @@ def ops_table(ctx: Context) -> str:
             )
     index = f"CREATE INDEX {quote(base + '_unsettled_idx')} ON {tn} (state, created_at);"
     body = ",\n    ".join(cols + keys)
-    return f"{hint}CREATE TABLE {tn} (\n    {body}\n);\n{index}"
+    return f"{hint}CREATE TABLE {tn} (\n    {body}\n);\n{index}" + tenant_scoped(ctx, base)
 
 
 def state_column(ctx: Context, t: Table, kind: str) -> str:
@@ -242,7 +295,8 @@ def events_table(ctx: Context) -> tuple[str, str]:
             f"FOREIGN KEY ({', '.join([*scope, *(quote(n) for n, _ in refs)])}) REFERENCES "
             f"{tasks.display} ({', '.join([tasks.q(ctx.tc), *(c.qname for _, c in refs)])})"
         )
-    return base, f"CREATE TABLE {name(ctx, base)} (\n    " + ",\n    ".join(cols) + "\n);"
+    create = f"CREATE TABLE {name(ctx, base)} (\n    " + ",\n    ".join(cols) + "\n);"
+    return base, create + tenant_scoped(ctx, base)
 
 
 def event_link(ctx: Context, t: Table, ev: Table, *, new_events: bool = False) -> str | None:
