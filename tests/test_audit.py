@@ -27,6 +27,7 @@ from psycopg import sql
 
 from agentdb.errors import ConfigurationError, DatabaseUnavailable
 from agentdb.tools.audit import api as audit
+from agentdb.tools.audit import catalog
 from tests import _pg
 from tests.conftest import _ROLE_LOCK, Database
 
@@ -676,6 +677,68 @@ def test_G1_effects_kept_on_the_task_row_are_flagged(pg_server: _pg.Server, empt
     assert report.tables["tasks"] == audit.TableRef("jobs", "heuristic")
     assert report.tables["operations"] is None
     assert report.finding("G1").status == "missing"
+
+
+def test_a_unique_key_counts_for_a_partitioned_table_only_on_every_partition(
+    pg_server: _pg.Server, empty_db: str
+) -> None:
+    # pg-boss's shape: the root has no unique index, its partitions do.
+    _apply(
+        pg_server.url(empty_db),
+        """
+        CREATE TABLE jobs (queue text NOT NULL, id bigint NOT NULL, status text NOT NULL,
+                           run_at timestamptz, attempts int NOT NULL DEFAULT 0,
+                           dedupe_key text, PRIMARY KEY (queue, id)) PARTITION BY LIST (queue);
+        CREATE TABLE jobs_a PARTITION OF jobs FOR VALUES IN ('a');
+        CREATE TABLE jobs_b PARTITION OF jobs FOR VALUES IN ('b');
+        CREATE UNIQUE INDEX jobs_a_key ON jobs_a (queue, dedupe_key);
+        """,
+    )
+    dsn = _as_auditor(pg_server, empty_db)
+    report = audit.audit(dsn)
+    assert report.tables["tasks"] == audit.TableRef("jobs", "heuristic")
+    assert "nothing makes jobs.dedupe_key unique" in _problems(report, "G3")
+    _apply(pg_server.url(empty_db), "CREATE UNIQUE INDEX jobs_b_key ON jobs_b (queue, dedupe_key)")
+    report = audit.audit(dsn)
+    assert "nothing makes jobs.dedupe_key unique" not in _problems(report, "G3")
+    assert "unique jobs_a_key" in report.finding("G3").evidence
+
+
+def test_views_are_not_tables_foreign_unlogged_and_inherited_ones_are(
+    pg_server: _pg.Server, empty_db: str
+) -> None:
+    _apply(
+        pg_server.url(empty_db),
+        """
+        CREATE FOREIGN DATA WRAPPER audit_test_fdw;
+        CREATE SERVER audit_test_srv FOREIGN DATA WRAPPER audit_test_fdw;
+        CREATE TYPE job_state AS ENUM ('queued', 'running', 'done');
+        CREATE DOMAIN short_key AS text CHECK (length(VALUE) < 64);
+        CREATE UNLOGGED TABLE jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            status job_state NOT NULL, run_at timestamptz, attempts int NOT NULL DEFAULT 0,
+            dedupe_key short_key, doubled int GENERATED ALWAYS AS (attempts * 2) STORED);
+        CREATE TABLE urgent_jobs (priority int) INHERITS (jobs);
+        CREATE VIEW job_view AS SELECT * FROM jobs;
+        CREATE FOREIGN TABLE remote_jobs (id bigint, status text) SERVER audit_test_srv;
+        CREATE SCHEMA other;
+        CREATE TABLE other.job_log (id bigserial PRIMARY KEY, job_id bigint NOT NULL,
+                                    type text NOT NULL);
+        """,
+    )
+    with audit._read_only(_as_auditor(pg_server, empty_db)) as conn:
+        cat = catalog.snapshot(conn, None)
+    assert {t.name: t.kind for t in cat.tables.values()} == {
+        "jobs": "r",
+        "urgent_jobs": "r",
+        "remote_jobs": "f",
+    }
+    assert cat.tables["jobs"].persistence == "u"
+    assert cat.tables["jobs"].columns["status"].enum_labels == ("queued", "running", "done")
+    assert cat.tables["jobs"].columns["doubled"].generated
+    report = audit.audit(_as_auditor(pg_server, empty_db))
+    assert report.tables["tasks"] == audit.TableRef("jobs", "heuristic")
+    other = audit.audit(_as_auditor(pg_server, empty_db), schema="other")
+    assert other.tables["events"] == audit.TableRef("job_log", "heuristic")
 
 
 # --- bad input -------------------------------------------------------------------------
