@@ -28,6 +28,7 @@ from psycopg import sql
 from agentdb.errors import ConfigurationError, DatabaseUnavailable
 from agentdb.guarantees import GUARANTEES
 from agentdb.tools.audit import api as audit
+from agentdb.tools.audit import catalog
 from tests import _pg
 from tests.conftest import _ROLE_LOCK, Database
 
@@ -393,6 +394,7 @@ def test_G7_G12_tasks_without_version_guard_are_flagged(db: Database, auditor: s
 
 
 def test_G8_events_without_protection_are_flagged(db: Database, auditor: str) -> None:
+    # The state-change triggers still write every event: half of G8 holds.
     report = _broken(
         db,
         """
@@ -400,7 +402,7 @@ def test_G8_events_without_protection_are_flagged(db: Database, auditor: str) ->
         DROP TRIGGER agent_events_no_truncate ON agent_events;
         GRANT UPDATE, DELETE, TRUNCATE ON agent_events TO agentdb_runtime;
         """,
-        G8="missing",
+        G8="partial",
     )
     reason = report.finding("G8").reason
     assert "agent_events is not append-only: UPDATE, DELETE and TRUNCATE" in reason
@@ -534,6 +536,64 @@ def test_G17_credentials_without_reference_check_are_flagged(db: Database, audit
     )
 
 
+# --- every fix applies: break one object, apply the audit's own fix, re-audit ----------
+
+_RANK = {"missing": 0, "partial": 1, "enforced": 2}
+
+
+@pytest.mark.parametrize(
+    ("ddl", "gid"),
+    [
+        ("ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_idempotency_key", "G3"),
+        ("CREATE UNIQUE INDEX agent_artifacts_uri_key ON agent_artifacts (uri)", "G3"),
+        ("ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_input_hash_format", "G4"),
+        ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_state_valid", "G5"),
+        ("DROP TRIGGER agent_operations_transition_guard ON agent_operations", "G6"),
+        ("DROP TRIGGER agent_tasks_version_guard ON agent_tasks", "G7"),
+        (
+            "DROP TRIGGER agent_events_append_only ON agent_events;"
+            "DROP TRIGGER agent_events_no_truncate ON agent_events;"
+            "GRANT UPDATE, DELETE, TRUNCATE ON agent_events TO agentdb_runtime",
+            "G8",
+        ),
+        ("ALTER TABLE agent_events DROP CONSTRAINT agent_events_payload_size", "G9"),
+        ("DROP INDEX agent_outbox_pending_idx", "G10"),
+        ("DROP TABLE agent_inbox", "G11"),
+        ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_lease_complete", "G12"),
+        ("DROP INDEX agent_operations_unsettled_idx", "G13"),
+        (
+            "CREATE INDEX agent_tasks_priority_idx ON agent_tasks (((params ->> 'priority')::int))",
+            "G14",
+        ),
+        (
+            "CREATE POLICY agent_tasks_by_customer ON agent_tasks FOR SELECT TO agentdb_agent "
+            "USING ((params ->> 'customer') = current_user)",
+            "G14",
+        ),
+        ("ALTER TABLE agent_outbox NO FORCE ROW LEVEL SECURITY", "G15"),
+        ("ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_trace_id_format", "G16"),
+        (
+            "ALTER TABLE agent_events DROP CONSTRAINT agent_events_task_fkey;"
+            "ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey FOREIGN KEY "
+            "(tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id) ON DELETE CASCADE",
+            "G17",
+        ),
+    ],
+)
+def test_the_suggested_fix_applies_and_restores_the_guarantee(
+    db: Database, auditor: str, ddl: str, gid: str
+) -> None:
+    _apply(db.admin_dsn, ddl)
+    broken = audit.audit(db.url(auditor))
+    fix = broken.finding(gid).fix
+    assert fix, broken.render()
+    _apply(db.admin_dsn, fix)  # the audit's own suggestion, on this scratch database
+    fixed = audit.audit(db.url(auditor))
+    before, after = broken.statuses(), fixed.statuses()
+    assert _RANK[after[gid]] > _RANK[before[gid]], (fix, fixed.render())
+    assert not {g for g in before if _RANK[after[g]] < _RANK[before[g]]}, (fix, fixed.render())
+
+
 # --- schemas that are not ours ---------------------------------------------------------
 
 FOREIGN_SQL = """
@@ -621,6 +681,68 @@ def test_G1_effects_kept_on_the_task_row_are_flagged(pg_server: _pg.Server, empt
     assert report.finding("G1").status == "missing"
 
 
+def test_a_unique_key_counts_for_a_partitioned_table_only_on_every_partition(
+    pg_server: _pg.Server, empty_db: str
+) -> None:
+    # pg-boss's shape: the root has no unique index, its partitions do.
+    _apply(
+        pg_server.url(empty_db),
+        """
+        CREATE TABLE jobs (queue text NOT NULL, id bigint NOT NULL, status text NOT NULL,
+                           run_at timestamptz, attempts int NOT NULL DEFAULT 0,
+                           dedupe_key text, PRIMARY KEY (queue, id)) PARTITION BY LIST (queue);
+        CREATE TABLE jobs_a PARTITION OF jobs FOR VALUES IN ('a');
+        CREATE TABLE jobs_b PARTITION OF jobs FOR VALUES IN ('b');
+        CREATE UNIQUE INDEX jobs_a_key ON jobs_a (queue, dedupe_key);
+        """,
+    )
+    dsn = _as_auditor(pg_server, empty_db)
+    report = audit.audit(dsn)
+    assert report.tables["tasks"] == audit.TableRef("jobs", "heuristic")
+    assert "nothing makes jobs.dedupe_key unique" in _problems(report, "G3")
+    _apply(pg_server.url(empty_db), "CREATE UNIQUE INDEX jobs_b_key ON jobs_b (queue, dedupe_key)")
+    report = audit.audit(dsn)
+    assert "nothing makes jobs.dedupe_key unique" not in _problems(report, "G3")
+    assert "unique jobs_a_key" in report.finding("G3").evidence
+
+
+def test_views_are_not_tables_foreign_unlogged_and_inherited_ones_are(
+    pg_server: _pg.Server, empty_db: str
+) -> None:
+    _apply(
+        pg_server.url(empty_db),
+        """
+        CREATE FOREIGN DATA WRAPPER audit_test_fdw;
+        CREATE SERVER audit_test_srv FOREIGN DATA WRAPPER audit_test_fdw;
+        CREATE TYPE job_state AS ENUM ('queued', 'running', 'done');
+        CREATE DOMAIN short_key AS text CHECK (length(VALUE) < 64);
+        CREATE UNLOGGED TABLE jobs (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            status job_state NOT NULL, run_at timestamptz, attempts int NOT NULL DEFAULT 0,
+            dedupe_key short_key, doubled int GENERATED ALWAYS AS (attempts * 2) STORED);
+        CREATE TABLE urgent_jobs (priority int) INHERITS (jobs);
+        CREATE VIEW job_view AS SELECT * FROM jobs;
+        CREATE FOREIGN TABLE remote_jobs (id bigint, status text) SERVER audit_test_srv;
+        CREATE SCHEMA other;
+        CREATE TABLE other.job_log (id bigserial PRIMARY KEY, job_id bigint NOT NULL,
+                                    type text NOT NULL);
+        """,
+    )
+    with audit._read_only(_as_auditor(pg_server, empty_db)) as conn:
+        cat = catalog.snapshot(conn, None)
+    assert {t.name: t.kind for t in cat.tables.values()} == {
+        "jobs": "r",
+        "urgent_jobs": "r",
+        "remote_jobs": "f",
+    }
+    assert cat.tables["jobs"].persistence == "u"
+    assert cat.tables["jobs"].columns["status"].enum_labels == ("queued", "running", "done")
+    assert cat.tables["jobs"].columns["doubled"].generated
+    report = audit.audit(_as_auditor(pg_server, empty_db))
+    assert report.tables["tasks"] == audit.TableRef("jobs", "heuristic")
+    other = audit.audit(_as_auditor(pg_server, empty_db), schema="other")
+    assert other.tables["events"] == audit.TableRef("job_log", "heuristic")
+
+
 # --- bad input -------------------------------------------------------------------------
 
 
@@ -655,6 +777,10 @@ def test_map_naming_a_missing_table_is_one_line(article_dsn: str) -> None:
         ("tasks", "must be KEY=TABLE"),
         ("tasks=agent_tasks,tasks=agent_operations", "names 'tasks' twice"),
         ("tenant=org_id", "no table in schema 'public' has a column 'org_id'"),
+        # A mapped table must have the columns its role is judged by.
+        ("operations=agent_events", "agent_events has no idempotency key column"),
+        ("tasks=agent_tasks,operations=agent_events", "agent_events has no idempotency key"),
+        ("inbox=agent_tasks", "agent_tasks has no message id column"),
     ],
 )
 def test_malformed_map_is_one_line(article_dsn: str, spec: str, fragment: str) -> None:

@@ -102,6 +102,16 @@ def audit(
     """
     with _read_only(dsn) as conn:
         cat = catalog.snapshot(conn, schema)
+    return judge(cat, mapping)
+
+
+def judge(cat: catalog.Catalog, mapping: Mapping[str, str] | None = None) -> Report:
+    """The report on a catalog snapshot already read (the tests read one inside a
+    transaction that applied a suggested fix, then roll it back).
+
+    Raises:
+        ConfigurationError: a mapping naming an unknown key, a missing table or column.
+    """
     ctx = detect(cat, dict(mapping or {}))
     return Report(
         database=cat.database,

@@ -12,12 +12,13 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Final, LiteralString
+from typing import Any, LiteralString
 
 import psycopg
 
 from agentdb import _dsn
 from agentdb.errors import AgentDBError, ConfigurationError, DatabaseUnavailable
+from agentdb.tools.audit import catalog_sql as q
 
 __all__ = [
     "AuditError",
@@ -39,162 +40,6 @@ class AuditError(AgentDBError):
     """The catalog could not be read (the server refused a catalog query)."""
 
 
-# --- catalog statements --------------------------------------------------------
-# Static text, parameters only; every statement reads pg_catalog. %s is the
-# schema's oid (or name, for the lookup).
-
-_Q_CONTEXT: Final[LiteralString] = """
-SELECT current_user::text, current_database()::text, current_schema()::text,
-       split_part(current_setting('server_version'), ' ', 1),
-       current_setting('transaction_read_only'),
-       r.rolsuper, r.rolbypassrls
-FROM pg_roles r
-WHERE r.rolname = current_user
-"""
-
-_Q_SCHEMA: Final[LiteralString] = """
-SELECT n.oid, quote_ident(n.nspname) FROM pg_namespace n WHERE n.nspname = %s
-"""
-
-_Q_TABLES: Final[LiteralString] = """
-SELECT c.oid, c.relname::text, quote_ident(c.relname), c.relrowsecurity, c.relforcerowsecurity,
-       pg_get_userbyid(c.relowner)::text
-FROM pg_class c
-WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
-ORDER BY c.relname
-"""
-
-# Domains are resolved to their base type; enum labels and domain CHECKs come
-# along so a state column's value set can be read whichever way it is declared.
-_Q_COLUMNS: Final[LiteralString] = """
-SELECT a.attrelid, a.attname::text, quote_ident(a.attname), a.attnotnull,
-       format_type(a.atttypid, a.atttypmod), coalesce(bt.typname, t.typname)::text,
-       ARRAY(SELECT e.enumlabel::text FROM pg_enum e
-             WHERE e.enumtypid = a.atttypid ORDER BY e.enumsortorder),
-       ARRAY(SELECT pg_get_constraintdef(d.oid) FROM pg_constraint d
-             WHERE d.contypid = a.atttypid AND d.contype = 'c' ORDER BY d.conname)
-FROM pg_attribute a
-JOIN pg_class c ON c.oid = a.attrelid
-JOIN pg_type t ON t.oid = a.atttypid
-LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
-WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND NOT c.relispartition
-  AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attrelid, a.attnum
-"""
-
-_Q_CONSTRAINTS: Final[LiteralString] = """
-SELECT con.conrelid, con.conname::text, quote_ident(con.conname), con.contype::text,
-       ARRAY(SELECT a.attname::text
-             FROM unnest(con.conkey) WITH ORDINALITY AS k (num, ord)
-             JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.num
-             ORDER BY k.ord),
-       con.confrelid,
-       CASE WHEN con.contype = 'f' THEN con.confrelid::regclass::text END,
-       ARRAY(SELECT a.attname::text
-             FROM unnest(con.confkey) WITH ORDINALITY AS k (num, ord)
-             JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.num
-             ORDER BY k.ord),
-       con.confdeltype::text, pg_get_constraintdef(con.oid)
-FROM pg_constraint con
-JOIN pg_class c ON c.oid = con.conrelid
-WHERE c.relnamespace = %s AND con.contype IN ('p', 'u', 'f', 'c', 'x')
-ORDER BY con.conrelid, con.conname
-"""
-
-# Key columns only (INCLUDE columns cannot make a row unique); '' marks an
-# expression column.
-_Q_INDEXES: Final[LiteralString] = """
-SELECT x.indrelid, i.relname::text, x.indisunique, x.indisprimary,
-       ARRAY(SELECT coalesce(a.attname::text, '')
-             FROM unnest(x.indkey::int2[]) WITH ORDINALITY AS k (num, ord)
-             LEFT JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.num
-             WHERE k.ord <= x.indnkeyatts
-             ORDER BY k.ord),
-       pg_get_expr(x.indexprs, x.indrelid), pg_get_expr(x.indpred, x.indrelid),
-       EXISTS (SELECT 1 FROM pg_constraint con
-               WHERE con.conindid = x.indexrelid AND con.conrelid = x.indrelid
-                 AND con.contype IN ('p', 'u', 'x')),
-       x.indisvalid
-FROM pg_index x
-JOIN pg_class i ON i.oid = x.indexrelid
-JOIN pg_class c ON c.oid = x.indrelid
-WHERE c.relnamespace = %s
-ORDER BY x.indrelid, i.relname
-"""
-
-_Q_TRIGGERS: Final[LiteralString] = """
-SELECT t.tgrelid, t.tgname::text, t.tgtype::int, t.tgenabled::text,
-       ARRAY(SELECT a.attname::text FROM unnest(t.tgattr::int2[]) AS k (num)
-             JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = k.num),
-       p.proname::text, p.prosrc
-FROM pg_trigger t
-JOIN pg_class c ON c.oid = t.tgrelid
-JOIN pg_proc p ON p.oid = t.tgfoid
-WHERE c.relnamespace = %s AND NOT t.tgisinternal
-ORDER BY t.tgrelid, t.tgname
-"""
-
-_Q_RULES: Final[LiteralString] = """
-SELECT r.ev_class, r.rulename::text, r.ev_type::text, r.is_instead
-FROM pg_rewrite r
-JOIN pg_class c ON c.oid = r.ev_class
-WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND r.ev_enabled <> 'D'
-ORDER BY r.ev_class, r.rulename
-"""
-
-# polroles holds 0 for PUBLIC.
-_Q_POLICIES: Final[LiteralString] = """
-SELECT p.polrelid, p.polname::text, p.polpermissive,
-       ARRAY(SELECT CASE WHEN u.role_oid = 0 THEN 'public'
-                         ELSE pg_get_userbyid(u.role_oid)::text END
-             FROM unnest(p.polroles) AS u (role_oid) ORDER BY 1),
-       pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid)
-FROM pg_policy p
-JOIN pg_class c ON c.oid = p.polrelid
-WHERE c.relnamespace = %s
-ORDER BY p.polrelid, p.polname
-"""
-
-# Grants to anyone but the table's owner (grantee 0 is PUBLIC).
-_Q_GRANTS: Final[LiteralString] = """
-SELECT c.oid, CASE WHEN a.grantee = 0 THEN 'public' ELSE pg_get_userbyid(a.grantee)::text END,
-       a.privilege_type
-FROM pg_class c
-CROSS JOIN LATERAL aclexplode(c.relacl) AS a
-WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner
-ORDER BY 1, 2, 3
-"""
-
-# Roles named in a policy (except PUBLIC and the table's owner, whose
-# owner-only policy exists because of FORCE ROW LEVEL SECURITY), and every
-# role that inherits from them, that is a superuser or has BYPASSRLS: RLS
-# does not apply to them, so a runtime or agent logging in as one is unscoped.
-_Q_ELEVATED_MEMBERS: Final[LiteralString] = """
-WITH RECURSIVE named (roleid) AS (
-    SELECT DISTINCT u.role_oid
-    FROM pg_policy p
-    JOIN pg_class c ON c.oid = p.polrelid
-    CROSS JOIN LATERAL unnest(p.polroles) AS u (role_oid)
-    WHERE c.relnamespace = %s AND u.role_oid <> 0 AND u.role_oid <> c.relowner
-), members (roleid, via) AS (
-    SELECT roleid, roleid FROM named
-    UNION
-    SELECT m.member, members.via
-    FROM pg_auth_members m JOIN members ON m.roleid = members.roleid
-)
-SELECT r.rolname::text, v.rolname::text, r.rolsuper, r.rolbypassrls
-FROM members
-JOIN pg_roles r ON r.oid = members.roleid
-JOIN pg_roles v ON v.oid = members.via
-WHERE r.rolsuper OR r.rolbypassrls
-ORDER BY 1, 2
-"""
-
-_Q_ROUTINES: Final[LiteralString] = """
-SELECT p.proname::text FROM pg_proc p WHERE p.pronamespace = %s ORDER BY 1
-"""
-
-
 # --- the model -------------------------------------------------------------------
 # Names as the catalog spells them (for messages and matching) beside their
 # quoted forms (for fixes); nothing is fetched again after the snapshot.
@@ -211,10 +56,17 @@ class Column:
     base: str  # the type's name; a domain's base type
     enum_labels: tuple[str, ...]
     domain_checks: tuple[str, ...]
+    has_default: bool = False  # a DEFAULT, an identity or a generated column
+    generated: bool = False
 
     @property
     def is_json(self) -> bool:
         return self.base in ("json", "jsonb")
+
+    @property
+    def is_payload(self) -> bool:
+        """A column that holds a document or blob whose size only a CHECK bounds."""
+        return self.base in ("json", "jsonb", "bytea")
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +96,7 @@ class Index:
     predicate: str | None
     backs_constraint: bool
     valid: bool
+    partition: str | None = None  # read from this partition (on every one of them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +179,10 @@ class Table:
     owner: str
     rls: bool
     force_rls: bool
+    kind: str = "r"  # pg_class.relkind: r ordinary, p partitioned, f foreign
+    persistence: str = "p"  # p permanent, u unlogged
+    partition_key: tuple[str, ...] = ()
+    children: int = 0  # partitions or inheriting tables
     columns: dict[str, Column] = field(default_factory=dict)
     constraints: list[Constraint] = field(default_factory=list)
     indexes: list[Index] = field(default_factory=list)
@@ -369,15 +226,35 @@ class Table:
         ]
 
     def unique_keys(self) -> list[tuple[str, tuple[str, ...], str | None]]:
-        """(name, key columns, partial predicate) of every UNIQUE constraint or index."""
+        """(name, key columns, partial predicate) of every UNIQUE constraint or index.
+
+        An expression key counts the columns it names (``COALESCE(k, '')`` is a key on ``k``).
+        """
         keys: list[tuple[str, tuple[str, ...], str | None]]
         keys = [(c.name, c.columns, None) for c in self.of("u")]
         keys += [
-            (i.name, i.columns, i.predicate)
+            (i.name, self.index_columns(i), i.predicate)
             for i in self.indexes
             if i.unique and not i.primary and not i.backs_constraint and i.valid
         ]
         return keys
+
+    def index_columns(self, index: Index) -> tuple[str, ...]:
+        """The index's plain key columns, then the columns its key expressions name."""
+        plain = tuple(c for c in index.columns if c)
+        if not index.expressions:
+            return plain
+        named = tuple(
+            c.name
+            for c in self.columns.values()
+            if c.name not in plain
+            and re.search(rf"(?<![\w\"]){re.escape(c.qname)}(?![\w\"])", index.expressions)
+        )
+        return plain + named
+
+    def pk_columns(self) -> tuple[str, ...]:
+        """The primary key's columns (empty without one)."""
+        return self.pk.columns if self.pk is not None else ()
 
 
 @dataclass(slots=True)
@@ -393,6 +270,7 @@ class Catalog:
     tables: dict[str, Table]
     elevated: list[tuple[str, str, bool, bool]]  # (member, via policy role, super, bypassrls)
     routines: list[str]
+    prefix: str = ""  # the schema as fixes qualify new objects ("" on the search_path)
 
     def by_oid(self, oid: int) -> Table | None:
         for t in self.tables.values():
@@ -473,7 +351,7 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
         AuditError: the role is not in pg_roles, or the transaction is not read-only.
         psycopg.Error: a catalog query failed (:func:`read_only` maps it).
     """
-    ctx = _rows(conn, _Q_CONTEXT)
+    ctx = _rows(conn, q.CONTEXT)
     if not ctx:
         raise AuditError("the connecting role is not in pg_roles")
     role, database, current, version, transaction_read_only, rolsuper, bypass = ctx[0]
@@ -484,48 +362,63 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
         raise ConfigurationError(
             "no schema on the search_path exists in this database; pass --schema"
         )
-    found = _rows(conn, _Q_SCHEMA, target)
+    found = _rows(conn, q.SCHEMA, target)
     if not found:
         raise ConfigurationError(f"schema {target!r} does not exist in database {database!r}")
     nsp, qschema = found[0]
     prefix = "" if target == current else f"{qschema}."
 
     tables: dict[int, Table] = {}
-    for oid, rel, qrel, rls, force, owner in _rows(conn, _Q_TABLES, nsp):
-        tables[oid] = Table(oid, rel, prefix + qrel, owner, rls, force)
-    for rel_oid, col, qcol, notnull, typ, base, labels, checks in _rows(conn, _Q_COLUMNS, nsp):
-        tables[rel_oid].columns[col] = Column(
-            col, qcol, notnull, typ, base, tuple(labels), tuple(checks)
+    for oid, rel, qrel, rls, force, owner, kind, persistence, partkey, children in _rows(
+        conn, q.TABLES, nsp
+    ):
+        tables[oid] = Table(
+            oid, rel, prefix + qrel, owner, rls, force, kind, persistence, tuple(partkey), children
         )
-    for rel_oid, *con in _rows(conn, _Q_CONSTRAINTS, nsp):
+    # Every loop below skips rows of relations that are not audited tables
+    # (partitions, views, indexes, composite types): their catalog rows share
+    # the schema, and the tables they belong to are read through their root.
+    for rel_oid, col, qcol, notnull, typ, base, labels, checks, has_default, generated in _rows(
+        conn, q.COLUMNS, nsp
+    ):
+        if rel_oid in tables:
+            tables[rel_oid].columns[col] = Column(
+                col, qcol, notnull, typ, base, tuple(labels), tuple(checks), has_default, generated
+            )
+    for rel_oid, *con in _rows(conn, q.CONSTRAINTS, nsp):
+        if rel_oid not in tables:
+            continue
         name, qname, kind, cols, ref_oid, ref_display, ref_cols, on_delete, definition = con
         constraint = Constraint(
             name, qname, kind, tuple(cols), ref_oid or 0, ref_display or "", tuple(ref_cols),
             on_delete, definition,
         )  # fmt: skip
         tables[rel_oid].constraints.append(constraint)
-    for rel_oid, *idx in _rows(conn, _Q_INDEXES, nsp):
+    for rel_oid, *idx in _rows(conn, q.INDEXES, nsp):
         name, unique, primary, cols, exprs, pred, backs, valid = idx
         if rel_oid in tables:  # indexes of partitions and the like
             tables[rel_oid].indexes.append(
                 Index(name, unique, primary, tuple(cols), exprs, pred, backs, valid)
             )
-    for rel_oid, name, tgtype, enabled, cols, function, source in _rows(conn, _Q_TRIGGERS, nsp):
+    _partition_indexes(tables, _rows(conn, q.PARTITION_INDEXES, nsp))
+    for rel_oid, name, tgtype, enabled, cols, function, source in _rows(conn, q.TRIGGERS, nsp):
         if rel_oid in tables:
             # 'O' fires in normal sessions, 'A' always; 'D' is disabled and 'R'
             # fires only on replicas - neither protects anything here.
             tables[rel_oid].triggers.append(
                 Trigger(name, tgtype, enabled in ("O", "A"), tuple(cols), function, source or "")
             )
-    for rel_oid, name, event, instead in _rows(conn, _Q_RULES, nsp):
-        tables[rel_oid].rules.append(Rule(name, event, instead))
-    for rel_oid, name, permissive, roles, qual, check in _rows(conn, _Q_POLICIES, nsp):
+    for rel_oid, name, event, instead in _rows(conn, q.RULES, nsp):
+        if rel_oid in tables:
+            tables[rel_oid].rules.append(Rule(name, event, instead))
+    for rel_oid, name, permissive, roles, qual, check in _rows(conn, q.POLICIES, nsp):
         if rel_oid in tables:
             tables[rel_oid].policies.append(Policy(name, permissive, tuple(roles), qual, check))
-    for rel_oid, grantee, privilege in _rows(conn, _Q_GRANTS, nsp):
-        tables[rel_oid].grants.append((grantee, privilege))
-    elevated = [(r[0], r[1], r[2], r[3]) for r in _rows(conn, _Q_ELEVATED_MEMBERS, nsp)]
-    routines = [r[0] for r in _rows(conn, _Q_ROUTINES, nsp)]
+    for rel_oid, grantee, privilege in _rows(conn, q.GRANTS, nsp):
+        if rel_oid in tables:
+            tables[rel_oid].grants.append((grantee, privilege))
+    elevated = [(r[0], r[1], r[2], r[3]) for r in _rows(conn, q.ELEVATED_MEMBERS, nsp)]
+    routines = [r[0] for r in _rows(conn, q.ROUTINES, nsp)]
     return Catalog(
         database=database,
         schema=target,
@@ -536,4 +429,28 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
         tables={t.name: t for t in tables.values()},
         elevated=elevated,
         routines=routines,
+        prefix=prefix,
     )
+
+
+def _partition_indexes(tables: dict[int, Table], rows: list[tuple[Any, ...]]) -> None:
+    """Give a partitioned root the unique keys every one of its partitions has.
+
+    A unique index on each partition that contains the partition key is as
+    good as one on the root (no two partitions hold the same key values);
+    one on some partitions only, or without the key, makes nothing unique.
+    """
+    seen: dict[tuple[int, tuple[str, ...], str | None, str | None], set[str]] = {}
+    first: dict[tuple[int, tuple[str, ...], str | None, str | None], str] = {}
+    for root, partition, cols, exprs, pred, index_name in rows:
+        key = (root, tuple(cols), exprs, pred)
+        seen.setdefault(key, set()).add(partition)
+        first.setdefault(key, index_name)
+    for (root, cols, exprs, pred), partitions in seen.items():
+        table = tables.get(root)
+        if table is None or len(partitions) < table.children:
+            continue
+        index = Index(first[(root, cols, exprs, pred)], True, False, cols, exprs, pred, False, True,
+                      partition=min(partitions))  # fmt: skip
+        if set(table.partition_key) <= set(table.index_columns(index)):
+            table.indexes.append(index)

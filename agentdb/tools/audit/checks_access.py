@@ -7,13 +7,14 @@ returns one finding; none of them touches the database.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
-from agentdb.tools.audit.catalog import Table, quote
+from agentdb.tools.audit import fixes
+from agentdb.tools.audit.catalog import Constraint, Index, Table, quote
 from agentdb.tools.audit.detect import Context
 from agentdb.tools.audit.report import Finding
-from agentdb.tools.audit.verdicts import Findings, column_list
+from agentdb.tools.audit.verdicts import Findings, column_list, single_tenant
 
 __all__ = ["check_g14", "check_g15", "check_g16", "check_g17"]
 
@@ -68,21 +69,19 @@ def check_g14(ctx: Context) -> Finding:
                 in_policy = True
                 f.bad(
                     f"policy {p.name} on {t.name} decides access from a JSON path",
-                    f"-- promote the JSON field policy {p.name} reads to a typed column of "
-                    f"{t.name} and rewrite the policy on it",
+                    _fix(t, _promote(t, [p.qual, p.with_check]), _alter_policy, p.name),
                 )
         for i in t.indexes:
             if _json_path_use(i.expressions, t) or _json_path_use(i.predicate, t):
                 f.bad(
                     f"index {i.name} on {t.name} serves a query on a JSON path",
-                    f"-- promote the JSON field index {i.name} reads to a typed column of "
-                    f"{t.name} and index that",
+                    _fix(t, _promote(t, [i.expressions, i.predicate]), _reindex, ctx, i),
                 )
         for c in t.of("c"):
             if _json_path_use(c.definition, t):
                 f.bad(
                     f"CHECK {c.name} on {t.name} validates a JSON path",
-                    f"-- promote the JSON field {c.name} checks to a typed column of {t.name}",
+                    _fix(t, _promote(t, [c.definition]), _recheck, c),
                 )
     for t in ctx.cat.tables.values():
         f.ok(*(f"json column {t.name}.{c.name}" for c in t.columns.values() if c.is_json))
@@ -93,8 +92,82 @@ def check_g14(ctx: Context) -> Finding:
     )
 
 
+# ``params ->> 'priority'::text`` as pg_get_expr prints a field read.
+_FIELD = re.compile(
+    r"(?P<col>[a-z_][a-z0-9_]*|\"(?:[^\"]|\"\")+\") (?P<op>->>?) '(?P<key>[^']+)'::text"
+)
+
+
+def _promote(t: Table, texts: list[str | None]) -> tuple[list[str], list[str | None]] | None:
+    """Make the JSON fields ``texts`` read STORED generated columns of ``t``.
+
+    Returns the statements adding them and ``texts`` reading those columns
+    instead; ``None`` when a JSON path is not a plain field read.
+    """
+    adds: dict[str, str] = {}
+
+    def column(m: re.Match[str]) -> str:
+        base = re.sub(r"[^a-z0-9]+", "_", f"{m['col'].strip(chr(34))}_{m['key']}".lower())
+        name = quote(base.strip("_") or "json_field")
+        kind = "text" if m["op"] == "->>" else "jsonb"
+        adds[name] = (
+            f"ADD COLUMN {name} {kind} GENERATED ALWAYS AS ({m['col']} {m['op']} "
+            f"'{m['key']}') STORED"
+        )
+        return name
+
+    new = [None if text is None else _FIELD.sub(column, text) for text in texts]
+    if not adds or any(n is not None and _JSON_PATH.search(n) for n in new):
+        return None
+    add = ", ".join(a for n, a in adds.items() if n.strip('"') not in t.columns)
+    return ([f"ALTER TABLE {t.display} {add};"] if add else []), new
+
+
+def _fix(
+    t: Table,
+    promoted: tuple[list[str], list[str | None]] | None,
+    rewrite: Callable[..., list[str]],
+    *args: Any,
+) -> str:
+    """The promotion's statements, then ``rewrite(t, *args, new_texts)``'s."""
+    if promoted is None:
+        return (
+            f"-- promote the JSON field to a typed column of {t.name} (a STORED generated "
+            "column) and rewrite what reads it on that column"
+        )
+    head, new = promoted
+    return "\n".join(head + rewrite(t, *args, new))
+
+
+def _recheck(t: Table, c: Constraint, new: list[str | None]) -> list[str]:
+    return [
+        f"ALTER TABLE {t.display} DROP CONSTRAINT {c.qname}, ADD CONSTRAINT {c.qname} {new[0]};"
+    ]
+
+
+def _alter_policy(t: Table, name: str, new: list[str | None]) -> list[str]:
+    using = f" USING ({new[0]})" if new[0] else ""
+    check = f" WITH CHECK ({new[1]})" if len(new) > 1 and new[1] else ""
+    return [f"ALTER POLICY {quote(name)} ON {t.display}{using}{check};"]
+
+
+def _reindex(t: Table, ctx: Context, i: Index, new: list[str | None]) -> list[str]:
+    expr, pred = new
+    keys = [quote(c) for c in i.columns if c]
+    if expr:
+        keys.append(f"({expr})")
+    unique = "UNIQUE " if i.unique else ""
+    where = f" WHERE {pred}" if pred else ""
+    return [
+        f"DROP INDEX {fixes.name(ctx, i.name)};",
+        f"CREATE {unique}INDEX {quote(i.name)} ON {t.display} ({', '.join(keys)}){where};",
+    ]
+
+
 def check_g15(ctx: Context) -> Finding:
     """G15: forced row-level security on tenant-owned tables, and no role bypasses it."""
+    if (na := single_tenant("G15", ctx.single_tenant, ctx.tc)) is not None:
+        return na
     f = Findings()
     owned = ctx.owned
     if not owned:
@@ -107,7 +180,8 @@ def check_g15(ctx: Context) -> Finding:
                 f"row-level security is off on {t.name}: any role with SELECT sees every tenant",
                 f"ALTER TABLE {t.display} ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL "
                 f"SECURITY;\nCREATE POLICY {quote(t.name + '_tenant_scope')} ON {t.display} "
-                f"USING ({t.q(ctx.tc)} = current_setting('app.tenant_id')::uuid);",
+                f"USING ({t.q(ctx.tc)} = current_setting('app.tenant_id')::"
+                f"{t.columns[ctx.tc].type});",
             )
         elif not t.force_rls:
             f.bad(
@@ -212,18 +286,22 @@ def check_g16(ctx: Context) -> Finding:
 
 def check_g17(ctx: Context) -> Finding:
     """G17: tenant data is anchored by RESTRICT keys; credentials are references."""
+    if (na := single_tenant("G17", ctx.single_tenant, ctx.tc)) is not None:
+        return na
     f = Findings()
     tc = ctx.tc
     owned = ctx.owned
     tenants = ctx.tenants_oid
+    ttype = owned[0].columns[tc].type if owned else "uuid"
+    tenants_new = fixes.name(ctx, "tenants")
     if tenants is None:
         f.bad(
             f"no tenants table: nothing {tc} references, so deleting a tenant leaves its "
             "rows behind unnoticed",
-            "CREATE TABLE tenants (id uuid PRIMARY KEY, name text NOT NULL);\n"
+            f"CREATE TABLE {tenants_new} (id {ttype} PRIMARY KEY, name text NOT NULL);\n"
             + "\n".join(
                 f"ALTER TABLE {t.display} ADD CONSTRAINT {quote(t.name + '_tenant_fkey')} "
-                f"FOREIGN KEY ({t.q(tc)}) REFERENCES tenants (id);"
+                f"FOREIGN KEY ({t.q(tc)}) REFERENCES {tenants_new} (id);"
                 for t in owned
             ),
         )
@@ -257,8 +335,8 @@ def check_g17(ctx: Context) -> Finding:
                 f"{fk.name} ON DELETE {verb} {t.name} rows when a {parent} row goes",
                 f"ALTER TABLE {t.display} DROP CONSTRAINT {fk.qname}, ADD CONSTRAINT "
                 f"{fk.qname} FOREIGN KEY ({column_list([t.q(c) for c in fk.columns])}) REFERENCES "
-                f"{parent} ({column_list(fk.ref_columns)}); -- NO ACTION: deletion goes through "
-                "an explicit routine",
+                f"{parent} ({column_list([quote(c) for c in fk.ref_columns])}); "
+                "-- NO ACTION: deletion goes through an explicit routine",
             )
     creds = ctx.kinds["credentials"]
     if creds is not None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from agentdb.tools.audit import columns, fixes
 from agentdb.tools.audit.catalog import Column, Table, quote
-from agentdb.tools.audit.detect import STATE, VERSION, Context
+from agentdb.tools.audit.detect import Context
 from agentdb.tools.audit.report import Finding
 from agentdb.tools.audit.verdicts import Findings
 
@@ -31,9 +32,9 @@ def check_g6(ctx: Context) -> Finding:
     """G6: a BEFORE UPDATE trigger refuses state moves that are not allowed edges."""
     f = Findings()
     guarded = 0
-    stateful = [(k, t) for k, t in ctx.stateful() if t.col(*STATE) is not None]
+    stateful = [(k, t) for k, t in ctx.stateful() if columns.state(t) is not None]
     for kind, t in stateful:
-        state = t.col(*STATE)
+        state = columns.state(t)
         assert state is not None
         # A trigger limited to UPDATE OF other columns never sees a state change.
         guards = [
@@ -45,20 +46,35 @@ def check_g6(ctx: Context) -> Finding:
         else:
             f.bad(
                 f"no trigger guards {t.name}.{state.name}: any UPDATE may move it "
-                "anywhere (e.g. succeeded -> pending)",
-                f"CREATE TRIGGER {quote(t.name + '_transition_guard')} BEFORE INSERT OR "
-                f"UPDATE OF {state.qname} ON {t.display} FOR EACH ROW EXECUTE FUNCTION "
-                f"guard_transition('{kind}'); -- RAISE unless (OLD.{state.name}, "
-                f"NEW.{state.name}) is an allowed edge (agentdb sql has one)",
+                f"anywhere (e.g. {_example_move(t, state, kind)})",
+                fixes.transition_guard(ctx, t, state, kind),
             )
     if not stateful:
-        f.bad("no table with a lifecycle state to guard (see G1, G5)")
+        tasks = ctx.tasks
+        f.bad(
+            "no table with a lifecycle state to guard (see G1, G5)",
+            None
+            if tasks is None
+            else fixes.state_column(ctx, tasks, "tasks")
+            + "\n"
+            + fixes.transition_guard(ctx, tasks, None, "tasks"),
+        )
     return f.finding(
         "G6",
         core_missing=guarded == 0,
         enforced="a BEFORE UPDATE trigger refuses moves that are not allowed edges on "
         + ", ".join(t.name for _, t in stateful),
     )
+
+
+def _example_move(t: Table, state: Column, kind: str) -> str:
+    """A move out of a final state, in the column's own states."""
+    values = fixes.state_values(t, state, kind)
+    final = [v for v in values if v.lower() in columns.FINAL_STATES]
+    start = [v for v in values if v.lower() not in columns.FINAL_STATES]
+    if final and start:
+        return f"{final[0]} -> {start[0]}"
+    return "a finished row back to its first state"
 
 
 def check_g7(ctx: Context) -> Finding:
@@ -68,11 +84,11 @@ def check_g7(ctx: Context) -> Finding:
     for t in (ctx.tasks, ctx.ops):
         if t is None:
             continue
-        v = t.col(*VERSION)
+        v = columns.version(t)
         if v is None:
             f.bad(
                 f"{t.name} has no version column: a stale worker overwrites newer state",
-                f"ALTER TABLE {t.display} ADD COLUMN state_version bigint NOT NULL DEFAULT 0;",
+                fixes.version_guard(ctx, t, None),
             )
             continue
         if t is ctx.tasks:
@@ -86,9 +102,7 @@ def check_g7(ctx: Context) -> Finding:
             f.bad(
                 f"nothing moves {t.name}.{v.name} on every write: only writers that "
                 f"remember '{v.name} = {v.name} + 1' are fenced",
-                f"CREATE TRIGGER {quote(t.name + '_version_guard')} BEFORE UPDATE ON "
-                f"{t.display} FOR EACH ROW EXECUTE FUNCTION guard_version(); -- RAISE "
-                f"unless NEW.{v.name} = OLD.{v.name} + 1",
+                fixes.version_guard(ctx, t, v),
             )
     if ctx.tasks is None:
         f.bad("no task table (see G1)")
@@ -101,17 +115,27 @@ def check_g7(ctx: Context) -> Finding:
 
 
 def check_g8(ctx: Context) -> Finding:
-    """G8: the event table is append-only and every state change writes an event."""
+    """G8: the event table is append-only and every state change writes an event.
+
+    Events written by a trigger in the state change's transaction but open to
+    UPDATE and DELETE hold half of it: partial.
+    """
     f = Findings()
-    tc = quote(ctx.tc)
     ev = ctx.events
     if ev is None:
+        base, create = fixes.events_table(ctx)
+        fix = [create]
+        tasks = ctx.tasks
+        if tasks is not None:
+            new_ev = _placeholder(ctx, base)
+            link = fixes.event_link(ctx, tasks, new_ev, new_events=True)
+            fix.append(fixes.append_only(ctx, new_ev, ("UPDATE", "DELETE", "TRUNCATE")))
+            if link:
+                fix.append(link)
         f.bad(
-            "no event table (event/audit/log in the name, with event_type or actor_id); "
-            "--map events=TABLE names it",
-            f"CREATE TABLE events ({tc} uuid NOT NULL, id bigserial, task_id uuid "
-            "NOT NULL, event_type text NOT NULL, actor_id text NOT NULL, payload jsonb, "
-            f"created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY ({tc}, id));",
+            "no event table (event/audit/log/history in the name, with an event type, actor, "
+            "status or task reference); --map events=TABLE names it",
+            "\n".join(fix),
         )
         return f.finding("G8", core_missing=True, enforced="")
     protected = {op: _protection(ev, op) for op in ("UPDATE", "DELETE", "TRUNCATE")}
@@ -126,26 +150,15 @@ def check_g8(ctx: Context) -> Finding:
             if writers
             else ""
         )
-        trig = []
-        if "UPDATE" in missing_ops or "DELETE" in missing_ops:
-            trig.append(
-                f"CREATE TRIGGER {quote(ev.name + '_append_only')} BEFORE UPDATE OR DELETE "
-                f"ON {ev.display} FOR EACH ROW EXECUTE FUNCTION refuse_change(); "
-                "-- a function that RAISEs"
-            )
-        if "TRUNCATE" in missing_ops:
-            trig.append(
-                f"CREATE TRIGGER {quote(ev.name + '_no_truncate')} BEFORE TRUNCATE ON "
-                f"{ev.display} FOR EACH STATEMENT EXECUTE FUNCTION refuse_change();"
-            )
         f.bad(
             f"{ev.name} is not append-only: {_and(missing_ops)} "
             "of audit rows is neither refused by a trigger nor withheld by privileges"
             + (f" (granted to {', '.join(writers)})" if writers else ""),
-            "\n".join(trig) + revoke,
+            fixes.append_only(ctx, ev, missing_ops) + revoke,
         )
+    linked = 0
     for t in (ctx.tasks, ctx.ops):
-        if t is None or t.col(*STATE) is None:
+        if t is None or columns.state(t) is None:
             continue
         links = [
             g
@@ -153,23 +166,29 @@ def check_g8(ctx: Context) -> Finding:
             if g.row and (g.on_update or g.on_insert) and g.mentions(ev.name)
         ]
         if links:
+            linked += 1
             f.ok(*(f"trigger {g.name}" for g in links))
         else:
+            link = fixes.event_link(ctx, t, ev)
             f.bad(
                 f"nothing ties a state change of {t.name} to an {ev.name} row in the same "
                 "transaction",
-                f"CREATE CONSTRAINT TRIGGER {quote(t.name + '_event_required')} AFTER "
-                f"INSERT OR UPDATE ON {t.display} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
-                f"EXECUTE FUNCTION require_event(); -- RAISE at commit unless {ev.name} "
-                "has the change",
+                link
+                or f"-- {ev.name} has required columns {t.name} cannot fill: write its row "
+                f"in the statement that changes {t.name}",
             )
-    core = not protected["UPDATE"] and not protected["DELETE"]
+    core = not protected["UPDATE"] and not protected["DELETE"] and not linked
     return f.finding(
         "G8",
         core_missing=core,
-        enforced=f"{ev.name} refuses UPDATE, DELETE and TRUNCATE; a deferred trigger "
-        "requires an event for every state change",
+        enforced=f"{ev.name} refuses UPDATE, DELETE and TRUNCATE; a trigger "
+        "writes an event for every state change",
     )
+
+
+def _placeholder(ctx: Context, base: str) -> Table:
+    """The event table :func:`fixes.events_table` creates, as the link fix needs to name it."""
+    return Table(0, base, fixes.name(ctx, base), "", False, False)
 
 
 def _protection(t: Table, op: str) -> list[str]:
@@ -196,44 +215,54 @@ def _protection(t: Table, op: str) -> list[str]:
 
 
 def check_g9(ctx: Context) -> Finding:
-    """G9: JSON payloads are size-capped; event payloads are secret-checked and expire."""
+    """G9: payloads are size-capped; event payloads are secret-checked and expire.
+
+    Events with no payload column carry facts only: nothing of theirs needs a
+    cap, a secret check or a separate retention.
+    """
     f = Findings()
     ev = ctx.events
-    core = True
+    holds = False
     if ev is None:
         f.bad("no event table (see G8)")
     else:
-        payloads = [c for c in ev.columns.values() if c.is_json]
+        payloads = [c for c in ev.columns.values() if c.is_payload]
+        if not payloads:
+            holds = True
+            f.ok(f"table {ev.name} (no payload column: events carry facts only)")
         for c in payloads:
             sized = _sized(ev, c)
-            secret = [
-                k.name
-                for k in ev.checks_on(c.name)
-                if re.search(r"secret|redact|sensitive|pii", k.definition, re.IGNORECASE)
-            ]
             if sized:
-                core = False
+                holds = True
                 f.ok(*(f"check {n}" for n in sized))
             else:
                 f.bad(
                     f"{ev.name}.{c.name} is unbounded: a whole prompt or provider response fits",
                     _size_fix(ev, c, 8192),
                 )
+            if not c.is_json:
+                continue
+            secret = [
+                k.name
+                for k in ev.checks_on(c.name)
+                if re.search(r"secret|redact|sensitive|pii", k.definition, re.IGNORECASE)
+            ]
             if secret:
-                core = False
+                holds = True
                 f.ok(*(f"check {n}" for n in secret))
             else:
                 f.bad(
                     f"no CHECK keeps secrets out of {ev.name}.{c.name}",
                     f"ALTER TABLE {ev.display} ADD CONSTRAINT "
-                    f"{quote(ev.name + '_' + c.name + '_no_secrets')} CHECK (NOT "
-                    f"jsonb_has_secrets({c.qname})); -- agentdb sql has such a function",
+                    f"{quote(ev.name + '_' + c.name + '_no_secrets')} CHECK "
+                    f"(NOT ({c.qname}::text ~* "
+                    "'\"(password|passwd|secret|api_?key|access_?token|authorization)\"\\s*:'));",
                 )
         keep = ev.col(*_RETENTION)
         if keep is not None:
-            core = False
+            holds = True
             f.ok(f"column {ev.name}.{keep.name}")
-        else:
+        elif payloads:
             f.bad(
                 f"{ev.name} has no retention column: payloads cannot expire apart "
                 "from the audit skeleton",
@@ -244,17 +273,18 @@ def check_g9(ctx: Context) -> Finding:
         if t is None:
             continue
         for c in t.columns.values():
-            if not c.is_json:
+            if not c.is_payload or c.generated:
                 continue
             sized = _sized(t, c)
             if sized:
+                holds = True
                 f.ok(*(f"check {n}" for n in sized))
             else:
                 f.bad(f"{t.name}.{c.name} is unbounded", _size_fix(t, c, 65536))
     return f.finding(
         "G9",
-        core_missing=core,
-        enforced=f"every JSON payload has a size CHECK; {ev.name if ev else ''} payloads "
+        core_missing=not holds,
+        enforced=f"every payload has a size CHECK; {ev.name if ev else ''} payloads "
         "are checked for secrets and expire apart from the skeleton",
     )
 
@@ -269,10 +299,11 @@ def _sized(t: Table, c: Column) -> list[str]:
 
 
 def _size_fix(t: Table, c: Column, limit: int) -> str:
-    """A CHECK capping ``c`` at ``limit`` bytes of its text form."""
+    """A CHECK capping ``c`` at ``limit`` bytes (of its text form, for JSON)."""
+    size = f"octet_length({c.qname})" if c.base == "bytea" else f"octet_length({c.qname}::text)"
     return (
         f"ALTER TABLE {t.display} ADD CONSTRAINT {quote(t.name + '_' + c.name + '_size')} "
-        f"CHECK (octet_length({c.qname}::text) <= {limit});"
+        f"CHECK ({size} <= {limit});"
     )
 
 

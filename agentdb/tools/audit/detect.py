@@ -4,11 +4,14 @@ The audit works on schemas agentdb did not create. Tables play roles, found
 from ``mapping`` (``--map tasks=my_jobs,operations=my_effects``) or else by
 heuristics on names and columns:
 
-* tasks: a name with ``task``/``job`` in it, or a ``state``/``status`` column
-  together with a schedule (``wake_at``, ``run_at``...), version or lease column;
-* operations: another table with an ``idempotency_key`` column;
-* events: a name with ``event``/``audit``/``log``/``history`` and an
-  ``event_type`` or ``actor``/``actor_id`` column;
+* tasks: by what the columns do, whatever they are called
+  (:mod:`agentdb.tools.audit.columns`): a state with a schedule (epoch
+  numbers too), attempts, a version or a lease; a task/job name breaks ties;
+* operations: another table with an idempotency key, or step outputs (a
+  unique task reference + step id, with an output column);
+* events: a name with ``event``/``audit``/``log``/``history``/``journal`` and
+  an event column (``event_type``, ``type``, ``status``, ``actor_id``) or a
+  task reference;
 * outbox: a name with ``outbox``, or ``topic`` plus ``delivered_at``/``published_at``;
 * inbox: a name with ``inbox``, or ``message_id`` plus ``consumer``;
 * credentials: a name with ``credential`` or ``secret``;
@@ -18,7 +21,8 @@ The tenant column is ``tenant_id`` unless ``mapping["tenant"]`` names another.
 A table is *tenant-owned* when it has that column and is one of the tables
 above, has row-level security, has the column in a key, or is linked by a
 foreign key to a task/operation/event/outbox table; a table that merely
-carries the column (a role -> tenant lookup keyed by role) is not.
+carries the column (a role -> tenant lookup keyed by role) is not. When no
+table has the tenant column the schema is single-tenant (said once, in a note).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentdb.errors import ConfigurationError
+from agentdb.tools.audit import columns
 from agentdb.tools.audit.catalog import Catalog, Table
 from agentdb.tools.audit.report import KINDS, TableRef
 
@@ -84,9 +89,9 @@ MESSAGE_ID = ("message_id", "msg_id", "event_id")
 _EVENT_MARK = ("event_type", "event_name", "actor", "actor_id", "actor_type")
 _TOPIC = ("topic", "channel", "routing_key", "destination")
 _CONSUMER = ("consumer", "consumer_name", "subscriber", "handler")
-_TASK_NAME = re.compile(r"(^|_)(tasks?|jobs?)($|_)")
+_TASK_NAME = re.compile(r"(^|_)(tasks?|jobs?|workflows?)($|_)")
 _OP_NAME = re.compile(r"operation|effect|action|call|step")
-_EVENT_NAME = re.compile(r"(^|_)(events?|audits?|audit_log|logs?|history)($|_)")
+_EVENT_NAME = re.compile(r"(^|_)(events?|audits?|audit_log|logs?|histor(y|ies)|journal)($|_)")
 _CREDENTIAL_NAME = re.compile(r"credential|secret")
 
 
@@ -111,6 +116,13 @@ class Context:
     tenants_oid: int | None
     owned: list[Table]
     notes: list[str]
+    single_tenant: bool = False
+
+    @property
+    def scope(self) -> tuple[str, ...]:
+        """The columns a key is unique within: the tenant column, or none in a
+        single-tenant schema."""
+        return () if self.single_tenant else (self.tc,)
 
     @property
     def tasks(self) -> Table | None:
@@ -155,7 +167,15 @@ def detect(cat: Catalog, mapping: Mapping[str, str]) -> Context:
     kinds, refs = _roles(cat, mapping, notes)
     tenants_oid = _tenants_oid(cat, mapping, tc, kinds, refs, notes)
     owned = [t for t in cat.tables.values() if _tenant_owned(t, tc, tenants_oid, kinds)]
-    return Context(cat, tc, kinds, refs, tenants_oid, owned, notes)
+    # No table carries the tenant column at all: the schema serves one tenant.
+    # Said once here; the tenancy guarantees are marked, not judged, per row.
+    single = "tenant" not in mapping and not any(tc in t.columns for t in cat.tables.values())
+    if single:
+        notes.append(
+            f"single-tenant schema: no table has a {tc} column (--map tenant=COLUMN names "
+            "one); tenancy guarantees are not applicable"
+        )
+    return Context(cat, tc, kinds, refs, tenants_oid, owned, notes, single)
 
 
 def _roles(
@@ -176,7 +196,7 @@ def _roles(
         scored = [
             (score, t.name)
             for t in cat.tables.values()
-            if t.name not in taken and (score := _score(kind, t, kinds)) > 0
+            if t.name not in taken and (score := _score(kind, t, kinds, cat)) > 0
         ]
         scored.sort(key=lambda s: (-s[0], s[1]))
         if not scored:
@@ -196,34 +216,22 @@ def _roles(
     return kinds, {k: refs.get(k) for k in KINDS}
 
 
-def _score(kind: str, t: Table, kinds: Mapping[str, Table | None]) -> int:
+def _score(kind: str, t: Table, kinds: Mapping[str, Table | None], cat: Catalog) -> int:
     """How much ``t`` looks like the ``kind`` table (0: not at all); ``kinds`` so far."""
     name = t.name.lower()
     if kind == "tasks":
-        named = _TASK_NAME.search(name) is not None
-        shaped = t.col(*STATE) is not None and (
-            t.col(*WAKE, *VERSION, *LEASE_OWNER, *LEASE_EXPIRES) is not None
-        )
-        # A table holding idempotency keys is an operation unless its name says task/job.
-        if not (named or shaped) or (not named and t.col(*OP_KEY) is not None):
-            return 0
-        return (
-            4 * named
-            + (t.col(*STATE) is not None)
-            + (t.col(*WAKE) is not None)
-            + (t.col(*VERSION) is not None)
-            + (t.col(*LEASE_OWNER, *LEASE_EXPIRES) is not None)
-        )
+        return _task_score(cat, t)
     if kind == "operations":
-        if t.col(*OP_KEY) is None:
-            return 0
         tasks = kinds.get("tasks")
         links = tasks is not None and any(fk.ref_oid == tasks.oid for fk in t.of("f"))
-        return 3 + 2 * bool(_OP_NAME.search(name)) + links + (t.col(*HASH) is not None)
+        if columns.op_key(t) is not None:
+            return 3 + 2 * bool(_OP_NAME.search(name)) + links + (t.col(*HASH) is not None)
+        # A step-output table: a unique (task reference, step id) and an output.
+        if columns.step_key(t, tasks) is not None and columns.has_output(t):
+            return 3 + links
+        return 0
     if kind == "events":
-        if _EVENT_NAME.search(name) is None or t.col(*_EVENT_MARK) is None:
-            return 0
-        return 1 + sum(c in t.columns for c in _EVENT_MARK) + ("payload" in t.columns)
+        return _event_score(t, kinds.get("tasks"))
     if kind == "outbox":
         if "outbox" in name:
             return 3
@@ -235,6 +243,53 @@ def _score(kind: str, t: Table, kinds: Mapping[str, Table | None]) -> int:
     if kind == "credentials":
         return 1 if _CREDENTIAL_NAME.search(name) else 0
     return 0
+
+
+def _task_score(cat: Catalog, t: Table) -> int:
+    """Tasks are found by what they do - a state, a schedule, attempts, a lease -
+    whatever the columns are called; a task/job name only breaks ties."""
+    named = _TASK_NAME.search(t.name.lower()) is not None
+    state, wake, tries = columns.state(t), columns.wake(t), columns.attempts(t)
+    lease = columns.lease(cat, t)
+    leased = lease.takeover is not None or lease.owner is not None
+    version = columns.version(t)
+    # A table holding idempotency keys is an operation unless its name says task/job.
+    if not named and columns.op_key(t) is not None:
+        return 0
+    shaped = (state is not None and (wake or tries or leased or version)) or bool(wake and tries)
+    if not shaped and not (named and (state or wake or tries or leased)):
+        return 0
+    return (
+        2 * named
+        + 2 * (state is not None)
+        + 2 * (wake is not None)
+        + 2 * (tries is not None)
+        + (columns.max_attempts(t) is not None)
+        + (lease.owner is not None)
+        + (lease.takeover is not None)
+        + (version is not None)
+        + (columns.dedupe_key(t) is not None)
+    )
+
+
+def _event_score(t: Table, tasks: Table | None) -> int:
+    """Events, logs and histories: an event-like name with an event column
+    (``event_type``, ``type``, ``status``, ``actor``) or a task reference."""
+    if tasks is not None and t.oid == tasks.oid:
+        return 0
+    # A key -> value store ("workflow events" one sets and reads back) keeps
+    # the latest value per key: not a record of what happened.
+    if "key" in t.columns and "value" in t.columns:
+        return 0
+    named = _EVENT_NAME.search(t.name.lower()) is not None
+    marks = sum(c in t.columns for c in _EVENT_MARK)
+    typed = t.col("type", "kind", "event", "action") is not None or columns.state(t) is not None
+    ref = bool(columns.task_ref(t, tasks))
+    if not named and not (marks and ref):
+        return 0
+    if not (marks or typed or ref):
+        return 0
+    return 1 + marks + typed + 2 * ref + ("payload" in t.columns)
 
 
 def _tenants_oid(
@@ -347,3 +402,30 @@ def _check_mapping(cat: Catalog, mapping: Mapping[str, str]) -> None:
             raise ConfigurationError(
                 f"--map {key}={value}: no table {value!r} in schema {cat.schema!r}"
             )
+    _check_mapped_columns(cat, mapping)
+
+
+def _check_mapped_columns(cat: Catalog, mapping: Mapping[str, str]) -> None:
+    """A mapped table must have the columns its role is judged by.
+
+    Raises:
+        ConfigurationError: a mapped operation table has no idempotency key (nor a
+            unique task reference + step id), or a mapped inbox no message id.
+    """
+    tasks_name = mapping.get("tasks")
+    tasks = cat.tables.get(tasks_name) if tasks_name and tasks_name != _NONE else None
+    ops_name = mapping.get("operations", _NONE)
+    if ops_name != _NONE:
+        ops = cat.tables[ops_name]
+        if columns.op_key(ops) is None and columns.step_key(ops, tasks) is None:
+            raise ConfigurationError(
+                f"--map operations={ops_name}: {ops_name} has no idempotency key column "
+                f"(idempotency_key, idem_key, idempotency_token) nor a unique "
+                "(task reference, step id) key"
+            )
+    inbox_name = mapping.get("inbox", _NONE)
+    if inbox_name != _NONE and cat.tables[inbox_name].col(*MESSAGE_ID) is None:
+        raise ConfigurationError(
+            f"--map inbox={inbox_name}: {inbox_name} has no message id column "
+            f"({', '.join(MESSAGE_ID)})"
+        )

@@ -181,6 +181,12 @@ class Report:
                 lines.extend(f"{pad}- {p}" for p in f.problems)
             else:
                 lines.append(f"{pad}{f.reason}")
+            if f.status == "partial" and f.evidence:
+                # A partial verdict names what does hold, not only what is missing.
+                shown = f.evidence[:max_evidence]
+                more = len(f.evidence) - len(shown)
+                tail = f", ... (+{more} more)" if more > 0 else ""
+                lines.append(f"{pad}holds: {', '.join(shown)}{tail}")
             if f.fix:
                 fix_lines = f.fix.splitlines()
                 lines.append(f"{pad}fix: {fix_lines[0]}")

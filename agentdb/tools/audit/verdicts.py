@@ -16,12 +16,17 @@ from agentdb.tools.audit.report import Finding, Status
 
 __all__ = [
     "STATE_SETS",
+    "TENANCY",
     "Findings",
     "column_list",
     "not_applicable",
+    "single_tenant",
     "state_evidence",
     "value_set",
 ]
+
+#: Guarantees about tenants; a single-tenant schema has nothing they apply to.
+TENANCY: Final = frozenset({"G2", "G15", "G17"})
 
 # Placeholder state sets for fixes, taken from agentdb's own tables.
 STATE_SETS: Final[Mapping[str, str]] = {
@@ -83,6 +88,20 @@ def not_applicable(gid: str, reason: str) -> Finding:
         KeyError: ``gid`` is not a guarantee of the registry.
     """
     return Finding(gid, GUARANTEES[gid].title, "not_applicable", reason)
+
+
+def single_tenant(gid: str, single: bool, tc: str) -> Finding | None:
+    """The finding of a tenancy guarantee on a single-tenant schema, else ``None``.
+
+    The report's notes say once that the schema is single-tenant; each such
+    finding points there instead of repeating that no table has a tenant.
+
+    Raises:
+        KeyError: ``gid`` is not a guarantee of the registry.
+    """
+    if not single:
+        return None
+    return not_applicable(gid, f"single-tenant schema (no {tc} column; see the note)")
 
 
 def value_set(table: Table, column: Column) -> tuple[bool, frozenset[str] | None]:
