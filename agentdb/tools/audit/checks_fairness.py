@@ -14,7 +14,7 @@ import re
 from agentdb.tools.audit.catalog import Table, quote
 from agentdb.tools.audit.detect import STATE, WAKE, Context
 from agentdb.tools.audit.report import Finding
-from agentdb.tools.audit.verdicts import Findings, not_applicable
+from agentdb.tools.audit.verdicts import Findings, not_applicable, single_tenant
 
 __all__ = ["check_g18"]
 
@@ -37,6 +37,9 @@ def check_g18(ctx: Context) -> Finding:
     t = ctx.tasks
     if t is None:
         return not_applicable("G18", "no task table: nothing is claimed")
+    alone = single_tenant("G18", ctx.single_tenant, ctx.tc)
+    if alone is not None:
+        return alone
     if ctx.tc not in t.columns:
         return not_applicable(
             "G18",

@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 #: Guarantees about tenants; a single-tenant schema has nothing they apply to.
-TENANCY: Final = frozenset({"G2", "G15", "G17"})
+TENANCY: Final = frozenset({"G2", "G15", "G17", "G18"})
 
 # Placeholder state sets for fixes, taken from agentdb's own tables.
 STATE_SETS: Final[Mapping[str, str]] = {
