@@ -25,10 +25,10 @@ import psycopg
 import pytest
 
 from agentdb.guarantees import GUARANTEES
-from agentdb.tools.audit.verdicts import TENANCY
 from agentdb.tools.audit import api as audit
 from agentdb.tools.audit import catalog, columns
 from agentdb.tools.audit.detect import detect
+from agentdb.tools.audit.verdicts import TENANCY
 from tests import _peers, _pg
 from tests.conftest import _ROLE_LOCK
 from tests.test_audit import ARTICLE_SQL, AUDITOR
