@@ -20,6 +20,7 @@ from psycopg import sql
 from agentdb import leases, operations, outbox, retention, tasks, tenancy
 from agentdb.errors import DuplicateKey, InvalidTransition, OperationInFlight, TenantMismatch
 from agentdb.models import Message
+from agentdb.tools.audit import api as audit
 from tests import _pg
 from tests.citus.conftest import Cluster, Three
 
@@ -245,3 +246,41 @@ def test_worker_and_relay_run_on_citus(citus: Cluster) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "OK: every effect once" in run.stdout
+
+
+def test_audit_notices_what_a_distributed_schema_needs(citus: Cluster) -> None:
+    """agentdb's distributed schema: only the trigger-DDL reminder. A hand-made schema on
+    the same coordinator: the local tenant table, the unique key without the tenant,
+    the NOTIFY trigger on a distributed table - each said once."""
+    ours = audit.audit(citus.dsn)
+    citus_notes = [n for n in ours.notes if n.startswith("Citus")]
+    assert len(citus_notes) == 1, citus_notes
+    assert "enable_unsafe_triggers" in citus_notes[0]
+
+    with _pg.admin(citus.dsn) as conn:
+        conn.execute(
+            "CREATE SCHEMA loose;"
+            " CREATE TABLE loose.tenants (id uuid PRIMARY KEY);"
+            " CREATE TABLE loose.jobs (tenant_id uuid NOT NULL REFERENCES loose.tenants (id),"
+            "   id uuid NOT NULL, status text NOT NULL, run_at timestamptz NOT NULL,"
+            "   PRIMARY KEY (tenant_id, id));"
+            " CREATE TABLE loose.job_keys (tenant_id uuid NOT NULL, key text UNIQUE);"
+            " CREATE FUNCTION loose.ping() RETURNS trigger LANGUAGE plpgsql AS"
+            "   $$BEGIN PERFORM pg_notify('jobs', NEW.id::text); RETURN NEW; END$$;"
+            " CREATE TRIGGER jobs_ping AFTER INSERT ON loose.jobs"
+            "   FOR EACH ROW EXECUTE FUNCTION loose.ping();"
+            " SET LOCAL citus.enable_unsafe_triggers = on;"
+            " SELECT create_distributed_table('loose.tenants', 'id');"
+            " SELECT create_distributed_table('loose.jobs', 'tenant_id',"
+            "   colocate_with => 'loose.tenants');"
+        )
+    try:
+        loose = audit.audit(citus.dsn, schema="loose")
+    finally:
+        with _pg.admin(citus.dsn) as conn:
+            conn.execute("DROP SCHEMA loose CASCADE")
+    text = "\n".join(n for n in loose.notes if n.startswith("Citus"))
+    assert "job_keys cannot be distributed by tenant_id" in text, text
+    assert "job_keys_key_key" in text, text
+    assert "jobs_ping on jobs NOTIFY" in text, text
+    assert "tenants is a local table" not in text  # distributed: no false alarm

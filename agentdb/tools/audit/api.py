@@ -29,6 +29,7 @@ from typing import Final
 from agentdb.tools.audit import catalog
 from agentdb.tools.audit.catalog import AuditError
 from agentdb.tools.audit.checks_access import check_g14, check_g15, check_g16, check_g17
+from agentdb.tools.audit.checks_citus import citus_notes
 from agentdb.tools.audit.checks_delivery import check_g10, check_g11, check_g12, check_g13
 from agentdb.tools.audit.checks_fairness import check_g18
 from agentdb.tools.audit.checks_keys import check_g1, check_g2, check_g3, check_g4, check_g5
@@ -121,5 +122,5 @@ def judge(cat: catalog.Catalog, mapping: Mapping[str, str] | None = None) -> Rep
         tenant_column=ctx.tc,
         tables=ctx.refs,
         findings=[check(ctx) for check in CHECKS],
-        notes=ctx.notes,
+        notes=[*ctx.notes, *citus_notes(ctx)],
     )

@@ -271,6 +271,9 @@ class Catalog:
     elevated: list[tuple[str, str, bool, bool]]  # (member, via policy role, super, bypassrls)
     routines: list[str]
     prefix: str = ""  # the schema as fixes qualify new objects ("" on the search_path)
+    citus: str | None = None  # the citus extension's version, when installed
+    # Citus tables by oid: (method 'h' hash / 'n' reference, distribution column, colocation)
+    distributed: dict[int, tuple[str, str | None, int]] = field(default_factory=dict)
 
     def by_oid(self, oid: int) -> Table | None:
         for t in self.tables.values():
@@ -419,6 +422,12 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
             tables[rel_oid].grants.append((grantee, privilege))
     elevated = [(r[0], r[1], r[2], r[3]) for r in _rows(conn, q.ELEVATED_MEMBERS, nsp)]
     routines = [r[0] for r in _rows(conn, q.ROUTINES, nsp)]
+    citus = _rows(conn, q.CITUS)
+    distributed = (
+        {int(r[0]): (str(r[1]), r[2], int(r[3])) for r in _rows(conn, q.CITUS_TABLES, nsp)}
+        if citus
+        else {}
+    )
     return Catalog(
         database=database,
         schema=target,
@@ -430,6 +439,8 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
         elevated=elevated,
         routines=routines,
         prefix=prefix,
+        citus=str(citus[0][0]) if citus else None,
+        distributed=distributed,
     )
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Final, LiteralString
 
 __all__ = [
+    "CITUS",
+    "CITUS_TABLES",
     "COLUMNS",
     "CONSTRAINTS",
     "CONTEXT",
@@ -206,4 +208,18 @@ ORDER BY 1, 2
 
 ROUTINES: Final[LiteralString] = """
 SELECT p.proname::text FROM pg_proc p WHERE p.pronamespace = %s ORDER BY 1
+"""
+
+# Citus: read only when the extension is installed (pg_dist_partition exists then).
+CITUS: Final[LiteralString] = """
+SELECT e.extversion FROM pg_catalog.pg_extension e WHERE e.extname = 'citus'
+"""
+
+CITUS_TABLES: Final[LiteralString] = """
+SELECT p.logicalrelid::oid, p.partmethod::text,
+       CASE WHEN p.partmethod = 'h' THEN column_to_column_name(p.logicalrelid, p.partkey) END,
+       p.colocationid
+FROM pg_dist_partition p
+JOIN pg_catalog.pg_class c ON c.oid = p.logicalrelid
+WHERE c.relnamespace = %s
 """
