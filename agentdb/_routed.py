@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agentdb import _db
@@ -26,6 +26,7 @@ __all__ = [
     "due_tenants",
     "outbox_claim",
     "outbox_delivered",
+    "release",
     "reserve",
     "settle",
     "transition",
@@ -333,3 +334,36 @@ def _operation_event(
         "trace_id": row["trace_id"],
         "span_id": row["span_id"],
     }
+
+
+_NOW = datetime.min.replace(tzinfo=UTC)  # greatest(_NOW, now()) is now()
+
+
+async def release(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
+    """``lease_release`` on Citus: the UPDATE, then its event. ``None``: its zero rows.
+
+    ``params`` are lease_release's (``event_type`` for the event).
+
+    Raises:
+        mapped database errors.
+    """
+    update = {k: v for k, v in params.items() if k != "event_type"}
+    if update["wake_at"] is None:
+        update["wake_at"] = _NOW
+    async with _db.transaction(db) as conn:
+        row = await _db.fetch_optional(conn, _Q["routed_release"], **update)
+        if row is None:
+            return None
+        event = {
+            "tenant_id": row["tenant_id"], "task_id": row["id"],
+            "event_type": params["event_type"], "actor_id": params["lease_owner"],
+            "policy_version": row["workflow_version"], "from_state": "running",
+            "to_state": row["state"], "task_state_version": row["state_version"],
+            "payload": document(
+                {"lease_token": params["lease_token"], "attempts": row["attempts"]},
+                cap=EVENT_PAYLOAD_CAP, what="release event",
+            ),
+            "trace_id": row["trace_id"], "span_id": row["span_id"],
+        }  # fmt: skip
+        await _db.execute_each(conn, _Q["routed_task_event"], [event])
+        return row

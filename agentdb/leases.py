@@ -132,18 +132,20 @@ async def release(
         NotFound: no such task.
     """
 
-    row = await _db.fetch_optional(
-        db,
-        _Q["lease_release"],
-        tenant_id=lease.tenant_id,
-        id=lease.task_id,
-        lease_owner=lease.owner,
-        lease_token=lease.token,
-        wake_at=wake_at,
-        refund_attempt=refund_attempt,
-        last_error=error[:TEXT_CAP] if error is not None else None,
-        event_type=event_type,
-    )
+    params = {
+        "tenant_id": lease.tenant_id,
+        "id": lease.task_id,
+        "lease_owner": lease.owner,
+        "lease_token": lease.token,
+        "wake_at": wake_at,
+        "refund_attempt": refund_attempt,
+        "last_error": error[:TEXT_CAP] if error is not None else None,
+        "event_type": event_type,
+    }
+    if await schema.distributed(db):
+        row = await _routed.release(db, params)
+    else:
+        row = await _db.fetch_optional(db, _Q["lease_release"], **params)
     if row is None:
         raise await _explain.task_write(db, lease.tenant_id, lease.task_id, None, lease)
     return Release(row["state"], row["state_version"], row["wake_at"], row["attempts"])

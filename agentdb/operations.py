@@ -13,17 +13,17 @@ The safe shape (G13)::
     else:
         result = res.operation.result             # the first attempt's answer
 
-Every helper here runs one statement and commits on its own when given a
-pool; none of them holds a transaction across the provider call.
+Each helper commits on its own given a pool (one statement; on Citus one
+transaction on the tenant's worker), never across the provider call.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from agentdb import _db, _explain, _routed, schema, telemetry
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
@@ -62,6 +62,7 @@ UNSETTLED = ("reserved", "in_flight", "unknown")
 # See tasks._RACE_RERUNS: a concurrent reservation of the same key committed
 # after this statement's snapshot; a new statement sees it.
 _RACE_RERUNS = 3
+T = TypeVar("T")
 
 
 async def get(db: _db.Executor, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> Operation:
@@ -424,6 +425,16 @@ class Completion:
     lease: Lease | None = None
 
 
+async def _each(step: Awaitable[T]) -> T | AgentDBError:
+    """A batch element run alone: its result or its refusal (bad input is raised)."""
+    try:
+        return await step
+    except ConfigurationError:
+        raise
+    except AgentDBError as exc:
+        return exc
+
+
 def _unique(keys: Iterable[tuple[uuid.UUID, Any]], what: str) -> None:
     seen: set[tuple[uuid.UUID, Any]] = set()
     for key in keys:
@@ -470,6 +481,12 @@ async def reserve_many(
     if not batch:
         return []
     _unique(((r.lease.tenant_id, r.idempotency_key) for r in batch), "idempotency key")
+    if await schema.distributed(db):
+        # Citus cannot lock many tenants' rows in one statement: one by one.
+        return [await _each(reserve(db, r.lease.tenant_id, r.lease.task_id, r.idempotency_key,
+                                    r.action, r.input, lease=r.lease, retry_failed=retry_failed,
+                                    actor=actor, trace_id=trace_id, span_id=span_id))
+                for r in batch]  # fmt: skip
     digests = [input_hash(req.input) for req in batch]
     trace_id, span_id = telemetry.ids(trace_id, span_id)
     q = _Q["operation_reserve_many"]
@@ -554,6 +571,10 @@ async def complete_many(
     if not batch:
         return []
     _unique(((c.operation.tenant_id, c.operation.id) for c in batch), "operation")
+    if await schema.distributed(db):  # one by one on Citus, as in reserve_many
+        return [await _each(complete(db, c.operation, result=c.result, lease=c.lease,
+                                     provider_reference=c.provider_reference))
+                for c in batch]  # fmt: skip
     q = _Q["operation_complete_many"]
     rows = await _db.fetch_many(
         db,

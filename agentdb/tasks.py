@@ -14,7 +14,15 @@ from typing import Any, Final, Literal
 
 from agentdb import _db, _explain, _routed, schema, telemetry
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
-from agentdb.errors import AgentDBError, ConfigurationError, IdempotencyConflict, TransientError
+from agentdb.errors import (
+    AgentDBError,
+    ConfigurationError,
+    IdempotencyConflict,
+    LeaseLost,
+    NotFound,
+    StaleVersion,
+    TransientError,
+)
 from agentdb.hashing import input_hash
 from agentdb.models import Lease, Message, Task
 from agentdb.redaction import redact
@@ -345,6 +353,21 @@ async def finish_many(
             ids.append(m.id)
             topics.append(m.topic)
             bodies.append(document(m.payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}"))
+    if await schema.distributed(db):
+        # Citus would commit a many-tenant statement with two-phase commit: one by one.
+        results: list[Task | AgentDBError] = []
+        for task, lease in zip(batch, held, strict=True):
+            try:
+                results.append(
+                    await transition(
+                        db, task.tenant_id, task.id, expected_version=task.state_version,
+                        to_state=to_state, error=error, lease=lease, event_type=event_type,
+                        actor=actor, payload=payload, outbox=(outbox or {}).get(task.id, ()),
+                    )
+                )  # fmt: skip
+            except (StaleVersion, LeaseLost, NotFound) as exc:  # what _explain answers
+                results.append(exc)
+        return results
     event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
     q = _Q["task_finish_many"]
     rows = await _db.fetch_many(
@@ -366,7 +389,7 @@ async def finish_many(
         outbox_payloads=bodies,
     )
     done = {n: Task.from_record(r) for n, r in _db.by_ord(rows, q, len(batch)).items()}
-    results: list[Task | AgentDBError] = []
+    results = []
     for i, (task, lease) in enumerate(zip(batch, held, strict=True), start=1):
         finished = done.get(i)
         if finished is None:

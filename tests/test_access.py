@@ -457,6 +457,7 @@ _ROUTINES: dict[str, set[str]] = {
     "agentdb_grant_roles": set(),
     "agentdb_pin_search_paths": set(),
     "agentdb_purge": set(),
+    "agentdb_purge_tenant": set(),
 }
 _PRIVILEGES = ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"]
 

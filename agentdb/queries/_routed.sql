@@ -280,6 +280,26 @@ LIMIT $2;
 INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
 VALUES ($3, $1, $2, $4, $5, $6, $7);
 
+-- name: routed_release :one
+-- The lease_release UPDATE alone (leases.sql). The caller writes the event
+-- (routed_task_event). $5 is never NULL here: Citus refuses now() inside
+-- COALESCE or CASE, so "now" is asked for as -infinity and taken by greatest().
+-- guarantee: G12, G7
+-- zero rows: the lease is gone - another worker took the task over, or it left 'running'.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 lease_owner text, $4 lease_token int8, $5 wake_at timestamptz, $6 refund_attempt bool, $7 last_error text
+UPDATE agent_tasks t
+SET state = CASE WHEN NOT $6 AND t.attempts >= t.max_attempts THEN 'dead' ELSE 'pending' END,
+    state_version = t.state_version + 1,
+    wake_at = greatest($5, now()),
+    attempts = CASE WHEN $6 THEN t.attempts - 1 ELSE t.attempts END,
+    last_error = coalesce($7, t.last_error),
+    lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'
+  AND t.lease_owner = $3 AND t.lease_token = $4
+RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wake_at,
+          t.attempts, t.trace_id, t.span_id;
+
 -- name: routed_task_event :execrows
 -- One event of one task of tenant $1 (G8): the event a claim, a transition
 -- or a burial writes beside its UPDATE, in the same transaction. The

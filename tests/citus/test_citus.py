@@ -18,8 +18,15 @@ import pytest
 from psycopg import sql
 
 from agentdb import leases, operations, outbox, retention, tasks, tenancy
-from agentdb.errors import DuplicateKey, InvalidTransition, OperationInFlight, TenantMismatch
-from agentdb.models import Message
+from agentdb.errors import (
+    DuplicateKey,
+    InvalidTransition,
+    LeaseLost,
+    OperationInFlight,
+    StaleVersion,
+    TenantMismatch,
+)
+from agentdb.models import Message, Reservation
 from agentdb.tools.audit import api as audit
 from tests import _pg
 from tests.citus.conftest import Cluster, Three
@@ -284,3 +291,38 @@ def test_audit_notices_what_a_distributed_schema_needs(citus: Cluster) -> None:
     assert "job_keys_key_key" in text, text
     assert "jobs_ping on jobs NOTIFY" in text, text
     assert "tenants is a local table" not in text  # distributed: no false alarm
+
+
+async def test_batches_and_release_run_tenant_by_tenant_without_2pc(
+    conn: asyncpg.Connection, three: Three
+) -> None:
+    """reserve_many, complete_many, finish_many and a lease release: Citus refuses (or
+    would commit with 2PC) their many-tenant statements; element by element, no 2PC."""
+    for t in (three.x, three.y):
+        for _ in range(2):
+            await tasks.create(conn, t, "batch")
+    held = await leases.claim(conn, "w1", batch=4, task_types=["batch"], after_tenant=NIL)
+    assert {t.tenant_id for t in held} == {three.x, three.y}
+    leased = [t.lease for t in held if t.lease is not None]
+    requests = [operations.ReserveRequest(lease, f"k-{i}", "charge", {"i": i})
+                for i, lease in enumerate(leased)]  # fmt: skip
+    reserved, cmds = await _remote(conn, lambda: operations.reserve_many(conn, requests))
+    assert all(isinstance(r, Reservation) and r.fresh for r in reserved), reserved
+    assert _two_phase(cmds) == 0, cmds
+    done = [
+        operations.Completion(r.operation, result={"ok": 1}, lease=lease)
+        for r, lease in zip(reserved, leased, strict=True)
+        if isinstance(r, Reservation)
+    ]
+    settled, cmds = await _remote(conn, lambda: operations.complete_many(conn, done))
+    assert [getattr(s, "state", s) for s in settled] == ["succeeded"] * len(done)
+    assert _two_phase(cmds) == 0, cmds
+    released, cmds = await _remote(conn, lambda: leases.release(conn, leased[0]))
+    assert released.state == "pending"
+    assert _two_phase(cmds) == 0, cmds
+    rest = held[1:]
+    finished, cmds = await _remote(conn, lambda: tasks.finish_many(conn, rest))
+    assert [getattr(f, "state", f) for f in finished] == ["succeeded"] * len(rest)
+    assert _two_phase(cmds) == 0, cmds
+    stale = await tasks.finish_many(conn, rest)  # finished already: refused, returned
+    assert all(isinstance(s, StaleVersion | LeaseLost) for s in stale), stale
