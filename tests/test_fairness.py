@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -355,3 +355,27 @@ async def test_G18_concurrent_claimers_never_overfill_a_tenant(
         for c in conns:
             await c.close()
     assert len(await _running(admin_conn, tenants.a)) == 5
+
+
+async def test_G18_the_pick_takes_only_due_tasks_with_attempts_left(
+    tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The walk finds a tenant's task type by its first due task; the pick inside it
+    must still leave a task that is not due yet and one that used up its attempts."""
+    await _seed(admin_conn, tenants.a, 2)
+    later = await tasks.create(
+        admin_conn, tenants.a, "t", wake_at=datetime.now(UTC) + timedelta(hours=1)
+    )
+    exhausted = await admin_conn.fetchval(
+        "WITH t AS (INSERT INTO agent_tasks (tenant_id, task_type, workflow_version, wake_at,"
+        " attempts, max_attempts) VALUES ($1, 't', 'v1', now() - interval '2 hours', 3, 3)"
+        " RETURNING tenant_id, id, workflow_version)"
+        " INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,"
+        " to_state, task_state_version)"
+        " SELECT tenant_id, id, 'task.created', 'test', workflow_version, 'pending', 0 FROM t"
+        " RETURNING task_id",
+        tenants.a,
+    )
+    got = await leases.claim(admin_conn, "w", batch=10, lease_ttl=timedelta(minutes=5))
+    assert len(got) == 2  # positive control: both due tasks with attempts left
+    assert {later.id, exhausted}.isdisjoint(t.id for t in got)

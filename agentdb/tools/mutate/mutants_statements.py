@@ -153,8 +153,10 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "leases-claim-due-no-skip-locked",
         LEASES_SQL,
-        "    ORDER BY wake_at\n    LIMIT $2\n    FOR UPDATE SKIP LOCKED",
-        "    ORDER BY wake_at\n    LIMIT $2\n    FOR UPDATE",
+        "                          WHERE f.tenant_id = p.tenant_id AND f.task_type = p.task_type))\n"
+        "        FOR UPDATE SKIP LOCKED",
+        "                          WHERE f.tenant_id = p.tenant_id AND f.task_type = p.task_type))\n"
+        "        FOR UPDATE",
         (FENCES,),
         "lease_claim: FOR UPDATE SKIP LOCKED -> FOR UPDATE (due tasks)",
     ),
@@ -185,17 +187,21 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "leases-claim-not-due",
         LEASES_SQL,
-        "    WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND attempts < max_attempts",
-        "    WHERE state IN ('pending', 'waiting') AND attempts < max_attempts",
-        (FENCES, T + "test_tasks.py"),
+        "          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()\n"
+        "          AND t.attempts < t.max_attempts\n        ORDER BY t.wake_at",
+        "          AND t.state IN ('pending', 'waiting')\n"
+        "          AND t.attempts < t.max_attempts\n        ORDER BY t.wake_at",
+        (FENCES, T + "test_tasks.py", T + "test_fairness.py"),
         "lease_claim: claim tasks whose wake_at is still in the future",
     ),
     m(
         "leases-claim-exhausted",
         LEASES_SQL,
-        "    WHERE state IN ('pending', 'waiting') AND wake_at <= now() AND attempts < max_attempts",
-        "    WHERE state IN ('pending', 'waiting') AND wake_at <= now()",
-        (T + "test_leases.py", T + "test_worker.py"),
+        "          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()\n"
+        "          AND t.attempts < t.max_attempts\n        ORDER BY t.wake_at",
+        "          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()\n"
+        "        ORDER BY t.wake_at",
+        (T + "test_leases.py", T + "test_worker.py", T + "test_fairness.py"),
         "lease_claim: claim a task that used up its attempts",
     ),
     m(
