@@ -12,10 +12,12 @@ read and then taken tenant by tenant.
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from agentdb import _db
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, document
@@ -76,6 +78,49 @@ async def due_tenants(
     return found
 
 
+# The tenants the last discovery found, per pool or connection, in walk order:
+# successive claims walk on through them before looking again, because a
+# discovery reads every shard and a claim reads one. A tenant whose claim
+# came back empty leaves the ring; the ring is read again after _RING_AGE
+# seconds, so a tenant whose work just arrived waits at most that long.
+_RING_SIZE = 64
+_RING_AGE = 1.0
+_RINGS: OrderedDict[int, tuple[object, tuple[str, ...] | None, float, list[uuid.UUID]]] = (
+    OrderedDict()
+)
+
+
+def _ring_key(db: _db.Executor) -> object:
+    return db if _db.is_pool(db) else _db.raw_connection(cast("_db.Conn", db))
+
+
+async def _next_tenants(
+    db: _db.Executor, after: uuid.UUID | None, want: int, task_types: list[str] | None
+) -> list[uuid.UUID]:
+    """Up to ``want`` tenants with work after ``after``: from the ring, else discovered."""
+    key = _ring_key(db)
+    types = tuple(task_types) if task_types is not None else None
+    kept = _RINGS.get(id(key))
+    if kept is not None and kept[0] is key and kept[1] == types:
+        ring = kept[3]
+        if time.monotonic() - kept[2] < _RING_AGE and after in ring:
+            rest = ring[ring.index(after) + 1 :]
+            if len(rest) >= want:
+                return rest[:want]
+    ring = await due_tenants(db, after, max(want, _RING_SIZE), task_types)
+    _RINGS[id(key)] = (key, types, time.monotonic(), ring)
+    _RINGS.move_to_end(id(key))
+    while len(_RINGS) > _RING_SIZE:
+        _RINGS.popitem(last=False)
+    return ring[:want]
+
+
+def _forget(db: _db.Executor, tenant: uuid.UUID) -> None:
+    kept = _RINGS.get(id(_ring_key(db)))
+    if kept is not None and tenant in kept[3]:
+        kept[3].remove(tenant)
+
+
 async def claim(
     db: _db.Executor,
     owner: str,
@@ -95,7 +140,7 @@ async def claim(
             same moment (only that tenant's claim is lost).
         mapped database errors.
     """
-    tenants = await due_tenants(db, after_tenant, batch, task_types)
+    tenants = await _next_tenants(db, after_tenant, batch, task_types)
     if not tenants:
         return []
     share = -(-batch // len(tenants))
@@ -111,6 +156,8 @@ async def claim(
             )  # fmt: skip
             rows.sort(key=lambda r: r["ord"])
             await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
+        if not rows:
+            _forget(db, tenant)
         out += rows
     return out
 
