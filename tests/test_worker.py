@@ -92,7 +92,9 @@ async def test_G12_a_stale_workers_late_complete_is_refused_and_counted(
         await release.wait()  # a long model call; meanwhile the lease is taken over
 
     task = await tasks.create(pool, tenants.a, "t", lease_ttl=timedelta(minutes=10))
-    stale = Worker(pool, {"t": handler}, worker_id="stale", poll_interval=0.05)
+    # One slot, held by the stalled attempt: the stale worker itself cannot re-claim
+    # the task once its lease expires, only the rescuer below can.
+    stale = Worker(pool, {"t": handler}, worker_id="stale", poll_interval=0.05, concurrency=1)
     async with running(stale):
         await asyncio.wait_for(started.wait(), 10)
         await F.expire_lease(admin_conn, task.id)  # as if the worker had stalled past its TTL
