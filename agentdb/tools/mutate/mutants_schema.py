@@ -49,11 +49,12 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-agent-sees-every-task",
-        "sql/0007.access.sql",
-        "        CREATE POLICY agent_tasks_agent_scope ON agent_tasks FOR SELECT TO agentdb_agent\n            USING (tenant_id = (SELECT agentdb_current_tenant()));",
-        "        CREATE POLICY agent_tasks_agent_scope ON agent_tasks FOR SELECT TO agentdb_agent\n            USING (true);",
+        # 0012's agentdb_grant_roles() recreates the agent policies (0007's are replaced).
+        "sql/0012.fair_claim.sql",
+        "FOR SELECT TO agentdb_agent USING (tenant_id = %s)',",
+        "FOR SELECT TO agentdb_agent USING (true OR tenant_id = %s)',",
         (T + "test_access.py",),
-        "0007: the agent's task policy opens every tenant",
+        "0012: the agents' task, operation, event and artifact policies open every tenant",
     ),
     m(
         "sql-setting-beats-pin",
