@@ -242,7 +242,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-tenant-delete-keeps-credentials",
-        "sql/0009.tenant_deletion.sql",
+        "sql/0012.fair_claim.sql",  # 0012 replaces agentdb_delete_tenant (0009's is gone)
         "        DELETE FROM agent_credential_refs c WHERE c.tenant_id = p_tenant;",
         "        PERFORM 1 FROM agent_credential_refs c WHERE c.tenant_id = p_tenant;",
         (T + "test_tenant_deletion.py",),
