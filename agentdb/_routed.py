@@ -65,15 +65,19 @@ async def due_tenants(
     Raises:
         mapped database errors.
     """
-    rows = await _db.fetch_many(
-        db, _Q["routed_due_tenants"], after_tenant=after, max_tenants=limit, task_types=task_types
-    )
+    return await _walk(db, "routed_due_tenants", after, limit, task_types=task_types)
+
+
+async def _walk(
+    db: _db.Executor, query: str, after: uuid.UUID | None, limit: int, **extra: Any
+) -> list[uuid.UUID]:
+    """Up to ``limit`` tenants a discovery ``query`` finds after ``after``, then from the start."""
+    rows = await _db.fetch_many(db, _Q[query], after_tenant=after, max_tenants=limit, **extra)
     found = [r["tenant_id"] for r in rows]
     if len(found) < limit and after is not None:
         again = await _db.fetch_many(
-            db, _Q["routed_due_tenants"], after_tenant=None, max_tenants=limit - len(found),
-            task_types=task_types,
-        )  # fmt: skip
+            db, _Q[query], after_tenant=None, max_tenants=limit - len(found), **extra
+        )
         found += [r["tenant_id"] for r in again if r["tenant_id"] not in found]
     return found
 
@@ -258,15 +262,7 @@ async def outbox_claim(
     Raises:
         mapped database errors.
     """
-    rows = await _db.fetch_many(
-        db, _Q["routed_outbox_due_tenants"], after_tenant=after_tenant, max_tenants=batch
-    )
-    tenants = [r["tenant_id"] for r in rows]
-    if len(tenants) < batch and after_tenant is not None:
-        again = await _db.fetch_many(
-            db, _Q["routed_outbox_due_tenants"], after_tenant=None, max_tenants=batch
-        )
-        tenants += [r["tenant_id"] for r in again if r["tenant_id"] not in tenants]
+    tenants = await _walk(db, "routed_outbox_due_tenants", after_tenant, batch)
     out: list[_db.Record] = []
     for tenant in tenants:
         if len(out) >= batch:
