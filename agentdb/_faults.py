@@ -17,19 +17,21 @@ import os
 import random
 import signal
 
-__all__ = ["POINTS", "point"]
+__all__ = ["MEANING", "POINTS", "point"]
 
-#: Every boundary the worker, the relay and the demo provider mark.
-POINTS = (
-    "after_claim",  # worker: leases taken, before any handler ran
-    "after_reserve",  # worker: the operation's reservation committed, provider not called yet
-    "during_call",  # provider: request received, effect not yet recorded
-    "after_call",  # worker: the provider succeeded, outcome not yet recorded
-    "after_complete",  # worker: operation recorded, task not finished
-    "after_transition",  # worker: task finished and outbox row committed, not yet published
-    "after_relay_claim",  # relay: rows claimed, nothing published
-    "after_publish",  # relay: published, not yet marked delivered
-)
+#: Every boundary the worker, the relay and the demo provider mark, with what
+#: has happened by then (the crash reports quote it).
+MEANING = {
+    "after_claim": "worker: leases taken, before any handler ran",
+    "after_reserve": "worker: the operation's reservation committed, provider not called yet",
+    "during_call": "provider: request received, effect not yet recorded",
+    "after_call": "worker: the provider succeeded, outcome not yet recorded",
+    "after_complete": "worker: operation recorded, task not finished",
+    "after_transition": "worker: task finished and outbox row committed, not yet published",
+    "after_relay_claim": "relay: rows claimed, nothing published",
+    "after_publish": "relay: published, not yet marked delivered",
+}
+POINTS = tuple(MEANING)
 
 
 def _parse(spec: str) -> dict[str, float]:

@@ -12,47 +12,41 @@ import contextlib
 import gc
 import os
 import shutil
-import uuid
 import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
 from psycopg import sql
 
+# The testing kit's server and database helpers are the suite's too.
+from agentdb.testing._postgres import (
+    Server,
+    admin,
+    create_database,
+    drop_database,
+    temp_database,
+    with_db,
+)
+
+__all__ = [
+    "TEST_PASSWORD",
+    "Server",
+    "admin",
+    "create_database",
+    "drop_database",
+    "ensure_role",
+    "provision",
+    "temp_database",
+    "with_db",
+]
+
 TEST_PASSWORD = "agentdb-test"  # only for test roles on throwaway servers
-
-
-@dataclass(frozen=True)
-class Server:
-    """A PostgreSQL server the tests may create databases and roles on."""
-
-    admin_dsn: str
-    source: str
-
-    def url(self, dbname: str, user: str | None = None, password: str | None = None) -> str:
-        return with_db(self.admin_dsn, dbname, user=user, password=password)
-
-
-def with_db(dsn: str, dbname: str, *, user: str | None = None, password: str | None = None) -> str:
-    """Return ``dsn`` pointed at another database and, optionally, another login."""
-    parts = urlsplit(dsn)
-    netloc = parts.netloc
-    if user is not None:
-        host = netloc.rsplit("@", 1)[-1]
-        netloc = f"{user}:{password}@{host}" if password else f"{user}@{host}"
-    return urlunsplit((parts.scheme, netloc, f"/{dbname}", parts.query, parts.fragment))
 
 
 def query_args(dsn: str) -> dict[str, str]:
     return dict(parse_qsl(urlsplit(dsn).query))
-
-
-def admin(dsn: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(dsn, autocommit=True)
 
 
 def pg_bin(name: str) -> str:
@@ -129,36 +123,6 @@ def provision(stack: contextlib.ExitStack) -> Server:
         "CREATE ROLE), start a Docker engine, or install the test extra "
         "(pip install -e '.[test]') for the embedded server. Tried: " + "; ".join(reasons)
     )
-
-
-def create_database(
-    server: Server, *, template: str | None = None, owner: str | None = None
-) -> str:
-    name = f"agentdb_t_{uuid.uuid4().hex[:12]}"
-    stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-    if template is not None:
-        stmt += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
-    if owner is not None:
-        stmt += sql.SQL(" OWNER {}").format(sql.Identifier(owner))
-    with admin(server.admin_dsn) as conn:
-        conn.execute(stmt)
-    return name
-
-
-def drop_database(server: Server, name: str) -> None:
-    with admin(server.admin_dsn) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-
-
-@contextlib.contextmanager
-def temp_database(server: Server, **kwargs: Any) -> Iterator[str]:
-    name = create_database(server, **kwargs)
-    try:
-        yield name
-    finally:
-        drop_database(server, name)
 
 
 def ensure_role(

@@ -17,8 +17,9 @@ import asyncpg
 import pytest
 from psycopg import sql
 
-from agentdb import migrate
-from agentdb.tools.pgbouncer import Bouncer, pgbouncer
+from agentdb import testing
+from agentdb.testing._postgres import ROLE_LOCK, migrated_template
+from agentdb.tools.pgbouncer import Bouncer
 from tests import _pg
 
 RUNTIME = "agentdb_test_runtime"
@@ -29,7 +30,7 @@ STRANGER = "agentdb_test_stranger"
 # tests/citus needs a Citus cluster (make test-citus); no registry ships one.
 collect_ignore = [] if os.environ.get("AGENTDB_CITUS_DSN") else ["citus"]
 # Cluster-wide lock so two test sessions on one server don't race on CREATE ROLE.
-_ROLE_LOCK = 0x61_67_65_6E_74_64_62
+_ROLE_LOCK = ROLE_LOCK
 
 
 @pytest.fixture(scope="session")
@@ -38,28 +39,48 @@ def pg_server() -> Iterator[_pg.Server]:
         yield _pg.provision(stack)
 
 
+# The testing kit's plugin (agentdb.testing.plugin) provides agentdb_db, agentdb_pool
+# and agentdb_tenant; the suite feeds it its own server, template and login, and
+# its db / pool / tenants fixtures are thin wrappers over the plugin's.
 @pytest.fixture(scope="session")
-def bouncer(pg_server: _pg.Server, template_db: str) -> Iterator[Bouncer]:
-    """A real PgBouncer in transaction pooling mode in front of the session's server."""
-    binary = _pg.ensure_pgbouncer()
+def agentdb_server(pg_server: _pg.Server) -> _pg.Server:
+    return pg_server
+
+
+@pytest.fixture(scope="session")
+def agentdb_template(template_db: str) -> str:
+    return template_db
+
+
+@pytest.fixture(scope="session")
+def agentdb_login() -> tuple[str, str]:
+    """The plugin's pools log in as the runtime role - what workers use."""
+    return RUNTIME, _pg.TEST_PASSWORD
+
+
+@pytest.fixture(scope="session")
+def agentdb_bouncer_logins(pg_server: _pg.Server) -> tuple[tuple[str, str | None], ...]:
+    # Runs before the plugin's agentdb_bouncer starts: install the binary if we may.
+    _pg.ensure_pgbouncer()
     parts = urlsplit(pg_server.admin_dsn)
-    logins = {parts.username or "postgres": parts.password or ""}
-    logins |= dict.fromkeys(
-        (RUNTIME, AGENT_A, AGENT_B, AGENT_UNPINNED, STRANGER), _pg.TEST_PASSWORD
-    )
-    with pgbouncer(pg_server.admin_dsn, logins, pool_size=3, binary=binary) as running:
-        yield running
+    roles = (RUNTIME, AGENT_A, AGENT_B, AGENT_UNPINNED, STRANGER)
+    admin = (parts.username or "postgres", parts.password or "")
+    return (admin, *((role, _pg.TEST_PASSWORD) for role in roles))
+
+
+@pytest.fixture(scope="session")
+def bouncer(template_db: str, agentdb_bouncer: Bouncer) -> Bouncer:
+    """A real PgBouncer in transaction pooling mode in front of the session's server."""
+    return agentdb_bouncer
 
 
 @pytest.fixture(scope="session")
 def template_db(pg_server: _pg.Server) -> Iterator[str]:
-    """A database migrated once per session with agentdb's migrations."""
-    with contextlib.ExitStack() as stack:
-        name = stack.enter_context(_pg.temp_database(pg_server))
+    """A database migrated once per session with agentdb's migrations, plus the test roles."""
+    with migrated_template(pg_server) as name:
         with _pg.admin(pg_server.admin_dsn) as conn:
             conn.execute("SELECT pg_advisory_lock(%s)", (_ROLE_LOCK,))
             try:
-                migrate.migrate(pg_server.url(name))
                 _pg.ensure_role(conn, RUNTIME, member_of="agentdb_runtime")
                 for role in (AGENT_A, AGENT_B, AGENT_UNPINNED):
                     _pg.ensure_role(conn, role, member_of="agentdb_agent")
@@ -77,31 +98,23 @@ def template_db(pg_server: _pg.Server) -> Iterator[str]:
 
 
 @dataclass(frozen=True)
-class Database:
-    """One migrated database for one test."""
-
-    server: _pg.Server
-    name: str
-
-    @property
-    def admin_dsn(self) -> str:
-        return self.server.url(self.name)
+class Database(testing.Database):
+    """One migrated database for one test (the plugin's, with the test roles' password)."""
 
     def through(self, bouncer: Bouncer, user: str | None = None) -> str:
         """This database's DSN through ``bouncer`` (as the admin, or as ``user``)."""
         return bouncer.url(self.admin_dsn if user is None else self.url(user))
 
-    def url(self, user: str) -> str:
-        return self.server.url(self.name, user=user, password=_pg.TEST_PASSWORD)
+    def url(self, user: str, password: str | None = _pg.TEST_PASSWORD) -> str:
+        return super().url(user, password)
 
     async def connect(self, user: str | None = None) -> asyncpg.Connection:
         return await asyncpg.connect(self.admin_dsn if user is None else self.url(user))
 
 
 @pytest.fixture
-def db(pg_server: _pg.Server, template_db: str) -> Iterator[Database]:
-    with _pg.temp_database(pg_server, template=template_db) as name:
-        yield Database(pg_server, name)
+def db(agentdb_db: testing.Database) -> Database:
+    return Database(agentdb_db.server, agentdb_db.name)
 
 
 @dataclass(frozen=True)
@@ -111,16 +124,12 @@ class Tenants:
 
 
 @pytest.fixture
-async def tenants(db: Database) -> Tenants:
-    """Two tenants; AGENT_A and AGENT_B are pinned to them."""
-    t = Tenants(uuid.uuid4(), uuid.uuid4())
+async def tenants(db: Database, agentdb_tenant: uuid.UUID) -> Tenants:
+    """Two tenants (a is the plugin's); AGENT_A and AGENT_B are pinned to them."""
+    t = Tenants(agentdb_tenant, uuid.uuid4())
     conn = await db.connect()
     try:
-        await conn.execute(
-            "INSERT INTO agent_tenants (id, name) VALUES ($1, 'tenant a'), ($2, 'tenant b')",
-            t.a,
-            t.b,
-        )
+        await conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, 'tenant b')", t.b)
         await conn.execute(
             "INSERT INTO agent_principals (role_name, tenant_id) VALUES ($1, $2), ($3, $4)",
             AGENT_A,
@@ -160,8 +169,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture
-async def pool(db: Database) -> AsyncIterator[asyncpg.Pool]:
-    """A pool logged in as the runtime role - what workers use."""
-    p = await asyncpg.create_pool(db.url(RUNTIME), min_size=1, max_size=4)
-    yield p
-    await p.close()
+def pool(agentdb_pool: asyncpg.Pool) -> asyncpg.Pool:
+    """The plugin's pool: logged in as the runtime role (agentdb_login) - what workers use."""
+    return agentdb_pool

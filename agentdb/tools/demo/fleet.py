@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +32,14 @@ from typing import IO, NoReturn
 
 from agentdb.tools.demo.limits import REAP_WAIT, STOP_GRACE
 
-__all__ = ["PUBLISHER_TARGET", "WORKER_TARGET", "Fleet", "Workload", "kills_by_point"]
+__all__ = [
+    "PUBLISHER_TARGET",
+    "WORKER_TARGET",
+    "Fleet",
+    "Workload",
+    "kills_by_point",
+    "spawn_cli",
+]
 
 WORKER_TARGET = "agentdb.tools.demo.provider:WORKER"
 PUBLISHER_TARGET = "agentdb.tools.demo.provider:PUBLISHER"
@@ -68,6 +76,26 @@ def _child() -> NoReturn:
     sys.exit(main())
 
 
+def spawn_cli(
+    argv: Sequence[str], env: Mapping[str, str], log: IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """Start ``agentdb <argv>`` as a process that the kernel SIGKILLs when this one dies.
+
+    ``env`` is its whole environment (arm faults with ``AGENTDB_FAULTS`` in it);
+    its output is appended to ``log``. The demo, the chaos runs and the testing
+    kit's crash matrix (:mod:`agentdb.testing.crash`) start their workers here.
+
+    Raises:
+        OSError: the interpreter could not be started.
+    """
+    return subprocess.Popen(
+        [sys.executable, "-c", _BOOT, *argv],
+        env={**env, _PARENT: str(os.getpid())},
+        stdout=log,
+        stderr=log,
+    )
+
+
 @dataclass(frozen=True)
 class Workload:
     """One run: how much work, how many processes, and how they are made to crash."""
@@ -102,15 +130,9 @@ class Fleet:
     def _spawn(self, faults: str, *args: str) -> subprocess.Popen[bytes]:
         env = dict(os.environ, DATABASE_URL=self.dsn, AGENTDB_FAULTS=faults)
         env["AGENTDB_FAULTS_LOG"] = str(self.fault_log)
-        env[_PARENT] = str(os.getpid())
         if self.workload.seed is not None:
             env["AGENTDB_DEMO_SEED"] = str(self.workload.seed)
-        return subprocess.Popen(
-            [sys.executable, "-c", _BOOT, *args, "--dsn", self.dsn, "--log-level", "warning"],
-            env=env,
-            stdout=self.log,
-            stderr=self.log,
-        )
+        return spawn_cli([*args, "--dsn", self.dsn, "--log-level", "warning"], env, self.log)
 
     def worker(self) -> subprocess.Popen[bytes]:
         """Start one worker process (with the workload's worker faults armed)."""
