@@ -23,6 +23,7 @@ not end as in the baseline. :class:`NotIdempotent` names each failing step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from typing import IO, Any
 
 from agentdb import _db, tasks, tenancy
 from agentdb._faults import MEANING
+from agentdb.errors import AgentDBError
 from agentdb.hashing import canonical_json
 from agentdb.testing._postgres import Database
 from agentdb.testing.provider import (
@@ -278,6 +280,7 @@ async def _scenario(
             " (a crashed attempt's operation is reconciled by a hook for its action:"
             " reconcilers={action: provider.lookup})"
         )
+        await _cancel_unfinished(pool, tenant, ids)
     calls: list[tuple[str, ProviderCall]] = []
     for p in providers:
         name_of = str(getattr(p, "name", type(p).__name__))
@@ -285,6 +288,19 @@ async def _scenario(
     calls.sort(key=lambda nc: nc[1].at)
     states = tuple(str(rows[i]["state"]) for i in ids)
     return Scenario(point, killed, states, tuple(calls), tuple(problems)), tenant, ids
+
+
+async def _cancel_unfinished(pool: _db.Pool, tenant: uuid.UUID, ids: Sequence[uuid.UUID]) -> None:
+    """Cancel what a failed scenario left unfinished, so the next scenario's workers do not
+    run it (and record its calls under their own scenario)."""
+    for task_id in ids:
+        with contextlib.suppress(AgentDBError):  # finished or moved meanwhile: nothing to do
+            t = await tasks.get(pool, tenant, task_id)
+            if t.state not in _TERMINAL:
+                await tasks.transition(
+                    pool, tenant, task_id, expected_version=t.state_version,
+                    to_state="cancelled", error="crash test: unfinished at the end of its scenario",
+                )  # fmt: skip
 
 
 async def _blind_repeats(pool: _db.Pool, s: Scenario, tenant: uuid.UUID) -> list[str]:
