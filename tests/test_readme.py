@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests import _pg
 
@@ -108,3 +111,33 @@ def test_the_put_the_schema_block_runs_as_written(pg_server: _pg.Server) -> None
                 capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
             assert run.returncode == 0, (line, run.stderr)
+
+
+def test_readme_testing_section_shows_the_example_test_file() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Testing your handlers") : readme.index("## Behind PgBouncer")]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert blocks == [(ROOT / "examples" / "test_my_handlers.py").read_text()]
+
+
+@pytest.mark.parametrize("server", ["embedded", "AGENTDB_TEST_DSN"])
+def test_the_example_test_file_runs_green_as_written(
+    server: str, pg_server: _pg.Server, tmp_path: Path
+) -> None:
+    """In a directory of its own (none of this project's pytest configuration), with the
+    plugin pytest finds by its entry point: an embedded Postgres, then the suite's server."""
+    shutil.copy(ROOT / "examples" / "test_my_handlers.py", tmp_path)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("AGENTDB_TEST_DSN", "DATABASE_URL", "AGENTDB_POOLER")
+    }
+    if server == "AGENTDB_TEST_DSN":
+        env["AGENTDB_TEST_DSN"] = pg_server.admin_dsn
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_handlers.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert re.search(r"\b3 passed\b", out.stdout), out.stdout[-2000:]
+    assert "skipped" not in out.stdout

@@ -4,6 +4,8 @@ the crash matrix - each against real Postgres, the crash matrix with real worker
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 import tomllib
 import uuid
@@ -33,6 +35,7 @@ from agentdb.testing import (
 from agentdb.tools.pgbouncer import Bouncer
 from tests import kit_handlers as kit
 from tests.conftest import RUNTIME, Tenants
+from tests.conftest import Database as SuiteDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -211,7 +214,7 @@ async def test_ledger_assertion_failures_show_the_actual_rows(
 
 
 async def test_the_idempotent_example_handler_passes_every_crash_point(
-    db: Database, example: ModuleType
+    db: SuiteDatabase, example: ModuleType
 ) -> None:
     work = [("send_invoice", {"invoice": 11})]
     report = await crash_test(db, example.HANDLERS, work, example.payments)
@@ -224,7 +227,7 @@ async def test_the_idempotent_example_handler_passes_every_crash_point(
 
 
 async def test_charging_before_reserving_is_caught_naming_the_steps(
-    db: Database, example: ModuleType
+    db: SuiteDatabase, example: ModuleType
 ) -> None:
     work = [("send_invoice", {"invoice": 12})]
     with pytest.raises(NotIdempotent) as caught:
@@ -240,7 +243,7 @@ async def test_charging_before_reserving_is_caught_naming_the_steps(
 
 
 async def test_two_providers_through_pgbouncer(
-    db: Database, bouncer: Bouncer, admin_conn: asyncpg.Connection
+    db: SuiteDatabase, bouncer: Bouncer, admin_conn: asyncpg.Connection
 ) -> None:
     report = await crash_test(
         db.through(bouncer), kit.TWO_PROVIDERS, [("order", {"order": 1}), ("order", {"order": 2})],
@@ -254,7 +257,7 @@ async def test_two_providers_through_pgbouncer(
 
 
 async def test_a_call_the_key_absorbed_after_agentdb_recorded_it_done_is_caught(
-    db: Database,
+    db: SuiteDatabase,
 ) -> None:
     with pytest.raises(NotIdempotent) as caught:
         await crash_test(
@@ -267,7 +270,7 @@ async def test_a_call_the_key_absorbed_after_agentdb_recorded_it_done_is_caught(
     assert "without checking Reservation.fresh" in message
 
 
-async def test_a_handler_without_a_reconcile_hook_is_reported_unfinished(db: Database) -> None:
+async def test_a_handler_without_a_reconcile_hook_is_reported_unfinished(db: SuiteDatabase) -> None:
     with pytest.raises(NotIdempotent) as caught:
         await crash_test(
             db, "tests.kit_handlers:NO_HOOK", [("order", {"order": 6})], [kit.psp, kit.mailer],
@@ -278,3 +281,16 @@ async def test_a_handler_without_a_reconcile_hook_is_reported_unfinished(db: Dat
     assert "the tasks did not finish within 6s" in message
     assert "OperationUnsettled" in message
     assert "reconcilers={action: provider.lookup}" in message
+
+
+def test_at_least_a_third_of_the_suite_runs_on_the_plugins_fixtures() -> None:
+    """The project eats its own dog food: counted over the whole suite, as collected."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "tests._census",
+         "-p", "no:cacheprovider", str(ROOT / "tests")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("AGENTDB_CENSUS "))
+    census = json.loads(line.removeprefix("AGENTDB_CENSUS "))
+    assert census["tests"] > 1000
+    assert census["using"] * 3 >= census["tests"], census
