@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from agentdb.testing.provider import (
     ProviderLedger,
     install,
 )
+from agentdb.tools._process import stop
 from agentdb.tools.demo.fleet import kills_by_point, spawn_cli
 
 __all__ = [
@@ -225,16 +225,6 @@ async def _until(
     return False
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 async def _scenario(
     run: _Run,
     pool: _db.Pool,
@@ -259,7 +249,7 @@ async def _scenario(
     try:
         done = await _until(pool, tenant, len(ids), first, deadline)
     finally:
-        _stop(first)
+        stop(first)
     killed = bool(kills_by_point(Path(env["AGENTDB_FAULTS_LOG"])))
     if not done and not killed and time.monotonic() < deadline:
         raise CrashTestError(
@@ -271,7 +261,7 @@ async def _scenario(
         try:
             done = await _until(pool, tenant, len(ids), recovery, deadline)
         finally:
-            _stop(recovery)
+            stop(recovery)
     rows = {r["id"]: r for r in await pool.fetch(_STATES, tenant)}
     if not done:
         left = [f"{i} {rows[i]['state']} ({rows[i]['last_error']})" for i in ids]

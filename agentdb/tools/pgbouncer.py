@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from agentdb.errors import ConfigurationError
+from agentdb.tools._process import stop
 
 __all__ = ["Bouncer", "find_binary", "pgbouncer"]
 
@@ -167,11 +168,5 @@ def pgbouncer(
             time.sleep(0.05)
         yield bouncer
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc, signal.SIGINT)  # PgBouncer's immediate shutdown
         shutil.rmtree(workdir, ignore_errors=True)
