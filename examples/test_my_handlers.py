@@ -9,10 +9,12 @@ from __future__ import annotations
 import uuid
 from types import SimpleNamespace
 
+import asyncpg
 import pytest
 
 from agentdb import Message, tasks
 from agentdb.testing import (
+    Database,
     NotIdempotent,
     RecordingProvider,
     assert_events,
@@ -63,7 +65,7 @@ CHARGING_FIRST = SimpleNamespace(
 
 @pytest.mark.asyncio
 async def test_an_invoice_is_charged_once_and_announced(
-    agentdb_pool: object, agentdb_tenant: uuid.UUID
+    agentdb_pool: asyncpg.Pool, agentdb_tenant: uuid.UUID
 ) -> None:
     task = await tasks.create(agentdb_pool, agentdb_tenant, "send_invoice", params={"invoice": 42})
 
@@ -84,7 +86,7 @@ async def test_an_invoice_is_charged_once_and_announced(
 
 
 @pytest.mark.asyncio
-async def test_a_worker_killed_at_any_step_charges_once(agentdb_db: object) -> None:
+async def test_a_worker_killed_at_any_step_charges_once(agentdb_db: Database) -> None:
     # A worker process is SIGKILLed at each step, a fresh one recovers the task,
     # and the provider must have charged exactly as often as without a crash.
     report = await crash_test(agentdb_db, HANDLERS, [("send_invoice", {"invoice": 7})], payments)
@@ -92,7 +94,7 @@ async def test_a_worker_killed_at_any_step_charges_once(agentdb_db: object) -> N
 
 
 @pytest.mark.asyncio
-async def test_the_crash_test_catches_charging_before_reserving(agentdb_db: object) -> None:
+async def test_the_crash_test_catches_charging_before_reserving(agentdb_db: Database) -> None:
     with pytest.raises(NotIdempotent, match="not idempotent at after_reserve"):
         await crash_test(
             agentdb_db, CHARGING_FIRST, [("send_invoice", {"invoice": 7})], payments,
