@@ -51,14 +51,22 @@ Login = tuple[str, str | None]
 
 @pytest.fixture(scope="session")
 def agentdb_server() -> Iterator[Server]:
-    """The PostgreSQL of this session: ``$AGENTDB_TEST_DSN``, else an embedded one."""
+    """The PostgreSQL of this session: ``$AGENTDB_TEST_DSN``, else an embedded one.
+
+    Raises:
+        RuntimeError: the DSN cannot be reached, or the embedded server cannot start.
+    """
     with contextlib.ExitStack() as stack:
         yield provision(stack)
 
 
 @pytest.fixture(scope="session")
 def agentdb_template(agentdb_server: Server) -> Iterator[str]:
-    """A database migrated once per session, which each test's database is cloned from."""
+    """A database migrated once per session, which each test's database is cloned from.
+
+    Raises:
+        MigrationError: the migrations failed.
+    """
     with migrated_template(agentdb_server) as name:
         yield name
 

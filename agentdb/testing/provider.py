@@ -30,6 +30,7 @@ import contextvars
 import json
 import os
 import uuid
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -148,7 +149,10 @@ class RecordingProvider:
 
     def __init__(self, name: str = "provider") -> None:
         self.name = name
-        self._pools: dict[int, _db.Pool] = {}
+        # One pool per event loop: a pool is bound to the loop that opened it.
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _db.Pool] = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def _pool(self) -> _db.Pool:
         found = _current.get()
@@ -160,8 +164,7 @@ class RecordingProvider:
                 f"RecordingProvider {self.name!r} has nowhere to record: call it inside "
                 f"agentdb.testing.drain(...) or recording(pool), or set ${DSN_ENV}"
             )
-        # One pool per event loop: a pool is bound to the loop that opened it.
-        loop = id(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
         if loop not in self._pools:
             self._pools[loop] = await _db.create_pool(dsn, min_size=1, max_size=2)
         return self._pools[loop]
@@ -229,6 +232,6 @@ class RecordingProvider:
 
     async def close(self) -> None:
         """Close the pools opened from ``$AGENTDB_TESTING_DSN`` in this event loop."""
-        pool = self._pools.pop(id(asyncio.get_running_loop()), None)
+        pool = self._pools.pop(asyncio.get_running_loop(), None)
         if pool is not None:
             await pool.close()
