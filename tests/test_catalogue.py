@@ -83,11 +83,12 @@ _PACKAGE = Path(__file__).resolve().parent.parent / "agentdb"
 
 
 def _quoted_names(package: Path) -> set[str]:
-    """Quoted agent_* names in the library (the tools name their own demo tables)."""
+    """Quoted agent_* names in the library (the tools and the testing kit name their own
+    demo and recording tables)."""
     return {
         name
         for path in package.rglob("*.py")
-        if "tools" not in path.relative_to(package).parts
+        if not {"tools", "testing"} & set(path.relative_to(package).parts)
         for name in re.findall(r"[\"'](agent(?:db)?_[a-z0-9_]+)[\"']", path.read_text())
     }
 

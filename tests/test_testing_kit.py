@@ -20,6 +20,7 @@ from agentdb import inbox, outbox, schema, tasks
 from agentdb.models import OutboxMessage
 from agentdb.testing import (
     WORKER_POINTS,
+    CrashTestError,
     Database,
     DrainTimeout,
     LedgerAssertion,
@@ -294,3 +295,12 @@ def test_at_least_a_third_of_the_suite_runs_on_the_plugins_fixtures() -> None:
     census = json.loads(line.removeprefix("AGENTDB_CENSUS "))
     assert census["tests"] > 1000
     assert census["using"] * 3 >= census["tests"], census
+
+
+async def test_handlers_a_worker_cannot_import_are_a_crash_test_error_quoting_its_log(
+    db: SuiteDatabase,
+) -> None:
+    with pytest.raises(
+        CrashTestError, match=r"(?s)baseline: the worker exited with 2.*cannot import"
+    ):
+        await crash_test(db, "tests.no_such_module:HANDLERS", [("order", {"order": 1})], kit.psp)
