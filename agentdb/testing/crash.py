@@ -175,7 +175,7 @@ def _identity(call: ProviderCall, provider: str, ids: Mapping[str, str]) -> str:
 
 @dataclass
 class _Run:
-    """One scenario's processes and files, and how to judge what it did."""
+    """What every scenario of one crash test shares: the database, the handlers, the files."""
 
     dsn: str
     spec: str
