@@ -49,9 +49,19 @@ bench-quick: $(VENV)/.bench ## The same at small sizes, under a minute (CI smoke
 test: $(VENV)/.dev ## Run the whole test suite (embedded Postgres unless AGENTDB_TEST_DSN is set)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test-citus: $(VENV)/.dev ## The Citus suite against AGENTDB_CITUS_DSN (a coordinator database; not in make test)
+# The suites make test-citus runs a second time with every test database on
+# the cluster: raw-SQL attacks, runtime, worker, relay, crash and model tests.
+CITUS_SUITES ?= tests/test_attacks.py tests/test_fences.py tests/test_tenant_isolation.py \
+	tests/test_tasks.py tests/test_leases.py tests/test_operations.py tests/test_outbox.py \
+	tests/test_complete_many.py tests/test_tenancy.py tests/test_tenant_deletion.py \
+	tests/test_retention.py tests/test_fairness.py tests/test_status.py tests/test_worker.py \
+	tests/test_worker_finishing.py tests/test_worker_misbehaving.py tests/test_relay.py \
+	tests/test_crash.py tests/test_model.py
+
+test-citus: $(VENV)/.dev ## Citus tests + attacks/runtime/worker/relay/crash/model suites + chaos-quick on AGENTDB_CITUS_DSN (not in make test)
 	@test -n "$$AGENTDB_CITUS_DSN" || { echo "make test-citus: set AGENTDB_CITUS_DSN to a database on a Citus coordinator (citus installed, workers added); see README 'Scaling out with Citus'" >&2; exit 2; }
 	$(BIN)/pytest tests/citus $(PYTEST_ARGS)
+	AGENTDB_TEST_ON_CITUS=1 $(BIN)/pytest $(CITUS_SUITES) $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev ## ruff (lint + format check), mypy --strict, the import contracts, the README table
 	$(BIN)/ruff check agentdb tests examples
@@ -62,6 +72,9 @@ lint: $(VENV)/.dev ## ruff (lint + format check), mypy --strict, the import cont
 
 mutate: $(VENV)/.dev ## Mutation check: >= 80 mutants of the guards, each must fail its tests (MUTATE_ARGS=...)
 	$(BIN)/python -m agentdb.tools.mutate $(MUTATE_ARGS)
+
+mutate-citus: $(VENV)/.dev ## The mutants of the Citus statements, their tests run on AGENTDB_CITUS_DSN
+	$(BIN)/python -m agentdb.tools.mutate --citus $(MUTATE_ARGS)
 
 readme: $(VENV)/.dev ## Regenerate the README's guarantee table from agentdb/guarantees.py
 	$(BIN)/python -m agentdb.tools.docs --write

@@ -21,10 +21,12 @@ from typing import Any, cast
 
 from agentdb import _db
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, document
+from agentdb.errors import TransientError
 
 __all__ = [
     "bury",
     "claim",
+    "create_task",
     "due_tenants",
     "outbox_claim",
     "outbox_delivered",
@@ -144,26 +146,57 @@ async def claim(
             same moment (only that tenant's claim is lost).
         mapped database errors.
     """
-    tenants = await _next_tenants(db, after_tenant, batch, task_types)
+    # A few tenants more than the batch needs: one that is paused, full or
+    # already drained by another worker gives its share to the next.
+    tenants = await _next_tenants(db, after_tenant, max(batch, _PROBE), task_types)
     if not tenants:
         return []
-    share = -(-batch // len(tenants))
+    share = -(-batch // min(batch, len(tenants)))
     out: list[_db.Record] = []
+    gave: dict[uuid.UUID, int] = {}
     for tenant in tenants:
         want = min(share, batch - len(out))
         if want <= 0:
             break
-        async with _db.transaction(db) as conn:
-            rows = await _db.fetch_many(
-                conn, _Q["routed_claim"], tenant_id=tenant, lease_owner=owner, batch=want,
-                lease_ttl=lease_ttl, task_types=task_types,
-            )  # fmt: skip
-            rows.sort(key=lambda r: r["ord"])
-            await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
-        if not rows:
+        rows = await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
+        if rows:
+            gave[tenant] = len(rows)
+        else:
             _forget(db, tenant)
         out += rows
+    # As the one-statement claim shares the batch between the tenants that have
+    # claimable work, the tenants that gave nothing (paused, full, drained)
+    # leave their shares to the others: asked again, in walk order, each up to
+    # its new share. (A tenant whose capped task type filled up in the first
+    # pass then offers its other types.)
+    if gave and len(out) < batch:
+        share = -(-batch // len(gave))
+        for tenant, given in gave.items():
+            want = min(share - given, batch - len(out))
+            if want > 0:
+                out += await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
     return out
+
+
+_PROBE = 8
+
+
+async def _claim_tenant(
+    db: _db.Executor,
+    tenant: uuid.UUID,
+    owner: str,
+    want: int,
+    lease_ttl: timedelta | None,
+    task_types: list[str] | None,
+) -> list[_db.Record]:
+    async with _db.transaction(db) as conn:
+        rows = await _db.fetch_many(
+            conn, _Q["routed_claim"], tenant_id=tenant, lease_owner=owner, batch=want,
+            lease_ttl=lease_ttl, task_types=task_types,
+        )  # fmt: skip
+        rows.sort(key=lambda r: r["ord"])
+        await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
+    return rows
 
 
 async def bury(db: _db.Executor, actor: str, batch: int) -> list[_db.Record]:
@@ -200,6 +233,40 @@ async def bury(db: _db.Executor, actor: str, batch: int) -> list[_db.Record]:
             await _db.execute_each(conn, _Q["routed_task_event"], events)
         out += rows
     return out
+
+
+async def create_task(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
+    """``task_create`` on Citus: the INSERT and its event, or the key's holder.
+
+    ``params`` are task_create's. ``None``: as its zero rows (the key's
+    holder is not visible yet).
+
+    Raises:
+        mapped database errors.
+    """
+    insert = {k: v for k, v in params.items() if k != "actor_id"}
+    async with _db.transaction(db) as conn:
+        row = await _db.fetch_optional(conn, _Q["routed_task_insert"], **insert)
+        if row is None:
+            return await _db.fetch_optional(
+                conn, _Q["routed_task_by_key"], tenant_id=params["tenant_id"],
+                dedupe_key=params["dedupe_key"],
+            )  # fmt: skip
+        await _db.execute_each(
+            conn,
+            _Q["routed_task_event"],
+            [
+                {
+                    "tenant_id": row["tenant_id"], "task_id": row["id"],
+                    "event_type": "task.created", "actor_id": params["actor_id"],
+                    "policy_version": row["workflow_version"], "from_state": None,
+                    "to_state": row["state"], "task_state_version": row["state_version"],
+                    "payload": document({}, cap=EVENT_PAYLOAD_CAP, what="task event"),
+                    "trace_id": row["trace_id"], "span_id": row["span_id"],
+                }
+            ],
+        )  # fmt: skip
+        return row
 
 
 async def transition(
@@ -315,8 +382,10 @@ async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None
             conn, _Q["routed_operation_fence"], tenant_id=tenant, task_id=params["task_id"],
             lease_owner=params["lease_owner"], lease_token=params["lease_token"],
         )  # fmt: skip
-        if fence is None or not fence["ok"]:
+        if fence is not None and not fence["ok"]:
             return None
+        # No such task in this tenant: the insert's foreign key refuses it
+        # (TenantMismatch), as it does the one-statement form.
         row = await _db.fetch_optional(
             conn, _Q["routed_operation_insert"], tenant_id=tenant, id=params["id"],
             task_id=params["task_id"], idempotency_key=params["idempotency_key"],
@@ -328,6 +397,8 @@ async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None
                 conn, _Q["routed_operation_by_key"], tenant_id=tenant,
                 idempotency_key=params["idempotency_key"],
             )  # fmt: skip
+        if fence is None:  # the task committed after the fence read: reserve again
+            raise TransientError("the task appeared while it was being reserved against")
         payload = {"action": row["action"], "idempotency_key": row["idempotency_key"]}
         await _db.execute_each(
             conn,

@@ -94,25 +94,18 @@ async def create(
     digest = input_hash(dict(params or {})) if dedupe_key is not None else None
     trace_id, span_id = telemetry.ids(trace_id, span_id)
     new_id = task_id or uuid.uuid4()
+    params = {
+        "tenant_id": tenant_id, "id": new_id, "task_type": task_type,
+        "workflow_version": workflow_version, "state": "waiting" if waiting else "pending",
+        "params": body, "dedupe_key": dedupe_key, "input_hash": digest, "wake_at": wake_at,
+        "max_attempts": max_attempts, "lease_ttl": lease_ttl, "trace_id": trace_id,
+        "span_id": span_id, "actor_id": actor,
+    }  # fmt: skip
     for _ in range(_RACE_RERUNS):
-        row = await _db.fetch_optional(
-            db,
-            _Q["task_create"],
-            tenant_id=tenant_id,
-            id=new_id,
-            task_type=task_type,
-            workflow_version=workflow_version,
-            state="waiting" if waiting else "pending",
-            params=body,
-            dedupe_key=dedupe_key,
-            input_hash=digest,
-            wake_at=wake_at,
-            max_attempts=max_attempts,
-            lease_ttl=lease_ttl,
-            trace_id=trace_id,
-            span_id=span_id,
-            actor_id=actor,
-        )
+        if await schema.distributed(db):
+            row = await _routed.create_task(db, params)
+        else:
+            row = await _db.fetch_optional(db, _Q["task_create"], **params)
         if row is not None:
             break
     else:

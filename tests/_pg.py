@@ -21,7 +21,9 @@ import psycopg
 from psycopg import sql
 
 # The testing kit's server and database helpers are the suite's too.
+from agentdb.testing import _postgres
 from agentdb.testing._postgres import (
+    ON_CITUS,
     Server,
     admin,
     create_database,
@@ -31,18 +33,39 @@ from agentdb.testing._postgres import (
 )
 
 __all__ = [
+    "ON_CITUS",
     "TEST_PASSWORD",
     "Server",
     "admin",
+    "constraint_of",
     "create_database",
     "drop_database",
     "ensure_role",
+    "ensure_roles",
+    "guard",
     "provision",
     "temp_database",
     "with_db",
 ]
 
 TEST_PASSWORD = "agentdb-test"  # only for test roles on throwaway servers
+
+
+def guard(name: str) -> str | None:
+    """The trigger name a guard's error carries as its constraint: none on Citus.
+
+    Citus drops the constraint field of a worker's error, and a guard's
+    message does not name its trigger (a CHECK's or key's name is recovered
+    from its message; see agentdb._db.execute).
+    """
+    return None if ON_CITUS else name
+
+
+def constraint_of(exc: BaseException) -> str | None:
+    """The constraint a raw database error names, as agentdb's mapping reads it."""
+    from agentdb import _db
+
+    return getattr(_db.translate(exc), "constraint", None)
 
 
 def query_args(dsn: str) -> dict[str, str]:
@@ -103,6 +126,8 @@ def start_embedded(stack: contextlib.ExitStack) -> Server:
 
 
 def provision(stack: contextlib.ExitStack) -> Server:
+    if ON_CITUS:  # make test-citus: the kit's Citus server (agentdb.testing._postgres)
+        return _postgres.provision(stack)
     dsn = os.environ.get("AGENTDB_TEST_DSN")
     if dsn:
         with admin(dsn):  # fail now, with the reason, if it cannot be reached
@@ -123,6 +148,19 @@ def provision(stack: contextlib.ExitStack) -> Server:
         "CREATE ROLE), start a Docker engine, or install the test extra "
         "(pip install -e '.[test]') for the embedded server. Tried: " + "; ".join(reasons)
     )
+
+
+def ensure_roles(server: Server, roles: dict[str, str | None]) -> None:
+    """Create each test login (name -> the role it is a member of) on every node.
+
+    On Citus a login must exist on each worker too (the coordinator connects
+    to the workers as the same user); each node gets it in its ``postgres``
+    database, where no citus extension propagates it a second time.
+    """
+    for node in server.nodes():
+        with admin(with_db(node, "postgres") if server.citus else node) as conn:
+            for name, member_of in roles.items():
+                ensure_role(conn, name, member_of=member_of)
 
 
 def ensure_role(

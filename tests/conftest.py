@@ -81,10 +81,8 @@ def template_db(pg_server: _pg.Server) -> Iterator[str]:
         with _pg.admin(pg_server.admin_dsn) as conn:
             conn.execute("SELECT pg_advisory_lock(%s)", (_ROLE_LOCK,))
             try:
-                _pg.ensure_role(conn, RUNTIME, member_of="agentdb_runtime")
-                for role in (AGENT_A, AGENT_B, AGENT_UNPINNED):
-                    _pg.ensure_role(conn, role, member_of="agentdb_agent")
-                _pg.ensure_role(conn, STRANGER)
+                agents = dict.fromkeys((AGENT_A, AGENT_B, AGENT_UNPINNED), "agentdb_agent")
+                _pg.ensure_roles(pg_server, {RUNTIME: "agentdb_runtime", **agents, STRANGER: None})
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_ROLE_LOCK,))
         with _pg.admin(pg_server.url(name)) as conn:
@@ -156,6 +154,27 @@ async def runtime_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
     conn = await db.connect(RUNTIME)
     yield conn
     await conn.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On Citus (make test-citus) deselect the tests marked plain_postgres - and say why.
+
+    Deselected, not skipped: each carries the reason it cannot hold there, and
+    the run lists them.
+    """
+    if not _pg.ON_CITUS:
+        return
+    plain = [item for item in items if item.get_closest_marker("plain_postgres")]
+    if not plain:
+        return
+    config.hook.pytest_deselected(items=plain)
+    items[:] = [item for item in items if item not in plain]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for item in plain:
+        marker = item.get_closest_marker("plain_postgres")
+        reason = marker.args[0] if marker and marker.args else "?"
+        if reporter is not None:
+            reporter.write_line(f"agentdb: not on Citus: {item.nodeid}: {reason}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import asyncpg
 
+from agentdb.testing._postgres import ON_CITUS
+
 HASH = hashlib.sha256(b"input").hexdigest()
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
@@ -184,19 +186,40 @@ async def update_row(
 
 async def expire_lease(admin: asyncpg.Connection, task_id: uuid.UUID) -> None:
     """Make a task's lease run out now (a heartbeat-shaped write: no version bump, no event)."""
+    # The instant is computed first: Citus refuses a STABLE operator on a column in a SET.
+    acquired = await admin.fetchval(
+        "SELECT lease_acquired_at FROM agent_tasks WHERE id = $1", task_id
+    )
     await admin.execute(
-        "UPDATE agent_tasks SET lease_expires_at = lease_acquired_at + interval '1 millisecond'"
-        " WHERE id = $1",
+        "UPDATE agent_tasks SET lease_expires_at = $2 WHERE id = $1",
         task_id,
+        acquired + timedelta(milliseconds=1),
     )
 
 
+async def replica_mode(admin: asyncpg.Connection) -> None:
+    """Switch off triggers for the rest of ``admin``'s transaction (a superuser's way to
+    fake time passing). On Citus the triggers fire on the workers: the setting is
+    propagated there."""
+    if ON_CITUS:
+        await admin.execute("SET LOCAL citus.propagate_set_commands = 'local'")
+    await admin.execute("SET LOCAL session_replication_role = replica")
+
+
 async def wait_until_blocked(admin: asyncpg.Connection, pid: int) -> None:
-    """Until backend ``pid`` waits on a lock - observed in pg_stat_activity, not slept for."""
+    """Until backend ``pid`` waits on a lock - observed in pg_stat_activity, not slept for.
+
+    On Citus the lock is waited for on a worker, on the backend's behalf:
+    citus_lock_waits names the coordinator backend (its global pid ends in
+    its pid).
+    """
+    query = (
+        "SELECT count(*) > 0 FROM citus_lock_waits WHERE waiting_gpid % 10000000000 = $1"
+        if ON_CITUS
+        else "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+    )
     for _ in range(1000):
-        waiting = await admin.fetchval(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
-        )
+        waiting = await admin.fetchval(query, pid)
         if waiting:
             return
         await asyncio.sleep(0.01)

@@ -220,10 +220,17 @@ async def impatient(db: Database) -> AsyncIterator[asyncpg.Connection]:
     await conn.close()
 
 
-async def _hold(locker: asyncpg.Connection, table: str, row_id: uuid.UUID) -> Transaction:
+async def _hold(
+    locker: asyncpg.Connection, table: str, tenant: uuid.UUID, row_id: uuid.UUID
+) -> Transaction:
     tx = locker.transaction()
     await tx.start()
-    await locker.execute(f"SELECT 1 FROM {table} WHERE id = $1 FOR UPDATE", row_id)  # noqa: S608
+    # Names the tenant: on Citus a row lock must route to one shard.
+    await locker.execute(
+        f"SELECT 1 FROM {table} WHERE tenant_id = $1 AND id = $2 FOR UPDATE",  # noqa: S608
+        tenant,
+        row_id,
+    )
     return tx
 
 
@@ -236,7 +243,7 @@ async def test_G12_a_claim_skips_a_due_task_another_transaction_holds_locked(
     now = datetime.now(UTC)
     first = await tasks.create(pool, tenants.a, "t", wake_at=now - timedelta(minutes=2))
     second = await tasks.create(pool, tenants.a, "t", wake_at=now - timedelta(minutes=1))
-    tx = await _hold(locker, "agent_tasks", first.id)
+    tx = await _hold(locker, "agent_tasks", tenants.a, first.id)
     try:
         claimed = await leases.claim(impatient, "w", batch=1)
     finally:
@@ -263,7 +270,7 @@ async def test_G12_a_claim_skips_an_expired_lease_another_transaction_holds_lock
         "SELECT id FROM agent_tasks WHERE tenant_id = $1 ORDER BY lease_expires_at", tenants.a
     )
     oldest, other = order[0]["id"], order[1]["id"]
-    tx = await _hold(locker, "agent_tasks", oldest)
+    tx = await _hold(locker, "agent_tasks", tenants.a, oldest)
     try:
         claimed = await leases.claim(impatient, "w", batch=1)
     finally:
@@ -284,7 +291,7 @@ async def test_G10_a_relay_skips_a_message_another_transaction_holds_locked(
         "UPDATE agent_outbox SET next_attempt_at = now() - interval '1 minute' WHERE id = $1",
         first,
     )
-    tx = await _hold(locker, "agent_outbox", first)
+    tx = await _hold(locker, "agent_outbox", tenants.a, first)
     try:
         claimed = await outbox.claim(impatient, "relay-1", batch=1)
     finally:

@@ -58,10 +58,15 @@ async def _seed(admin: asyncpg.Connection, tenants: Tenants) -> None:
         " FROM generate_series(1, 35) AS i",
         tenants.a,
     )
+    # Two statements, not one CASE: Citus refuses now() inside CASE.
     await admin.execute(
-        "UPDATE agent_outbox SET state = 'delivered', delivered_at = CASE WHEN"
-        " (payload->>'i')::int <= 30 THEN now() - interval '8 days' ELSE now() END"
-        " WHERE tenant_id = $1",
+        "UPDATE agent_outbox SET state = 'delivered', delivered_at = now() - interval '8 days'"
+        " WHERE tenant_id = $1 AND (payload->>'i')::int <= 30",
+        tenants.a,
+    )
+    await admin.execute(
+        "UPDATE agent_outbox SET state = 'delivered', delivered_at = now()"
+        " WHERE tenant_id = $1 AND (payload->>'i')::int > 30",
         tenants.a,
     )
     await admin.execute(
@@ -138,7 +143,7 @@ async def test_G9_purge_removes_operations_and_tasks_only_after_their_audit_trai
     first = await retention.purge(admin_conn, ages=long_ago)
     assert (first.removed["operations"], first.removed["tasks"]) == (0, 0)  # events still retained
     async with admin_conn.transaction():  # time passes (only a superuser can fake it)
-        await admin_conn.execute("SET LOCAL session_replication_role = replica")
+        await F.replica_mode(admin_conn)
         await admin_conn.execute(
             "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
             " retain_until = now() - interval '1 day'"

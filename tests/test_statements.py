@@ -67,7 +67,8 @@ def _assignments(name: str) -> list[str]:
 @pytest.mark.parametrize(
     ("routed", "plain", "differs"),
     [
-        ("routed_transition", "task_transition", ()),
+        # Citus refuses now() inside CASE: the routed form reads "now" once, in prior.
+        ("routed_transition", "task_transition", ("THEN coalesce($7, ",)),
         ("routed_operation_settle", "operation_settle", ()),
         # Citus refuses now() inside COALESCE: the routed form takes greatest().
         ("routed_release", "lease_release", ("wake_at = ",)),
@@ -81,3 +82,17 @@ def test_each_routed_update_sets_what_its_plain_twin_sets(
     theirs = [a for a in _assignments(plain) if not (differs and a.startswith(differs))]
     assert len(theirs) >= 5  # the whole SET list was read, not an empty prefix
     assert mine == theirs
+
+
+def _task_insert(name: str) -> str:
+    sql = _db.QUERIES[name].sql
+    start = sql.index("INSERT INTO agent_tasks")
+    end = sql.index("DO NOTHING", start)
+    return " ".join(sql[start:end].split())
+
+
+def test_the_routed_task_insert_is_task_create_s_insert() -> None:
+    """routed_task_insert is task_create's INSERT alone (Citus plans a WITH ... INSERT as a
+    COPY, which row-level security refuses): the two must insert the same way."""
+    assert _task_insert("routed_task_insert") == _task_insert("task_create")
+    assert "coalesce($9," in _task_insert("task_create")  # the whole INSERT was read

@@ -59,6 +59,10 @@ async def test_create_tenant(pool: asyncpg.Pool, admin_conn: asyncpg.Connection)
     assert dup.value.constraint == "agent_tenants_pkey"
 
 
+@pytest.mark.plain_postgres(
+    "on Citus the row lock is waited for on a worker, which a coordinator session's "
+    "lock_timeout does not reach: the waiter blocks (set lock_timeout on the workers)"
+)
 async def test_lock_timeout_is_transient(
     db: Database, tenants: Tenants, pool: asyncpg.Pool
 ) -> None:
@@ -68,7 +72,11 @@ async def test_lock_timeout_is_transient(
     try:
         tx = holder.transaction()
         await tx.start()
-        await holder.execute("SELECT 1 FROM agent_tasks WHERE id = $1 FOR UPDATE", task.id)
+        await holder.execute(
+            "SELECT 1 FROM agent_tasks WHERE tenant_id = $1 AND id = $2 FOR UPDATE",
+            tenants.a,
+            task.id,
+        )
         await waiter.execute("SET lock_timeout = '50ms'")
         with pytest.raises(TransientError) as transient:
             await tasks.transition(
@@ -81,6 +89,10 @@ async def test_lock_timeout_is_transient(
         await waiter.close()
 
 
+@pytest.mark.plain_postgres(
+    "on Citus the two sessions wait for each other on a worker, and which detector "
+    "ends it, and when, is Citus's (seen both to pass and to outlast the test's limit)"
+)
 async def test_deadlock_is_transient(db: Database, tenants: Tenants, pool: asyncpg.Pool) -> None:
     one = await tasks.create(pool, tenants.a, "t")
     two = await tasks.create(pool, tenants.a, "t")

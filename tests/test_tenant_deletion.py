@@ -180,7 +180,7 @@ async def test_G17_after_the_retention_passes_the_tenant_is_gone(
     # Time passes: only a superuser with triggers off can fake that (the
     # append-only guard refuses any other change to retain_until).
     async with admin_conn.transaction():
-        await admin_conn.execute("SET LOCAL session_replication_role = replica")
+        await F.replica_mode(admin_conn)
         await admin_conn.execute(
             "UPDATE agent_events SET payload_expires_at = $2, retain_until = $2"
             " WHERE tenant_id = $1",

@@ -70,6 +70,23 @@ def test_the_plugin_is_registered_and_the_testing_extra_is_exactly_what_it_needs
     assert project["entry-points"]["pytest11"] == {"agentdb": "agentdb.testing.plugin"}
 
 
+def test_the_plugin_registers_nothing_and_breaks_nothing_without_pytest_asyncio() -> None:
+    """pytest imports every installed plugin: agentdb without [testing] must not break it."""
+    probe = (
+        "import sys; sys.modules['pytest_asyncio'] = None\n"
+        "import agentdb.testing.plugin as p\n"
+        "print(sorted(n for n in vars(p) if n.startswith('agentdb_')))\n"
+        "import agentdb.testing._fixtures\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert run.stdout.strip() == "[]", run.stdout + run.stderr
+    # The control: the fixtures module itself does need pytest-asyncio.
+    assert run.returncode != 0, run.stderr
+    assert "pytest_asyncio" in run.stderr, run.stderr
+
+
 async def test_agentdb_db_is_a_migrated_clone_of_its_own(
     agentdb_db: Database, agentdb_template: str, admin_conn: asyncpg.Connection
 ) -> None:

@@ -300,6 +300,19 @@ WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'
 RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wake_at,
           t.attempts, t.trace_id, t.span_id;
 
+-- name: routed_task_by_key :one
+-- Tenant $1's task under dedupe key $2: the answer to a retried create
+-- whose insert found the key taken (routed_task_insert returned nothing).
+-- guarantee: G4
+-- zero rows: the holder of the key is not visible yet (a concurrent create has not committed); run the create again.
+-- params: $1 tenant_id uuid, $2 dedupe_key text
+SELECT false AS created, id, tenant_id, task_type, workflow_version, state, state_version,
+       current_step, wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       trace_id, span_id, created_at, updated_at
+FROM agent_tasks
+WHERE tenant_id = $1 AND dedupe_key = $2;
+
 -- name: routed_task_event :execrows
 -- One event of one task of tenant $1 (G8): the event a claim, a transition
 -- or a burial writes beside its UPDATE, in the same transaction. The
@@ -311,6 +324,26 @@ INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_versi
                           to_state, task_state_version, payload, trace_id, span_id)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 
+-- name: routed_task_insert :one
+-- The task_create INSERT alone (tasks.sql) for tenant $1: a key already
+-- taken inserts nothing. The caller then reads the key's holder
+-- (routed_task_by_key), or writes the task.created event
+-- (routed_task_event) in the same transaction.
+-- guarantee: G3, G4
+-- zero rows: dedupe key $7 is taken in this tenant.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text
+INSERT INTO agent_tasks (id, tenant_id, task_type, workflow_version, state, params,
+                         dedupe_key, input_hash, wake_at, max_attempts, lease_ttl,
+                         trace_id, span_id)
+VALUES ($2, $1, $3, $4, $5, $6, $7, $8,
+        coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
+        $10, $11, $12, $13)
+ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
+RETURNING true AS created, id, tenant_id, task_type, workflow_version, state, state_version,
+          current_step, wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+          lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+          trace_id, span_id, created_at, updated_at;
+
 -- name: routed_transition :one
 -- The task_transition UPDATE alone (tasks.sql): move tenant $1's task $2 if
 -- it is still at $3 and, for a lease holder, under the caller's lease. The
@@ -319,8 +352,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 -- guarantee: G7, G12
 -- zero rows: the task is gone, another writer moved state_version on, or the caller's lease was taken over; reload before deciding anything.
 -- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8
+-- Citus refuses now() inside CASE or COALESCE: "now" is read once in prior.
 WITH prior AS MATERIALIZED (
-    SELECT state FROM agent_tasks WHERE tenant_id = $1 AND id = $2
+    SELECT state, now() AS at FROM agent_tasks WHERE tenant_id = $1 AND id = $2
 )
 UPDATE agent_tasks t
 SET state = $4,
@@ -328,7 +362,7 @@ SET state = $4,
     current_step = CASE WHEN $5 THEN $6 ELSE t.current_step END,
     wake_at = CASE
         WHEN $4 IN ('pending', 'waiting')
-            THEN coalesce($7, CASE WHEN $4 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END)
+            THEN coalesce($7, CASE WHEN $4 = 'waiting' THEN 'infinity'::timestamptz ELSE prior.at END)
         ELSE t.wake_at END,
     last_error = coalesce($8, t.last_error),
     lease_owner = CASE WHEN $4 = 'running' THEN t.lease_owner END,

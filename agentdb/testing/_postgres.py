@@ -9,6 +9,12 @@ dropped afterwards.
 Everything here is synchronous and hands out plain strings and frozen
 objects, so session-scoped fixtures never hold something bound to an event
 loop.
+
+With ``AGENTDB_TEST_ON_CITUS=1`` the server is the Citus coordinator named by
+``AGENTDB_CITUS_DSN`` (citus installed, workers added). A test database then
+exists on the coordinator and on every worker under one name (Citus reaches
+a worker's shards in the database of the same name): it is created, cloned
+and dropped node by node, and the template is migrated with ``--citus``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -24,7 +31,12 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
+from agentdb.tools._common import CITUS_ENV, ON_CITUS_ENV
+
 __all__ = [
+    "CITUS_ENV",
+    "ON_CITUS",
+    "ON_CITUS_ENV",
     "ROLE_LOCK",
     "Database",
     "Server",
@@ -41,6 +53,9 @@ __all__ = [
 #: cluster-wide, and two test sessions on one server must not race on CREATE ROLE.
 ROLE_LOCK = 0x61_67_65_6E_74_64_62
 
+#: The session runs on Citus (see the module's docstring).
+ON_CITUS = bool(os.environ.get(ON_CITUS_ENV))
+
 
 @dataclass(frozen=True)
 class Server:
@@ -48,6 +63,16 @@ class Server:
 
     admin_dsn: str
     source: str
+    #: Citus: the workers' admin DSNs (the same login, their own host and port).
+    workers: tuple[str, ...] = ()
+
+    @property
+    def citus(self) -> bool:
+        return bool(self.workers)
+
+    def nodes(self) -> tuple[str, ...]:
+        """The admin DSN of every node a database of this server lives on, coordinator first."""
+        return (self.admin_dsn, *self.workers)
 
     def url(self, dbname: str, user: str | None = None, password: str | None = None) -> str:
         """This server's DSN for database ``dbname`` (as the admin, or as ``user``)."""
@@ -93,13 +118,42 @@ def admin(dsn: str) -> psycopg.Connection[Any]:
     return psycopg.connect(dsn, autocommit=True)
 
 
+def at_node(dsn: str, host: str, port: int) -> str:
+    """``dsn`` with its host and port replaced (the same login and database)."""
+    parts = urlsplit(dsn)
+    creds = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit((parts.scheme, f"{creds}{host}:{port}", parts.path, parts.query, ""))
+
+
+def _citus() -> Server:
+    dsn = os.environ.get(CITUS_ENV)
+    if not dsn:
+        raise RuntimeError(
+            f"{ON_CITUS_ENV} is set but {CITUS_ENV} is not: point it at a database on a "
+            "Citus coordinator (citus installed, workers added)"
+        )
+    try:
+        with admin(dsn) as conn:
+            rows = conn.execute(
+                "SELECT node_name, node_port FROM citus_get_active_worker_nodes() ORDER BY 1, 2"
+            ).fetchall()
+    except psycopg.Error as exc:
+        raise RuntimeError(f"{CITUS_ENV} is not a reachable Citus coordinator: {exc}") from exc
+    if not rows:
+        raise RuntimeError(f"{CITUS_ENV}: no active Citus workers are registered there")
+    return Server(dsn, "citus", tuple(at_node(dsn, str(h), int(p)) for h, p in rows))
+
+
 def provision(stack: contextlib.ExitStack) -> Server:
-    """``$AGENTDB_TEST_DSN`` if set, else an embedded PostgreSQL that ``stack`` stops.
+    """``$AGENTDB_TEST_DSN`` if set, else an embedded PostgreSQL that ``stack`` stops
+    (with ``AGENTDB_TEST_ON_CITUS=1``: the Citus coordinator ``$AGENTDB_CITUS_DSN``).
 
     Raises:
         RuntimeError: the DSN cannot be reached, or there is no DSN and the
             embedded server cannot start (pgserver missing) - saying how to provide one.
     """
+    if ON_CITUS:
+        return _citus()
     dsn = os.environ.get("AGENTDB_TEST_DSN")
     if dsn:
         try:
@@ -125,7 +179,7 @@ def create_database(
     server: Server, *, template: str | None = None, owner: str | None = None
 ) -> str:
     """Create a database with a fresh name (a copy of ``template`` when given, owned by
-    ``owner`` when given); return its name.
+    ``owner`` when given); return its name. On Citus: on every node, one cluster.
 
     Raises:
         psycopg.Error: the server refused (e.g. the template is in use by a session).
@@ -134,19 +188,109 @@ def create_database(
     stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
     if template is not None:
         stmt += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        _seal(server, template)
     if owner is not None:
         stmt += sql.SQL(" OWNER {}").format(sql.Identifier(owner))
-    with admin(server.admin_dsn) as conn:
-        conn.execute(stmt)
+    created: list[str] = []
+
+    def make(node: str) -> None:
+        with admin(_maintenance(server, node)) as conn:
+            conn.execute(stmt)
+        created.append(node)
+
+    try:
+        _on_every_node(server, make)
+        if server.citus and template is None:
+            _join_cluster(server, name)
+        elif server.citus:
+            _allow_connections(server, name, True)  # the sealed template's clone may be used
+    except BaseException:
+        _drop(server, created, name)
+        raise
     return name
 
 
 def drop_database(server: Server, name: str) -> None:
     """Drop ``name``, ending its sessions (a test's leftover connections included)."""
-    with admin(server.admin_dsn) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    _drop(server, list(server.nodes()), name)
+
+
+def _maintenance(server: Server, node: str) -> str:
+    """Where to run CREATE/DROP DATABASE on ``node``: on Citus, a database without
+    the extension (so nothing is propagated behind our back); else the admin DSN."""
+    return with_db(node, "postgres") if server.citus else node
+
+
+def _on_every_node(server: Server, step: Callable[[str], None], nodes: Sequence[str] = ()) -> None:
+    """``step(node)`` for each node (default: all of the server's), the nodes at once.
+
+    Copying a Citus template takes seconds a node; the nodes copy side by side.
+
+    Raises:
+        the first error a step raised (after every step has ended).
+    """
+    todo = list(nodes or server.nodes())
+    if len(todo) == 1:
+        step(todo[0])
+        return
+    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        for future in [pool.submit(step, node) for node in todo]:
+            future.result()
+
+
+def _drop(server: Server, nodes: list[str], name: str) -> None:
+    def drop(node: str) -> None:
+        with admin(_maintenance(server, node)) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    if nodes:
+        _on_every_node(server, drop, nodes)
+
+
+def _join_cluster(server: Server, name: str) -> None:
+    """Make the new database ``name`` one Citus cluster: the extension everywhere, workers added."""
+    for node in server.nodes():
+        with admin(with_db(node, name)) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS citus")
+    coord = urlsplit(server.admin_dsn)
+    with admin(with_db(server.admin_dsn, name)) as conn:
+        conn.execute("SELECT citus_set_coordinator_host(%s, %s)", (coord.hostname, coord.port))
+        for worker in server.workers:
+            parts = urlsplit(worker)
+            conn.execute("SELECT citus_add_node(%s, %s)", (parts.hostname, parts.port))
+
+
+def _allow_connections(server: Server, name: str, allow: bool) -> None:
+    for node in server.nodes():
+        with admin(_maintenance(server, node)) as conn:
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}").format(
+                    sql.Identifier(name), sql.Literal(allow)
+                )
+            )
+            if not allow:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    (name,),
+                )
+
+
+_sealed: set[tuple[str, str]] = set()
+
+
+def _seal(server: Server, template: str) -> None:
+    """On Citus, close and forbid every session of ``template`` before the first clone.
+
+    Citus keeps sessions open in each database it knows (its maintenance
+    daemon on the coordinator, the daemon's cached connections on the
+    workers) and CREATE DATABASE ... TEMPLATE refuses a template in use.
+    Once sealed the template is only cloned, never changed.
+    """
+    if server.citus and (server.admin_dsn, template) not in _sealed:
+        _allow_connections(server, template, False)
+        _sealed.add((server.admin_dsn, template))
 
 
 @contextlib.contextmanager
@@ -172,10 +316,19 @@ def migrated_template(server: Server) -> Iterator[str]:
     from agentdb.testing.provider import INSTALL
 
     with temp_database(server) as name:
+        if server.citus:
+            # Few shards (still on every worker): each test copies the template
+            # on every node, and a shard is a table, indexes and triggers each.
+            with admin(_maintenance(server, server.admin_dsn)) as conn:
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET citus.shard_count = 4").format(
+                        sql.Identifier(name)
+                    )
+                )
         with admin(server.admin_dsn) as conn:
             conn.execute("SELECT pg_advisory_lock(%s)", (ROLE_LOCK,))
             try:
-                migrate.migrate(server.url(name))
+                migrate.migrate(server.url(name), citus=server.citus)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (ROLE_LOCK,))
         with admin(server.url(name)) as conn:

@@ -18,7 +18,14 @@ from agentdb import schema as agentdb_schema
 from agentdb._db.pool import POOLERS
 from agentdb.errors import ConfigurationError
 
+#: A Citus coordinator database for make test-citus / make mutate-citus.
+CITUS_ENV = "AGENTDB_CITUS_DSN"
+#: Set (to 1): the test session puts every test database on that cluster.
+ON_CITUS_ENV = "AGENTDB_TEST_ON_CITUS"
+
 __all__ = [
+    "CITUS_ENV",
+    "ON_CITUS_ENV",
     "add_dsn",
     "add_pooler",
     "add_target",

@@ -255,6 +255,20 @@ def test_worker_and_relay_run_on_citus(citus: Cluster) -> None:
     assert "OK: every effect once" in run.stdout
 
 
+def test_chaos_quick_on_citus(citus: Cluster) -> None:
+    """`make chaos-quick` against the cluster: every fault point armed in turn, then a
+    soak with SIGKILLs from outside; the figures come from the database."""
+    run = subprocess.run(
+        [sys.executable, "-m", "agentdb.tools.chaos", "--quick", "--dsn", citus.dsn],
+        capture_output=True, text=True, timeout=1500, check=False,
+    )  # fmt: skip
+    tail = run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 0, tail
+    summary = next(line for line in run.stdout.splitlines() if line.startswith("chaos: "))
+    assert " 0 duplicate effects, 0 unjustified replays" in summary, tail
+    assert " 0 lost messages, 0 tasks stuck" in summary, tail
+
+
 def test_audit_notices_what_a_distributed_schema_needs(citus: Cluster) -> None:
     """agentdb's distributed schema: only the trigger-DDL reminder. A hand-made schema on
     the same coordinator: the local tenant table, the unique key without the tenant,

@@ -23,6 +23,9 @@ class Mutant:
     tests: tuple[str, ...]
     what: str
     equivalent: str = ""
+    # A mutant of a statement only a distributed schema runs (queries/_routed.sql):
+    # its tests run on Citus (make mutate-citus), where they reach it.
+    citus: bool = False
 
 
 T = "tests/"
@@ -44,9 +47,11 @@ def m(
     tests: tuple[str, ...] | str,
     what: str,
     equivalent: str = "",
+    *,
+    citus: bool = False,
 ) -> Mutant:
     targets = (tests,) if isinstance(tests, str) else tests
-    return Mutant(id, path, find, replace, targets, what, equivalent)
+    return Mutant(id, path, find, replace, targets, what, equivalent, citus)
 
 
 def all_mutants() -> tuple[Mutant, ...]:
@@ -54,6 +59,7 @@ def all_mutants() -> tuple[Mutant, ...]:
     from agentdb.tools.mutate import (
         mutants_code,
         mutants_production,
+        mutants_routed,
         mutants_schema,
         mutants_statements,
     )
@@ -63,4 +69,5 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_schema.MUTANTS
         + mutants_code.MUTANTS
         + mutants_production.MUTANTS
+        + mutants_routed.MUTANTS
     )

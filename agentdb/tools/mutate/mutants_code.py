@@ -116,8 +116,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "tasks-create-no-rerun",
         "agentdb/tasks.py",
-        '    for _ in range(_RACE_RERUNS):\n        row = await _db.fetch_optional(\n            db,\n            _Q["task_create"],',
-        '    for _ in range(1):\n        row = await _db.fetch_optional(\n            db,\n            _Q["task_create"],',
+        "    for _ in range(_RACE_RERUNS):\n        if await schema.distributed(db):\n            row = await _routed.create_task(db, params)",
+        "    for _ in range(1):\n        if await schema.distributed(db):\n            row = await _routed.create_task(db, params)",
         (FENCES,),
         "tasks.create: a create that lost the race with a concurrent commit of the key gives up",
     ),

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from agentdb.tools._common import CITUS_ENV, ON_CITUS_ENV
 from agentdb.tools.mutate.catalogue import Mutant, all_mutants
 
 __all__ = ["Outcome", "check_catalogue", "main"]
@@ -86,9 +87,14 @@ def _scratch(root: Path, into: Path) -> Path:
     return into
 
 
-def _pytest(copy: Path, dsn: str, targets: Sequence[str], timeout: float) -> tuple[int, str]:
+def _pytest(
+    copy: Path, dsn: str, targets: Sequence[str], timeout: float, citus: bool = False
+) -> tuple[int, str]:
     env = dict(os.environ, AGENTDB_TEST_DSN=dsn, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
     env.pop("AGENTDB_FAULTS", None)
+    env.pop(ON_CITUS_ENV, None)
+    if citus:  # every test database on the cluster named by AGENTDB_CITUS_DSN
+        env[ON_CITUS_ENV] = "1"
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *targets]
     try:
         done = subprocess.run(
@@ -114,7 +120,7 @@ def _run_one(root: Path, copy: Path, m: Mutant, dsn: str, timeout: float) -> Out
     target.write_text(pristine.replace(m.find, m.replace, 1), encoding="utf-8")
     started = time.monotonic()
     try:
-        code, last = _pytest(copy, dsn, m.tests, timeout)
+        code, last = _pytest(copy, dsn, m.tests, timeout, m.citus)
     finally:
         target.write_text(pristine, encoding="utf-8")
     verdict, detail = _judge(m, code, last)
@@ -146,7 +152,7 @@ def _baseline(root: Path, copy: Path, dsn: str, mutants: Sequence[Mutant]) -> tu
     if not probe.stdout.strip().startswith(str(copy)):
         return False, f"the scratch copy is not what gets imported ({probe.stdout.strip()})"
     targets = sorted({t for m in mutants for t in m.tests})
-    code, last = _pytest(copy, dsn, targets, timeout=3600)
+    code, last = _pytest(copy, dsn, targets, timeout=3600, citus=any(m.citus for m in mutants))
     return code == 0, last
 
 
@@ -191,9 +197,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("mutation-results"))
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument(
+        "--citus",
+        action="store_true",
+        help=f"the mutants of the Citus statements, their tests on ${CITUS_ENV}",
+    )
     args = parser.parse_args(argv)
     root = _root()
-    mutants = list(all_mutants())
+    if args.citus and not os.environ.get(CITUS_ENV):
+        print(f"agentdb mutate --citus: set {CITUS_ENV} to a Citus coordinator database")
+        return 2
+    every = list(all_mutants())
+    mutants = [m for m in every if m.citus == args.citus]
+    elsewhere = len(every) - len(mutants)
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {m.id for m in mutants}
@@ -202,7 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"agentdb mutate: unknown mutant(s) {', '.join(sorted(unknown))}", file=sys.stderr
             )
             return 2
-        mutants = [m for m in mutants if m.id in wanted]
+        mutants = [m for m in every if m.id in wanted]
+        if len({m.citus for m in mutants}) > 1:
+            print("agentdb mutate: --only mixes Citus and plain mutants; run them apart")
+            return 2
+        if any(m.citus for m in mutants) and not os.environ.get(CITUS_ENV):
+            print(f"agentdb mutate: Citus mutants need {CITUS_ENV}")
+            return 2
+        elsewhere = 0
     problems = check_catalogue(root, mutants)
     if problems:
         print("agentdb mutate: the catalogue is broken:\n  " + "\n  ".join(problems))
@@ -251,6 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             t.join()
     ordered = [outcomes[m.id] for m in mutants]
     print(_report(ordered, mutants, time.monotonic() - started, args.out))
+    if elsewhere:
+        other = "plain" if args.citus else "Citus (make mutate-citus)"
+        print(f"mutate: {elsewhere} {other} mutants not run by this run")
     bad = [o for o in ordered if o.verdict in ("survived", "error")]
     for o in bad:
         print(f"NOT KILLED: {o.id} ({o.verdict}): {o.detail}")

@@ -1,0 +1,97 @@
+"""Mutants of the Citus statements (queries/_routed.sql): the fences of the per-tenant forms.
+
+A plain-Postgres run never executes these statements, so their tests run on
+Citus (``make mutate-citus``, with ``AGENTDB_CITUS_DSN``); ``make mutate``
+lists them as not run there.
+"""
+
+from __future__ import annotations
+
+from agentdb.tools.mutate.catalogue import FENCES, Mutant, T, m
+
+ROUTED_SQL = "agentdb/queries/_routed.sql"
+TASKS = T + "test_tasks.py"
+OPERATIONS = T + "test_operations.py"
+OUTBOX = T + "test_outbox.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    m(
+        "routed-transition-no-token",
+        ROUTED_SQL,
+        "  AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))\nRETURNING t.id,",
+        "  AND ($9::text IS NULL OR t.lease_owner = $9)\nRETURNING t.id,",
+        (FENCES, TASKS),
+        "routed_transition: a holder whose lease was taken over (same owner name) still writes",
+        citus=True,
+    ),
+    m(
+        "routed-transition-no-version",
+        ROUTED_SQL,
+        "WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3\n"
+        "  AND ($9::text IS NULL OR (t.lease_owner = $9",
+        "WHERE t.tenant_id = $1 AND t.id = $2\n  AND ($9::text IS NULL OR (t.lease_owner = $9",
+        (TASKS, FENCES),
+        "routed_transition: a stale expected_version still moves the task",
+        citus=True,
+    ),
+    m(
+        "routed-reserve-no-lease",
+        ROUTED_SQL,
+        "       ($3::text IS NULL OR (t.state = 'running' AND t.lease_owner = $3\n"
+        "                             AND t.lease_token = $4)) AS ok",
+        "       true AS ok",
+        (FENCES, OPERATIONS),
+        "routed_operation_fence: a reservation under a lost lease is accepted",
+        citus=True,
+    ),
+    m(
+        "routed-settle-no-lease",
+        ROUTED_SQL,
+        "        AND t.lease_owner = $9 AND t.lease_token = $10\n      FOR SHARE))",
+        "        AND t.lease_owner = $9\n      FOR SHARE))",
+        (FENCES, OPERATIONS),
+        "routed_operation_settle: a settle under a taken-over lease is accepted",
+        citus=True,
+    ),
+    m(
+        "routed-settle-no-version",
+        ROUTED_SQL,
+        "WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)",
+        "WHERE o.tenant_id = $1 AND o.id = $2 AND o.state = ANY ($4)",
+        (OPERATIONS, FENCES),
+        "routed_operation_settle: a stale expected_version still settles",
+        citus=True,
+    ),
+    m(
+        "routed-release-no-token",
+        ROUTED_SQL,
+        "WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'\n"
+        "  AND t.lease_owner = $3 AND t.lease_token = $4\n"
+        "RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wake_at,",
+        "WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'\n"
+        "  AND t.lease_owner = $3\n"
+        "RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wake_at,",
+        (FENCES, T + "test_leases.py"),
+        "routed_release: a taken-over holder releases the new holder's lease",
+        citus=True,
+    ),
+    m(
+        "routed-outbox-delivered-no-token",
+        ROUTED_SQL,
+        "WHERE o.tenant_id = $1 AND o.id = m.id AND o.lease_token = m.lease_token\n",
+        "WHERE o.tenant_id = $1 AND o.id = m.id\n",
+        (OUTBOX, FENCES),
+        "routed_outbox_delivered: a relay whose claim expired marks the message delivered",
+        citus=True,
+    ),
+    m(
+        "routed-claim-finished-tasks",
+        ROUTED_SQL,
+        "    WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()",
+        "    WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting', 'succeeded')"
+        " AND t.wake_at <= now()",
+        (T + "test_leases.py", T + "test_worker.py"),
+        "routed_claim: a finished task is leased again",
+        citus=True,
+    ),
+)
