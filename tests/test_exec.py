@@ -60,7 +60,7 @@ async def test_lost_connection_is_transient(
     conn = await db.connect("agentdb_test_runtime")
     try:
         pid = conn.get_server_pid()
-        await admin_conn.execute("SELECT pg_terminate_backend($1)", pid)
+        await admin_conn.execute("SELECT pg_terminate_backend($1::int)", pid)
         await asyncio.sleep(0.1)
         with pytest.raises(TransientError):
             await tasks.get(conn, tenants.a, uuid.uuid4())

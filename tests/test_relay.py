@@ -123,6 +123,10 @@ async def test_G10_listen_unavailable_falls_back_to_polling(
     assert any("LISTEN agentdb_outbox unavailable" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.plain_postgres(
+    "0013 drops the NOTIFY triggers on Citus (they would fire on a worker, where no "
+    "listener hears them, and make it refuse PREPARE TRANSACTION): relays poll there"
+)
 async def test_G10_notify_wakes_an_idle_relay(
     db: Database, pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

@@ -163,7 +163,10 @@ async def test_G12_a_renewal_that_finds_the_lease_gone_cancels_the_handler(
 
 
 async def _lease_lost(worker: Worker) -> bool:
-    return worker.stats.lease_lost == 1
+    # At least once: before the rescuer's claim lands, the worker itself may
+    # take its expired task over (and lose that lease too) - more often on Citus,
+    # where each claim is a round trip more.
+    return worker.stats.lease_lost >= 1
 
 
 async def test_G12_the_heartbeat_renews_each_lease_well_before_it_runs_out(
