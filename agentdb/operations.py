@@ -19,21 +19,24 @@ transaction on the tenant's worker), never across the provider call.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from agentdb import _db, _explain, _routed, schema, telemetry
-from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
+from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import (
     AgentDBError,
+    BudgetExceeded,
     ConfigurationError,
     IdempotencyConflict,
     LeaseLost,
     NotFound,
     OperationInFlight,
+    RateLimited,
     StaleWrite,
     TransientError,
 )
@@ -43,6 +46,7 @@ from agentdb.models import Lease, Operation, Reservation
 __all__ = [
     "UNSETTLED",
     "Completion",
+    "Cost",
     "ReserveRequest",
     "complete",
     "complete_many",
@@ -63,6 +67,35 @@ UNSETTLED = ("reserved", "in_flight", "unknown")
 # after this statement's snapshot; a new statement sees it.
 _RACE_RERUNS = 3
 T = TypeVar("T")
+
+#: A cost in named units (G19): ``{"tokens": 8000, "usd_micros": 1200}``.
+Cost = Mapping[str, int]
+# The unit format of agent_budgets_unit_valid; amounts fit a bigint with room to add.
+_UNIT = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_MAX_AMOUNT = 2**62
+
+
+def _cost_args(cost: Cost | None) -> dict[str, list[Any] | None]:
+    """The ``units`` / ``amounts`` parameters of a cost (both ``None`` for none).
+
+    Raises:
+        ConfigurationError: a unit is not a lower-case identifier, or an amount
+            is not a non-negative integer.
+    """
+    if cost is None:
+        return {"units": None, "amounts": None}
+    units: list[str] = []
+    amounts: list[int] = []
+    for unit, amount in cost.items():
+        if not isinstance(unit, str) or _UNIT.fullmatch(unit) is None:
+            raise ConfigurationError(f"cost unit {unit!r} is not a lower-case identifier")
+        if isinstance(amount, bool) or not isinstance(amount, int):
+            raise ConfigurationError(f"cost of {unit!r} must be an integer, not {amount!r}")
+        if not 0 <= amount < _MAX_AMOUNT:
+            raise ConfigurationError(f"cost of {unit!r} must be between 0 and 2**62, not {amount}")
+        units.append(unit)
+        amounts.append(amount)
+    return {"units": units, "amounts": amounts}
 
 
 async def get(db: _db.Executor, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> Operation:
@@ -97,6 +130,7 @@ async def reserve(
     actor: str | None = None,
     trace_id: str | None = None,
     span_id: str | None = None,
+    cost: Cost | None = None,
 ) -> Reservation:
     """Reserve ``idempotency_key`` for this ``action`` and ``input`` before calling the provider.
 
@@ -116,13 +150,23 @@ async def reserve(
     With ``lease``, nothing is reserved unless the caller's lease on the task
     is current.
 
+    With ``cost`` (G19), the estimate is held in the same statement on every
+    budget of its units that covers the tenant or this task; it is the
+    ceiling of what :func:`complete` may spend. Every reservation (and every
+    re-armed retry) also counts against the action's rate limits.
+
     Raises:
         IdempotencyConflict, OperationInFlight: as above.
         LeaseLost: ``lease`` was taken over.
         TenantMismatch: the task is not in this tenant.
-        ConfigurationError: ``input`` is not JSON data.
+        BudgetExceeded: a budget would go over its limit (``.remaining`` says
+            what each unit has left); nothing was reserved.
+        RateLimited: the action used up its rate limit for this window (try
+            again at ``.retry_after``); nothing was reserved.
+        ConfigurationError: ``input`` is not JSON data, or ``cost`` is malformed.
     """
     digest = input_hash(input)
+    costed = _cost_args(cost or None)
     actor = actor or (lease.owner if lease else "agentdb")
     trace_id, span_id = telemetry.ids(trace_id, span_id)
     attrs = {
@@ -132,37 +176,127 @@ async def reserve(
         "agentdb.operation.action": action,
     }
     with telemetry.span("agentdb.operation.reserve", attrs):
-        for _ in range(_RACE_RERUNS):
-            params = {
-                "tenant_id": tenant_id,
-                "id": uuid.uuid4(),
-                "task_id": task_id,
-                "idempotency_key": idempotency_key,
-                "action": action,
-                "input_hash": digest,
-                "actor_id": actor,
-                "trace_id": trace_id,
-                "span_id": span_id,
-                **_lease_args(lease),
-            }
-            if await schema.distributed(db):
-                row = await _routed.reserve(db, params)
-            else:
-                row = await _db.fetch_optional(db, _Q["operation_reserve"], **params)
-            if row is not None:
-                break
-            if lease is not None:
-                why = await _explain.task_write(db, tenant_id, task_id, None, lease)
-                if isinstance(why, LeaseLost | NotFound):
-                    raise why
-        else:
-            raise TransientError("a concurrent reservation of this key is still settling")
+        try:
+            row = await _reserve_row(db, tenant_id, task_id, idempotency_key, action, digest,
+                                     actor, trace_id, span_id, lease, costed)  # fmt: skip
+        except (BudgetExceeded, RateLimited) as refused:
+            raise await _refused(
+                db, refused, tenant_id, task_id, idempotency_key, action, cost, actor,
+                (trace_id, span_id),
+            ) from refused  # fmt: skip
     op = Operation.from_record(row)
     if row["created"]:
         return Reservation(op, fresh=True)
     return await _decide(
-        db, op, action, digest, retry_failed=retry_failed, lease=lease, actor=actor
-    )
+        db, op, action, digest, retry_failed=retry_failed, lease=lease, actor=actor,
+        cost=cost or None,
+    )  # fmt: skip
+
+
+async def _reserve_row(
+    db: _db.Executor,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    idempotency_key: str,
+    action: str,
+    digest: str,
+    actor: str,
+    trace_id: str | None,
+    span_id: str | None,
+    lease: Lease | None,
+    costed: dict[str, list[Any] | None],
+) -> _db.Record:
+    """The reserve statement's row, rerun while it loses a race to a concurrent reservation."""
+    for _ in range(_RACE_RERUNS):
+        params = {
+            "tenant_id": tenant_id,
+            "id": uuid.uuid4(),
+            "task_id": task_id,
+            "idempotency_key": idempotency_key,
+            "action": action,
+            "input_hash": digest,
+            "actor_id": actor,
+            "trace_id": trace_id,
+            "span_id": span_id,
+            **_lease_args(lease),
+        }
+        if await schema.distributed(db):
+            row = await _routed.reserve(db, {**params, **costed})
+        elif costed["units"] is not None:
+            row = await _db.fetch_optional(db, _Q["operation_reserve_costed"], **params,
+                                           **costed)  # fmt: skip
+        else:
+            row = await _db.fetch_optional(db, _Q["operation_reserve"], **params)
+        if row is not None:
+            return row
+        if lease is not None:
+            why = await _explain.task_write(db, tenant_id, task_id, None, lease)
+            if isinstance(why, LeaseLost | NotFound):
+                raise why
+    raise TransientError("a concurrent reservation of this key is still settling")
+
+
+def _usable(db: _db.Executor) -> bool:
+    """Whether ``db`` can still run statements after a refusal: not a connection
+    whose (caller's) transaction the refused statement aborted."""
+    if _db.is_pool(db):
+        return True
+    return not _db.raw_connection(db).is_in_transaction()  # type: ignore[arg-type]
+
+
+async def _refused(
+    db: _db.Executor,
+    refused: BudgetExceeded | RateLimited,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    idempotency_key: str,
+    action: str,
+    cost: Cost | None,
+    actor: str,
+    ids: tuple[str | None, str | None],
+) -> AgentDBError:
+    """The refusal with what the caller needs to know (what is left, when to retry),
+    after writing its event (G19). Inside a caller's transaction, which the refusal
+    aborted, nothing more can be read or written: the bare refusal is returned."""
+    if not _usable(db):
+        return refused
+    sqlstate, constraint = refused.sqlstate, refused.constraint
+    payload: dict[str, Any] = {"action": action, "idempotency_key": idempotency_key}
+    out: BudgetExceeded | RateLimited
+    if isinstance(refused, BudgetExceeded):
+        requested = dict(cost or {})
+        rows = await _db.fetch_many(
+            db, _Q["operation_budget_left"], tenant_id=tenant_id, task_id=task_id,
+            units=list(requested),
+        )  # fmt: skip
+        remaining: dict[str, int] = {}
+        for r in rows:
+            remaining[r["unit"]] = min(r["remaining"], remaining.get(r["unit"], r["remaining"]))
+        out = BudgetExceeded(
+            f"reserving {requested} for {action!r} would exceed the budget; "
+            f"remaining: {remaining}",
+            sqlstate=sqlstate, constraint=constraint, requested=requested, remaining=remaining,
+        )  # fmt: skip
+        payload.update(reason="budget", requested=requested, remaining=remaining)
+    else:
+        rows = await _db.fetch_many(
+            db, _Q["operation_rate_window"], tenant_id=tenant_id, action=action
+        )
+        if not await schema.distributed(db):
+            rows += await _db.fetch_many(db, _Q["operation_global_rate_window"], action=action)
+        ends = [r["retry_after"] for r in rows]
+        retry_after = max(ends) if ends else datetime.now(UTC)
+        out = RateLimited(
+            f"{action!r} is over its rate limit until {retry_after.isoformat()}",
+            sqlstate=sqlstate, constraint=constraint, action=action, retry_after=retry_after,
+        )  # fmt: skip
+        payload.update(reason="rate_limit", retry_after=retry_after.isoformat())
+    await _db.execute_rows(
+        db, _Q["operation_refused"], tenant_id=tenant_id, task_id=task_id, actor_id=actor,
+        payload=document(payload, cap=EVENT_PAYLOAD_CAP, what="refusal event"),
+        trace_id=ids[0], span_id=ids[1],
+    )  # fmt: skip
+    return out
 
 
 async def _decide(
@@ -174,6 +308,7 @@ async def _decide(
     retry_failed: bool,
     lease: Lease | None,
     actor: str | None,
+    cost: Cost | None = None,
 ) -> Reservation:
     """What a reserve answers for a key that already holds ``op`` (G4)."""
     if op.input_hash != digest or op.action != action:
@@ -187,6 +322,8 @@ async def _decide(
         )
     if op.state == "succeeded" or (op.state == "failed" and not retry_failed):
         return Reservation(op, fresh=False)
+    if op.state == "failed" and cost:
+        return Reservation(await _rearm_costed(db, op, cost, lease=lease, actor=actor), True)
     if op.state == "failed":
         rearmed = await _settle(
             db,
@@ -205,6 +342,30 @@ async def _decide(
     )
 
 
+async def _rearm_costed(
+    db: _db.Executor, op: Operation, cost: Cost, *, lease: Lease | None, actor: str | None
+) -> Operation:
+    """Re-arm a failed operation with a hold of ``cost`` for its next attempt, both in
+    one transaction: the hold first, so budgets are always locked before rate limits."""
+    costed = _cost_args(cost)
+    try:
+        async with _db.transaction(db) as conn:
+            if await schema.distributed(conn):
+                await _routed.hold(conn, op.tenant_id, op.id, op.task_id, op.attempts + 1,
+                                   costed["units"] or [], costed["amounts"] or [])  # fmt: skip
+            else:
+                await _db.fetch_many(conn, _Q["operation_hold"], tenant_id=op.tenant_id,
+                                     operation_id=op.id, attempt=op.attempts + 1,
+                                     **costed)  # fmt: skip
+            return await _settle(conn, op, ("failed",), "reserved", lease=lease, actor=actor,
+                                 event_type="operation.retried")  # fmt: skip
+    except (BudgetExceeded, RateLimited) as refused:
+        raise await _refused(
+            db, refused, op.tenant_id, op.task_id, op.idempotency_key, op.action, cost,
+            actor or "agentdb", (op.trace_id, op.span_id),
+        ) from refused  # fmt: skip
+
+
 async def _settle(
     db: _db.Executor,
     op: Operation,
@@ -217,6 +378,7 @@ async def _settle(
     provider_reference: str | None = None,
     result: Mapping[str, Any] | None = None,
     error: str | None = None,
+    cost: Cost | None = None,
 ) -> Operation:
     params = {
         "tenant_id": op.tenant_id,
@@ -230,6 +392,7 @@ async def _settle(
         "actor_id": actor or (lease.owner if lease else "agentdb"),
         "event_type": event_type,
         **_lease_args(lease),
+        **_cost_args(cost),
     }
     if await schema.distributed(db):
         row = await _routed.settle(db, params)
@@ -266,13 +429,20 @@ async def complete(
     result: Mapping[str, Any] | None = None,
     provider_reference: str | None = None,
     lease: Lease | None = None,
+    cost: Cost | None = None,
 ) -> Operation:
     """Record success. ``result`` is a bounded fragment (≤ 64 KiB), not the whole response (G9).
+
+    The operation's budget holds are settled in the same statement (G19):
+    ``cost`` is what the call actually used, unit by unit, at most what was
+    held (a unit not named spends its whole hold); the rest is released.
 
     Raises:
         StaleVersion: the operation moved on (already settled by someone else).
         LeaseLost: ``lease`` was taken over; this outcome was not recorded.
         PayloadTooLarge: ``result`` is over the cap.
+        InvariantViolation: ``cost`` spends more than was held
+            (``agent_budget_holds_settled_valid``); nothing was recorded.
     """
     attrs = {
         "agentdb.tenant_id": op.tenant_id,
@@ -291,6 +461,7 @@ async def complete(
             event_type="operation.succeeded",
             provider_reference=provider_reference,
             result=result,
+            cost=cost,
         )
 
 
@@ -304,7 +475,8 @@ async def fail(
 ) -> Operation:
     """Record a definite failure (the provider did not perform the effect).
 
-    A later :func:`reserve` of the same key and input re-arms it for another attempt.
+    Its budget holds are released (G19). A later :func:`reserve` of the same
+    key and input re-arms it for another attempt.
 
     Raises:
         as :func:`complete`.
@@ -328,7 +500,8 @@ async def mark_unknown(
     """Record that the outcome is unknown (timeout, crash): the effect may have happened.
 
     The operation then needs :func:`reconcile`; :func:`reserve` of its key
-    raises :class:`OperationInFlight` until then.
+    raises :class:`OperationInFlight` until then. Its budget holds stay held
+    until it is reconciled (G19): the money may have been spent.
 
     Raises:
         as :func:`complete`.
@@ -354,8 +527,11 @@ async def reconcile(
     result: Mapping[str, Any] | None = None,
     error: str | None = None,
     lease: Lease | None = None,
+    cost: Cost | None = None,
 ) -> Operation:
     """Settle an unsettled operation from what the provider says happened (by its reference).
+
+    Its budget holds settle as in :func:`complete` (``cost``) or :func:`fail`.
 
     Raises:
         ConfigurationError: no ``provider_reference`` given.
@@ -374,6 +550,7 @@ async def reconcile(
         provider_reference=provider_reference,
         result=result,
         error=None if succeeded else (error or "reconciled as failed"),
+        cost=cost,
     )
 
 
@@ -423,6 +600,7 @@ class Completion:
     result: Mapping[str, Any] | None = None
     provider_reference: str | None = None
     lease: Lease | None = None
+    cost: Cost | None = None
 
 
 async def _each(step: Awaitable[T]) -> T | AgentDBError:
@@ -441,6 +619,33 @@ def _unique(keys: Iterable[tuple[uuid.UUID, Any]], what: str) -> None:
         if key in seen:
             raise ConfigurationError(f"{what} {key[1]!r} appears twice in one batch")
         seen.add(key)
+
+
+async def _reserve_batch(
+    db: _db.Executor,
+    q: _db.Query,
+    batch: list[ReserveRequest],
+    digests: list[str],
+    actor: str | None,
+    trace_id: str | None,
+    span_id: str | None,
+) -> list[_db.Record]:
+    """operation_reserve_many's rows for ``batch``."""
+    return await _db.fetch_many(
+        db,
+        q,
+        tenant_ids=[req.lease.tenant_id for req in batch],
+        ids=[uuid.uuid4() for _ in batch],
+        task_ids=[req.lease.task_id for req in batch],
+        idempotency_keys=[req.idempotency_key for req in batch],
+        actions=[req.action for req in batch],
+        input_hashes=digests,
+        lease_owners=[req.lease.owner for req in batch],
+        lease_tokens=[req.lease.token for req in batch],
+        actor_id=actor,
+        trace_id=trace_id,
+        span_id=span_id,
+    )
 
 
 async def reserve_many(
@@ -490,21 +695,15 @@ async def reserve_many(
     digests = [input_hash(req.input) for req in batch]
     trace_id, span_id = telemetry.ids(trace_id, span_id)
     q = _Q["operation_reserve_many"]
-    rows = await _db.fetch_many(
-        db,
-        q,
-        tenant_ids=[req.lease.tenant_id for req in batch],
-        ids=[uuid.uuid4() for _ in batch],
-        task_ids=[req.lease.task_id for req in batch],
-        idempotency_keys=[req.idempotency_key for req in batch],
-        actions=[req.action for req in batch],
-        input_hashes=digests,
-        lease_owners=[req.lease.owner for req in batch],
-        lease_tokens=[req.lease.token for req in batch],
-        actor_id=actor,
-        trace_id=trace_id,
-        span_id=span_id,
-    )
+    try:
+        rows = await _reserve_batch(db, q, batch, digests, actor, trace_id, span_id)
+    except RateLimited:
+        # One element over a rate limit refuses the whole statement: one by
+        # one, each element gets its own answer (G19).
+        return [await _each(reserve(db, r.lease.tenant_id, r.lease.task_id, r.idempotency_key,
+                                    r.action, r.input, lease=r.lease, retry_failed=retry_failed,
+                                    actor=actor, trace_id=trace_id, span_id=span_id))
+                for r in batch]  # fmt: skip
     answered = _db.by_ord(rows, q, len(batch))
     results: list[Reservation | AgentDBError] = []
     for i, (req, digest) in enumerate(zip(batch, digests, strict=True), start=1):
@@ -571,9 +770,11 @@ async def complete_many(
     if not batch:
         return []
     _unique(((c.operation.tenant_id, c.operation.id) for c in batch), "operation")
-    if await schema.distributed(db):  # one by one on Citus, as in reserve_many
+    # One by one on Citus, as in reserve_many; and when an actual cost is
+    # given, which the batch statement (it spends every hold whole) cannot carry.
+    if await schema.distributed(db) or any(c.cost for c in batch):
         return [await _each(complete(db, c.operation, result=c.result, lease=c.lease,
-                                     provider_reference=c.provider_reference))
+                                     provider_reference=c.provider_reference, cost=c.cost))
                 for c in batch]  # fmt: skip
     q = _Q["operation_complete_many"]
     rows = await _db.fetch_many(

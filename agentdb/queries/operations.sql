@@ -10,10 +10,12 @@
 -- (reserved, in_flight or unknown) at its expected state_version and, when
 -- the element names a lease, that lease on the operation's task is current
 -- (the task row is locked FOR SHARE). Writes one event per operation
--- settled. Returns one row per settled element, tagged with its 1-based
--- position in the input (ord); an element with no row was refused and
--- nothing was written for it - the caller reads the row again to say why.
--- guarantee: G7, G12, G13, G8
+-- settled, and spends each settled operation's budget holds whole (G19:
+-- operation_settle with no actual cost). Returns one row per settled
+-- element, tagged with its 1-based position in the input (ord); an element
+-- with no row was refused and nothing was written for it - the caller
+-- reads the row again to say why.
+-- guarantee: G7, G12, G13, G8, G19
 -- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 provider_references text[], $5 results jsonb[], $6 lease_owners text[], $7 lease_tokens int8[], $8 actor_id text
 WITH input AS (
     SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.provider_reference, i.result,
@@ -42,6 +44,18 @@ WITH input AS (
               o.idempotency_key, o.action, o.input_hash, o.state, o.state_version,
               o.provider_reference, o.result, o.error, o.attempts, o.trace_id, o.span_id,
               o.created_at, o.updated_at
+), hs AS (
+    UPDATE agent_budget_holds h
+    SET state = 'settled', settled = h.amount
+    FROM upd u
+    WHERE h.tenant_id = u.tenant_id AND h.operation_id = u.id AND h.state = 'held'
+    RETURNING h.tenant_id, h.operation_id, h.budget_id, h.unit, h.amount
+), bs AS (
+    UPDATE agent_budgets b
+    SET spent = b.spent + x.amount, held = b.held - x.amount
+    FROM (SELECT tenant_id, budget_id, sum(amount) AS amount FROM hs
+          GROUP BY tenant_id, budget_id) x
+    WHERE b.tenant_id = x.tenant_id AND b.id = x.budget_id
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, operation_id, event_type, actor_id,
                               policy_version, to_state, operation_state_version, payload,
@@ -49,8 +63,10 @@ WITH input AS (
     SELECT u.tenant_id, u.task_id, u.id, 'operation.succeeded',
            coalesce($8, u.settled_by, 'agentdb'), t.workflow_version, u.state,
            u.state_version,
-           jsonb_strip_nulls(jsonb_build_object('provider_reference', u.provider_reference,
-                                                'attempts', u.attempts)),
+           jsonb_strip_nulls(jsonb_build_object(
+               'provider_reference', u.provider_reference, 'attempts', u.attempts,
+               'spent', (SELECT jsonb_object_agg(x.unit, x.amount) FROM hs x
+                         WHERE x.tenant_id = u.tenant_id AND x.operation_id = u.id))),
            u.trace_id, u.span_id
     FROM upd u JOIN agent_tasks t ON t.tenant_id = u.tenant_id AND t.id = u.task_id
 )
@@ -129,6 +145,153 @@ FROM agent_operations o, fence
 WHERE fence.ok AND o.tenant_id = $1 AND o.idempotency_key = $4
   AND NOT EXISTS (SELECT 1 FROM ins);
 
+-- name: operation_reserve_costed :one
+-- operation_reserve with a cost: the same fence, key and event, and in the
+-- same statement a hold of cost ($12 units, $13 amounts) on every budget of
+-- those units that covers the tenant or this task. The budgets are locked in
+-- id order (two reservations never wait on each other crosswise); the CHECK
+-- agent_budgets_within_limit refuses a hold that takes a budget over its
+-- limit, and with it the whole statement: no operation, no hold, no event.
+-- Nothing is held when the key already exists (created = false).
+-- guarantee: G3, G4, G12, G13, G19
+-- zero rows: as operation_reserve: the lease ($8, $9) is no longer current, or a concurrent reservation of the same key committed after this statement's snapshot; check the lease, else run it again.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_id uuid, $4 idempotency_key text, $5 action text, $6 input_hash text, $7 actor_id text, $8 lease_owner text, $9 lease_token int8, $10 trace_id text, $11 span_id text, $12 units text[], $13 amounts int8[]
+WITH fence AS (
+    SELECT ($8::text IS NULL OR EXISTS (
+        SELECT 1 FROM agent_tasks t
+        WHERE t.tenant_id = $1 AND t.id = $3 AND t.state = 'running'
+          AND t.lease_owner = $8 AND t.lease_token = $9
+        FOR SHARE)) AS ok
+), ins AS (
+    INSERT INTO agent_operations (id, tenant_id, task_id, idempotency_key, action, input_hash,
+                                  trace_id, span_id)
+    SELECT $2, $1, $3, $4, $5, $6, $10, $11 FROM fence WHERE fence.ok
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING id, tenant_id, task_id, idempotency_key, action, input_hash, state,
+              state_version, provider_reference, result, error, attempts, trace_id, span_id,
+              created_at, updated_at
+), cost AS (
+    SELECT c.unit, c.amount FROM unnest($12::text[], $13::int8[]) AS c (unit, amount)
+), locked AS (
+    SELECT b.id, c.amount
+    FROM agent_budgets b JOIN cost c ON c.unit = b.unit
+    WHERE b.tenant_id = $1 AND (b.task_id IS NULL OR b.task_id = $3)
+      AND EXISTS (SELECT 1 FROM ins)
+    ORDER BY b.id
+    FOR UPDATE OF b
+), held AS (
+    UPDATE agent_budgets b
+    SET held = b.held + l.amount
+    FROM locked l
+    WHERE b.tenant_id = $1 AND b.id = l.id
+    RETURNING b.id, b.unit, l.amount
+), hold AS (
+    INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id, unit, amount)
+    SELECT $1, i.id, i.attempts, h.id, h.unit, h.amount FROM ins i, held h
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, operation_id, event_type, actor_id,
+                              policy_version, to_state, operation_state_version, payload,
+                              trace_id, span_id)
+    SELECT i.tenant_id, i.task_id, i.id, 'operation.reserved', $7, t.workflow_version, i.state,
+           i.state_version, jsonb_build_object('action', i.action, 'idempotency_key',
+           i.idempotency_key, 'cost', (SELECT jsonb_object_agg(c.unit, c.amount) FROM cost c),
+           'held', (SELECT coalesce(jsonb_agg(jsonb_build_object('budget', h.id, 'unit', h.unit,
+                                                                 'amount', h.amount)), '[]')
+                    FROM held h)),
+           i.trace_id, i.span_id
+    FROM ins i JOIN agent_tasks t ON t.tenant_id = $1 AND t.id = i.task_id
+)
+SELECT true AS created, id, tenant_id, task_id, idempotency_key, action, input_hash, state,
+       state_version, provider_reference, result, error, attempts, trace_id, span_id,
+       created_at, updated_at
+FROM ins
+UNION ALL
+SELECT false, o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash,
+       o.state, o.state_version, o.provider_reference, o.result, o.error, o.attempts,
+       o.trace_id, o.span_id, o.created_at, o.updated_at
+FROM agent_operations o, fence
+WHERE fence.ok AND o.tenant_id = $1 AND o.idempotency_key = $4
+  AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: operation_hold :many
+-- Hold cost ($4 units, $5 amounts) for attempt $3 of tenant $1's operation
+-- $2 on every budget of those units that covers the tenant or the
+-- operation's task: the hold a re-armed retry of a failed operation needs
+-- before it is re-armed, in the same transaction. The CHECK
+-- agent_budgets_within_limit refuses a hold over a limit. One row per
+-- budget held; none when no budget covers these units.
+-- guarantee: G19
+-- params: $1 tenant_id uuid, $2 operation_id uuid, $3 attempt int4, $4 units text[], $5 amounts int8[]
+WITH cost AS (
+    SELECT c.unit, c.amount FROM unnest($4::text[], $5::int8[]) AS c (unit, amount)
+), locked AS (
+    SELECT b.id, c.amount
+    FROM agent_budgets b JOIN cost c ON c.unit = b.unit
+    JOIN agent_operations o ON o.tenant_id = $1 AND o.id = $2
+    WHERE b.tenant_id = $1 AND (b.task_id IS NULL OR b.task_id = o.task_id)
+    ORDER BY b.id
+    FOR UPDATE OF b
+), held AS (
+    UPDATE agent_budgets b
+    SET held = b.held + l.amount
+    FROM locked l
+    WHERE b.tenant_id = $1 AND b.id = l.id
+    RETURNING b.id, b.unit, l.amount
+), hold AS (
+    INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id, unit, amount)
+    SELECT $1, $2, $3, h.id, h.unit, h.amount FROM held h
+)
+SELECT h.id AS budget_id, h.unit, h.amount FROM held h;
+
+-- name: operation_refused :execrows
+-- The event of a reservation the budgets or rate limits refused (G19),
+-- written after the refused statement rolled back: which key and action,
+-- why, what was asked and what was left. No operation exists for it.
+-- guarantee: G19, G8
+-- zero rows: no such task in this tenant (nothing is written).
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 actor_id text, $4 payload jsonb, $5 trace_id text, $6 span_id text
+INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version, payload,
+                          trace_id, span_id)
+SELECT t.tenant_id, t.id, 'operation.refused', $3, t.workflow_version, $4, $5, $6
+FROM agent_tasks t
+WHERE t.tenant_id = $1 AND t.id = $2;
+
+-- name: operation_budget_left :many
+-- What each budget of tenant $1 covering task $2 in units $3 still allows
+-- (limit - spent - held, with a window that has rolled over counted as
+-- unspent): the "remaining" of a BudgetExceeded. A lock-free read.
+-- guarantee: G19
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 units text[]
+SELECT b.id, b.unit, b.task_id, b.period, b.limit_amount, b.spent, b.held,
+       b.limit_amount - b.held - CASE
+           WHEN b.period <> 'total' AND b.window_start < date_trunc(b.period, now(), 'UTC') THEN 0
+           ELSE b.spent END AS remaining
+FROM agent_budgets b
+WHERE b.tenant_id = $1 AND (b.task_id IS NULL OR b.task_id = $2) AND b.unit = ANY ($3)
+ORDER BY b.unit, b.id;
+
+-- name: operation_rate_window :many
+-- The rate limits of action $2 for tenant $1 that are used up now, with
+-- when their window ends (the aligned bin after the one holding now()): the
+-- retry_after of a RateLimited. A lock-free read; no row means the window
+-- has rolled over since the refusal - retry at once.
+-- guarantee: G19
+-- params: $1 tenant_id uuid, $2 action text
+SELECT date_bin(r.per, now(), timestamptz '2000-01-01 00:00:00+00') + r.per AS retry_after
+FROM agent_rate_limits r
+WHERE r.tenant_id = $1 AND r.action = $2
+  AND (r.max_calls = 0 OR (r.used >= r.max_calls AND r.window_start + r.per > now()));
+
+-- name: operation_global_rate_window :many
+-- operation_rate_window for the global limit of action $1 (plain Postgres
+-- only: there are no global limits on Citus).
+-- guarantee: G19
+-- params: $1 action text
+SELECT date_bin(g.per, now(), timestamptz '2000-01-01 00:00:00+00') + g.per AS retry_after
+FROM agent_global_rate_limits g
+WHERE g.action = $1
+  AND (g.max_calls = 0 OR (g.used >= g.max_calls AND g.window_start + g.per > now()));
+
 -- name: operation_reserve_many :many
 -- operation_reserve for many keys of lease holders in one statement (one
 -- commit). Each element is reserved only if its task is still running under
@@ -199,10 +362,14 @@ ORDER BY ord;
 -- $4 to $5 (succeeded, failed, unknown, in_flight, or reserved for a retry of
 -- a failed one), with provider reference, result and error, if it is still
 -- at the expected state_version and the caller's lease (if any) is current.
--- Writes the event. A retry (reserved) counts an attempt.
--- guarantee: G7, G12, G13, G8
+-- Writes the event. A retry (reserved) counts an attempt. Settling it
+-- (succeeded or failed) settles its budget holds in the same statement
+-- (G19): succeeded spends the actual cost ($13 units, $14 amounts; a unit
+-- not named spends its whole hold) and releases the rest, failed releases
+-- every hold; the event records both. Other moves leave the holds held.
+-- guarantee: G7, G12, G13, G8, G19
 -- zero rows: the operation is gone, in another state, at another version, or the caller's lease was taken over; reload before deciding anything.
--- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 from_states text[], $5 to_state text, $6 provider_reference text, $7 result jsonb, $8 error text, $9 actor_id text, $10 lease_owner text, $11 lease_token int8, $12 event_type text
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 from_states text[], $5 to_state text, $6 provider_reference text, $7 result jsonb, $8 error text, $9 actor_id text, $10 lease_owner text, $11 lease_token int8, $12 event_type text, $13 units text[], $14 amounts int8[]
 WITH upd AS (
     UPDATE agent_operations o
     SET state = $5,
@@ -221,14 +388,34 @@ WITH upd AS (
     RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash,
               o.state, o.state_version, o.provider_reference, o.result, o.error, o.attempts,
               o.trace_id, o.span_id, o.created_at, o.updated_at
+), hs AS (
+    UPDATE agent_budget_holds h
+    SET state = CASE WHEN u.state = 'succeeded' THEN 'settled' ELSE 'released' END,
+        settled = CASE WHEN u.state = 'succeeded' THEN coalesce(
+            (SELECT a.amount FROM unnest($13::text[], $14::int8[]) AS a (unit, amount)
+             WHERE a.unit = h.unit), h.amount) END
+    FROM upd u
+    WHERE h.tenant_id = $1 AND h.operation_id = u.id AND h.state = 'held'
+      AND u.state IN ('succeeded', 'failed')
+    RETURNING h.budget_id, h.unit, h.amount, h.settled
+), bs AS (
+    UPDATE agent_budgets b
+    SET spent = b.spent + x.settled, held = b.held - x.amount
+    FROM (SELECT budget_id, sum(amount) AS amount, sum(coalesce(settled, 0)) AS settled
+          FROM hs GROUP BY budget_id) x
+    WHERE b.tenant_id = $1 AND b.id = x.budget_id
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, operation_id, event_type, actor_id,
                               policy_version, to_state, operation_state_version, payload,
                               trace_id, span_id)
     SELECT u.tenant_id, u.task_id, u.id, $12, $9, t.workflow_version, u.state,
            u.state_version,
-           jsonb_strip_nulls(jsonb_build_object('provider_reference', u.provider_reference,
-                                                'attempts', u.attempts)),
+           jsonb_strip_nulls(jsonb_build_object(
+               'provider_reference', u.provider_reference, 'attempts', u.attempts,
+               'spent', (SELECT jsonb_object_agg(x.unit, x.settled) FROM hs x
+                         WHERE x.settled IS NOT NULL),
+               'released', (SELECT jsonb_object_agg(x.unit, x.amount - coalesce(x.settled, 0))
+                            FROM hs x))),
            u.trace_id, u.span_id
     -- The tenant as a constant ($1, not u.tenant_id): Citus then reads one
     -- shard of agent_tasks, not all of them; the same on plain Postgres.
