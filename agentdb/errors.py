@@ -19,7 +19,7 @@ The tree::
     |   +-- InvalidTransition, VersionRuleViolation, AppendOnlyViolation,
     |   |   ImmutableColumn (+ ImmutableKey), LeaseTokenRegression, MissingEvent,
     |   |   TenantScopeMissing, ConcurrencyLimitExceeded, BudgetRuleViolation
-    |   |   (agentdb's SQLSTATEs AG001-AG010)
+    |   |   (agentdb's SQLSTATEs AG001-AG011)
     |   +-- TenantMismatch, DuplicateKey, PayloadTooLarge, SecretInPayload
     |   +-- BudgetExceeded, RateLimited   a reservation refused at reserve (G19)
     +-- StaleWrite                the statement matched no row
@@ -257,10 +257,12 @@ class BudgetExceeded(InvariantViolation):
 
 
 class RateLimited(InvariantViolation):
-    """G19: the action used up its rate limit for this window (SQLSTATE 23514).
+    """G19: the action used up its rate limit for this window (SQLSTATE AG011).
 
-    Mapped from the CHECKs ``agent_rate_limits_within_limit`` and
-    ``agent_global_rate_limits_within_limit``; nothing was reserved. Try
+    Raised by the trigger ``agent_operations_rate_limit`` (and ``..._retry``)
+    that counts every reservation, or mapped from the CHECKs
+    ``agent_rate_limits_within_limit`` / ``agent_global_rate_limits_within_limit``
+    (SQLSTATE 23514) on a raw write of the counters; nothing was reserved. Try
     again at ``retry_after`` (the worker turns this into a wait that costs
     no attempt).
 
@@ -270,7 +272,7 @@ class RateLimited(InvariantViolation):
     """
 
     guarantee = "G19"
-    sqlstate_code = "23514"
+    sqlstate_code = "AG011"
 
     def __init__(
         self,
@@ -484,6 +486,7 @@ SQLSTATES: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
             TenantScopeMissing,
             ConcurrencyLimitExceeded,
             BudgetRuleViolation,
+            RateLimited,
         )
     }
 )

@@ -21,7 +21,8 @@
 -- 2000-01-01 UTC), so "at most N per window" can be checked afterwards from
 -- the events' timestamps. A trigger counts every new operation and every
 -- re-armed retry of a failed one, whoever writes it; the CHECK
--- agent_rate_limits_within_limit refuses the call over the limit.
+-- trigger refuses the call over the limit (AG011), with the CHECK
+-- agent_rate_limits_within_limit behind it.
 --
 -- On Citus every table here is distributed by tenant, colocated with the
 -- tenant's tasks and operations, so a reservation with its holds and its
@@ -208,9 +209,10 @@ CREATE TRIGGER agent_budget_holds_guard
 -- G19: count one call of NEW.action against its rate limits: the tenant's
 -- and (argument 'global') the global one. The window is the aligned bin of
 -- `per` that holds now(), the transaction's start - the same instant the
--- operation's event carries. Over the limit, the CHECK
--- agent_rate_limits_within_limit (or the global one) refuses the update and
--- with it the operation.
+-- operation's event carries. A limit with no room left in this window is
+-- not counted, and the call is refused (AG011, naming this trigger) and
+-- with it the operation. The CHECK agent_rate_limits_within_limit stands
+-- behind it for any other writer of the counters.
 CREATE FUNCTION agentdb_count_call() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
@@ -221,7 +223,13 @@ BEGIN
                             THEN date_bin(r.per, now(), timestamptz '2000-01-01 00:00:00+00')
                             ELSE r.window_start END,
         updated_at = now()
-    WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action;
+    WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action
+      AND CASE WHEN r.window_start + r.per <= now() THEN 1 ELSE r.used + 1 END <= r.max_calls;
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM agent_rate_limits r
+                             WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action) THEN
+        RAISE EXCEPTION 'agentdb: tenant % used up its rate limit for %', NEW.tenant_id, NEW.action
+            USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+    END IF;
     IF TG_ARGV[0] = 'global' THEN
         UPDATE agent_global_rate_limits g
         SET used = CASE WHEN g.window_start + g.per <= now() THEN 1 ELSE g.used + 1 END,
@@ -229,7 +237,13 @@ BEGIN
                                 THEN date_bin(g.per, now(), timestamptz '2000-01-01 00:00:00+00')
                                 ELSE g.window_start END,
             updated_at = now()
-        WHERE g.action = NEW.action;
+        WHERE g.action = NEW.action
+          AND CASE WHEN g.window_start + g.per <= now() THEN 1 ELSE g.used + 1 END <= g.max_calls;
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM agent_global_rate_limits g
+                                 WHERE g.action = NEW.action) THEN
+            RAISE EXCEPTION 'agentdb: % used up its global rate limit', NEW.action
+                USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+        END IF;
     END IF;
     RETURN NULL;
 END
@@ -284,6 +298,7 @@ BEGIN
     END IF;
 END
 $$;
+REVOKE EXECUTE ON PROCEDURE agentdb_grant_roles() FROM PUBLIC;
 
 -- G17: the deletion policy of 0012 (kept as agentdb_delete_tenant_0012),
 -- after the tenant's books: its holds, budgets and rate limits are deleted
