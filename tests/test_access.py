@@ -82,8 +82,8 @@ async def _seed(conn: asyncpg.Connection, tenant: uuid.UUID) -> None:
         "INSERT INTO agent_concurrency_limits (tenant_id, max_running) VALUES ($1, 3)", tenant
     )
     budget = await conn.fetchval(
-        "INSERT INTO agent_budgets (tenant_id, unit, limit_amount, held) VALUES ($1, 'tokens', 10, 4)"
-        " RETURNING id",
+        "INSERT INTO agent_budgets (tenant_id, unit, limit_amount, held)"
+        " VALUES ($1, 'tokens', 10, 4) RETURNING id",
         tenant,
     )
     await conn.execute(

@@ -474,8 +474,8 @@ def _with_budget(step: Step) -> Step:
 
     async def run(conn: asyncpg.Connection, ctx: Ctx) -> Any:
         await conn.execute(
-            "INSERT INTO agent_budgets (tenant_id, id, unit, limit_amount) VALUES ($1, $2, 'tok', 100)"
-            " ON CONFLICT DO NOTHING",
+            "INSERT INTO agent_budgets (tenant_id, id, unit, limit_amount)"
+            " VALUES ($1, $2, 'tok', 100) ON CONFLICT DO NOTHING",
             ctx.a,
             _BUDGET,
         )
@@ -509,7 +509,7 @@ def hold_change(start: dict[str, Any], **changes: Any) -> Step:
         await hold(attempt=attempt, **start)(conn, ctx)
         sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(changes, start=3))
         return await conn.execute(
-            f"UPDATE agent_budget_holds SET {sets} WHERE tenant_id = $1 AND attempt = $2",
+            f"UPDATE agent_budget_holds SET {sets} WHERE tenant_id = $1 AND attempt = $2",  # noqa: S608
             ctx.a,
             attempt,
             *changes.values(),
@@ -521,9 +521,8 @@ def hold_change(start: dict[str, Any], **changes: Any) -> Step:
 def budget_change(start: dict[str, Any], **changes: Any) -> Step:
     async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
         bid = await budget(**start)(conn, ctx)
-        sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(changes, start=3))
         return await conn.execute(
-            f"UPDATE agent_budgets SET {sets} WHERE tenant_id = $1 AND id = $2",
+            F._update_sql("agent_budgets", changes, "id"),
             ctx.a,
             bid,
             *changes.values(),
