@@ -333,13 +333,9 @@ async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None
             "action": row["action"], "idempotency_key": row["idempotency_key"],
         }  # fmt: skip
         if params.get("units") is not None:
-            held = await hold(conn, tenant, row["id"], params["task_id"], row["attempts"],
-                              params["units"], params["amounts"])  # fmt: skip
+            await hold(conn, tenant, row["id"], params["task_id"], row["attempts"],
+                       params["units"], params["amounts"])  # fmt: skip
             payload["cost"] = dict(zip(params["units"], params["amounts"], strict=True))
-            payload["held"] = [
-                {"budget": str(h["budget_id"]), "unit": h["unit"], "amount": h["amount"]}
-                for h in held
-            ]
         await _db.execute_each(
             conn,
             _Q["routed_operation_event"],

@@ -19,6 +19,7 @@ transaction on the tenant's worker), never across the provider call.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Awaitable, Iterable, Mapping
@@ -223,8 +224,9 @@ async def _reserve_row(
         if await schema.distributed(db):
             row = await _routed.reserve(db, {**params, **costed})
         elif costed["units"] is not None:
+            cost_doc = json.dumps(dict(zip(costed["units"], costed["amounts"] or [], strict=True)))
             row = await _db.fetch_optional(db, _Q["operation_reserve_costed"], **params,
-                                           **costed)  # fmt: skip
+                                           **costed, cost=cost_doc)  # fmt: skip
         else:
             row = await _db.fetch_optional(db, _Q["operation_reserve"], **params)
         if row is not None:

@@ -44,7 +44,7 @@ CREATE TABLE agent_budgets (
     spent        bigint      NOT NULL DEFAULT 0,
     held         bigint      NOT NULL DEFAULT 0,
     -- Start of the current window ('-infinity' for 'total', and before the
-    -- first hold); maintained by agent_budgets_guard.
+    -- first write of a day or month budget); maintained by agent_budgets_guard.
     window_start timestamptz NOT NULL DEFAULT '-infinity',
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
@@ -145,10 +145,6 @@ BEGIN
     ELSE
         current_window := date_trunc(NEW.period, now(), 'UTC');
     END IF;
-    IF TG_OP = 'INSERT' THEN
-        NEW.window_start := current_window;
-        RETURN NEW;
-    END IF;
     IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id OR NEW.id IS DISTINCT FROM OLD.id
        OR NEW.unit IS DISTINCT FROM OLD.unit OR NEW.task_id IS DISTINCT FROM OLD.task_id THEN
         RAISE EXCEPTION 'agentdb: a budget''s tenant, id, task and unit never change'
@@ -167,15 +163,20 @@ BEGIN
                 NEW.id, OLD.spent, NEW.unit
             USING ERRCODE = 'AG010', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
     END IF;
-    NEW.updated_at := now();
     RETURN NEW;
 END
 $$;
 
--- G19
+-- G19: only the writes it has something to do for call it: a plain hold or
+-- settlement of a 'total' budget costs no function call (the reserve path).
 CREATE TRIGGER agent_budgets_guard
-    BEFORE INSERT OR UPDATE ON agent_budgets
-    FOR EACH ROW EXECUTE FUNCTION agentdb_guard_budget();
+    BEFORE UPDATE ON agent_budgets
+    FOR EACH ROW
+    WHEN (NEW.period <> 'total' OR OLD.period <> 'total' OR NEW.spent < OLD.spent
+          OR NEW.window_start IS DISTINCT FROM OLD.window_start
+          OR NEW.tenant_id IS DISTINCT FROM OLD.tenant_id OR NEW.id IS DISTINCT FROM OLD.id
+          OR NEW.unit IS DISTINCT FROM OLD.unit OR NEW.task_id IS DISTINCT FROM OLD.task_id)
+    EXECUTE FUNCTION agentdb_guard_budget();
 
 -- G19: a hold is written once and settled once: what it holds, for which
 -- operation attempt and budget, never changes, and a settled or released

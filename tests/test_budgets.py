@@ -102,8 +102,9 @@ async def test_G19_fifty_concurrent_reservations_against_a_budget_that_fits_ten(
         results = await asyncio.gather(*racers)
         won = [r for r in results if isinstance(r, Operation)]
         refused = [r for r in results if isinstance(r, BudgetExceeded)]
-        assert len(won) == 10 and len(refused) == 40
-        assert all(r.remaining == {"tokens": 0} and r.guarantee == "G19" for r in refused)
+        assert (len(won), len(refused)) == (10, 40)
+        assert all(r.remaining == {"tokens": 0} for r in refused)
+        assert {r.guarantee for r in refused} == {"G19"}
         # Settle them from as many connections: 4 spend 700, 3 fail, 3 spend all.
         settles = []
         for n, op in enumerate(won):
@@ -208,7 +209,8 @@ async def test_G19_a_failed_operation_retried_holds_again(
     res = await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 600})
     await operations.fail(pool, res.operation, "503")
     again = await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 600})
-    assert again.fresh and again.operation.attempts == 2
+    assert again.fresh
+    assert again.operation.attempts == 2
     [b] = await budgets.list_budgets(pool, tenants.a)
     assert b.held == 600
     await operations.fail(pool, again.operation, "503")
@@ -395,7 +397,7 @@ def run_budget_machine(h: Harness, *, max_examples: int) -> None:
             b = h.run(_books(h.admin, self.tenant))
             assert b["spent"] + b["held"] <= LIMIT
             assert (b["spent"], b["held"]) == (self.m.spent, self.m.held)
-            assert b["holds"] == b["held"] and b["settled"] == b["spent"]
+            assert (b["holds"], b["settled"]) == (b["held"], b["spent"])
 
     run_state_machine_as_test(
         BudgetMachine,
@@ -428,7 +430,7 @@ async def test_G19_a_rate_limit_refuses_the_call_over_it_and_says_when(
         await operations.reserve(pool, tenants.a, task, f"k{i}", "chat", {})
     with pytest.raises(RateLimited) as refused:
         await operations.reserve(pool, tenants.a, task, "k3", "chat", {})
-    assert refused.value.guarantee == "G19" and refused.value.action == "chat"
+    assert (refused.value.guarantee, refused.value.action) == ("G19", "chat")
     assert refused.value.retry_after is not None
     assert refused.value.retry_after > datetime.now(UTC)
     assert refused.value.retry_after.minute == 0  # the aligned hour
@@ -479,7 +481,7 @@ def test_G19_a_rate_limit_holds_under_load_from_worker_processes(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for _ in range(3)
     ]
     try:
@@ -520,7 +522,8 @@ async def _wait_rated(db: Database, tenant: uuid.UUID) -> tuple[list[int], set[i
             for r in await conn.fetch(
                 "SELECT count(*) FROM agent_events WHERE tenant_id = $1"
                 " AND event_type = 'operation.reserved' AND payload->>'action' = 'rated.call'"
-                " GROUP BY date_bin(interval '1 second', created_at, timestamptz '2000-01-01 00:00:00+00')",
+                " GROUP BY date_bin(interval '1 second', created_at,"
+                " timestamptz '2000-01-01 00:00:00+00')",
                 tenant,
             )
         ]
@@ -531,7 +534,8 @@ async def _wait_rated(db: Database, tenant: uuid.UUID) -> tuple[list[int], set[i
             )
         }
         waits = await conn.fetchval(
-            "SELECT count(*) FROM agent_events WHERE tenant_id = $1 AND event_type = 'task.rate_limited'",
+            "SELECT count(*) FROM agent_events"
+            " WHERE tenant_id = $1 AND event_type = 'task.rate_limited'",
             tenant,
         )
         return per_second, attempts, waits

@@ -354,7 +354,7 @@ RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_v
 -- guarantee: G19
 -- params: $1 tenant_id uuid, $2 task_id uuid, $3 units text[], $4 amounts int8[]
 UPDATE agent_budgets b
-SET held = b.held + c.amount
+SET held = b.held + c.amount, updated_at = now()
 FROM unnest($3::text[], $4::int8[]) AS c (unit, amount)
 WHERE b.tenant_id = $1 AND b.unit = c.unit AND (b.task_id IS NULL OR b.task_id = $2)
 RETURNING b.id AS budget_id, b.unit, c.amount;
@@ -392,6 +392,6 @@ RETURNING h.budget_id, h.unit, h.amount, h.settled;
 -- zero rows: no budget named (the caller passes only budgets it just settled holds of).
 -- params: $1 tenant_id uuid, $2 budget_ids uuid[], $3 amounts int8[], $4 settled int8[]
 UPDATE agent_budgets b
-SET spent = b.spent + x.settled, held = b.held - x.amount
+SET spent = b.spent + x.settled, held = b.held - x.amount, updated_at = now()
 FROM unnest($2::uuid[], $3::int8[], $4::int8[]) AS x (id, amount, settled)
 WHERE b.tenant_id = $1 AND b.id = x.id;

@@ -52,7 +52,7 @@ WITH input AS (
     RETURNING h.tenant_id, h.operation_id, h.budget_id, h.unit, h.amount
 ), bs AS (
     UPDATE agent_budgets b
-    SET spent = b.spent + x.amount, held = b.held - x.amount
+    SET spent = b.spent + x.amount, held = b.held - x.amount, updated_at = now()
     FROM (SELECT tenant_id, budget_id, sum(amount) AS amount FROM hs
           GROUP BY tenant_id, budget_id) x
     WHERE b.tenant_id = x.tenant_id AND b.id = x.budget_id
@@ -148,14 +148,15 @@ WHERE fence.ok AND o.tenant_id = $1 AND o.idempotency_key = $4
 -- name: operation_reserve_costed :one
 -- operation_reserve with a cost: the same fence, key and event, and in the
 -- same statement a hold of cost ($12 units, $13 amounts) on every budget of
--- those units that covers the tenant or this task. The budgets are locked in
--- id order (two reservations never wait on each other crosswise); the CHECK
+-- those units that covers the tenant or this task (one plan, so concurrent
+-- reservations lock the same budgets in the same order); the CHECK
 -- agent_budgets_within_limit refuses a hold that takes a budget over its
 -- limit, and with it the whole statement: no operation, no hold, no event.
--- Nothing is held when the key already exists (created = false).
+-- Nothing is held when the key already exists (created = false). The
+-- event records the cost ($14, the same units and amounts as a document).
 -- guarantee: G3, G4, G12, G13, G19
 -- zero rows: as operation_reserve: the lease ($8, $9) is no longer current, or a concurrent reservation of the same key committed after this statement's snapshot; check the lease, else run it again.
--- params: $1 tenant_id uuid, $2 id uuid, $3 task_id uuid, $4 idempotency_key text, $5 action text, $6 input_hash text, $7 actor_id text, $8 lease_owner text, $9 lease_token int8, $10 trace_id text, $11 span_id text, $12 units text[], $13 amounts int8[]
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_id uuid, $4 idempotency_key text, $5 action text, $6 input_hash text, $7 actor_id text, $8 lease_owner text, $9 lease_token int8, $10 trace_id text, $11 span_id text, $12 units text[], $13 amounts int8[], $14 cost jsonb
 WITH fence AS (
     SELECT ($8::text IS NULL OR EXISTS (
         SELECT 1 FROM agent_tasks t
@@ -170,21 +171,13 @@ WITH fence AS (
     RETURNING id, tenant_id, task_id, idempotency_key, action, input_hash, state,
               state_version, provider_reference, result, error, attempts, trace_id, span_id,
               created_at, updated_at
-), cost AS (
-    SELECT c.unit, c.amount FROM unnest($12::text[], $13::int8[]) AS c (unit, amount)
-), locked AS (
-    SELECT b.id, c.amount
-    FROM agent_budgets b JOIN cost c ON c.unit = b.unit
-    WHERE b.tenant_id = $1 AND (b.task_id IS NULL OR b.task_id = $3)
-      AND EXISTS (SELECT 1 FROM ins)
-    ORDER BY b.id
-    FOR UPDATE OF b
 ), held AS (
     UPDATE agent_budgets b
-    SET held = b.held + l.amount
-    FROM locked l
-    WHERE b.tenant_id = $1 AND b.id = l.id
-    RETURNING b.id, b.unit, l.amount
+    SET held = b.held + c.amount, updated_at = now()
+    FROM unnest($12::text[], $13::int8[]) AS c (unit, amount)
+    WHERE b.tenant_id = $1 AND b.unit = c.unit AND (b.task_id IS NULL OR b.task_id = $3)
+      AND EXISTS (SELECT 1 FROM ins)
+    RETURNING b.id, b.unit, c.amount
 ), hold AS (
     INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id, unit, amount)
     SELECT $1, i.id, i.attempts, h.id, h.unit, h.amount FROM ins i, held h
@@ -194,10 +187,7 @@ WITH fence AS (
                               trace_id, span_id)
     SELECT i.tenant_id, i.task_id, i.id, 'operation.reserved', $7, t.workflow_version, i.state,
            i.state_version, jsonb_build_object('action', i.action, 'idempotency_key',
-           i.idempotency_key, 'cost', (SELECT jsonb_object_agg(c.unit, c.amount) FROM cost c),
-           'held', (SELECT coalesce(jsonb_agg(jsonb_build_object('budget', h.id, 'unit', h.unit,
-                                                                 'amount', h.amount)), '[]')
-                    FROM held h)),
+           i.idempotency_key, 'cost', $14::jsonb),
            i.trace_id, i.span_id
     FROM ins i JOIN agent_tasks t ON t.tenant_id = $1 AND t.id = i.task_id
 )
@@ -233,7 +223,7 @@ WITH cost AS (
     FOR UPDATE OF b
 ), held AS (
     UPDATE agent_budgets b
-    SET held = b.held + l.amount
+    SET held = b.held + l.amount, updated_at = now()
     FROM locked l
     WHERE b.tenant_id = $1 AND b.id = l.id
     RETURNING b.id, b.unit, l.amount
@@ -400,7 +390,7 @@ WITH upd AS (
     RETURNING h.budget_id, h.unit, h.amount, h.settled
 ), bs AS (
     UPDATE agent_budgets b
-    SET spent = b.spent + x.settled, held = b.held - x.amount
+    SET spent = b.spent + x.settled, held = b.held - x.amount, updated_at = now()
     FROM (SELECT budget_id, sum(amount) AS amount, sum(coalesce(settled, 0)) AS settled
           FROM hs GROUP BY budget_id) x
     WHERE b.tenant_id = $1 AND b.id = x.budget_id

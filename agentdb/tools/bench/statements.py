@@ -207,6 +207,8 @@ async def _complete_raw(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
                 "lease_owner": s.owner,
                 "lease_token": s.token,
                 "event_type": "operation.succeeded",
+                "units": None,
+                "amounts": None,
             }
         )
         rows = await conn.fetch(q.sql, *args)
