@@ -29,9 +29,9 @@ from typing import Final
 from agentdb.tools.audit import catalog
 from agentdb.tools.audit.catalog import AuditError
 from agentdb.tools.audit.checks_access import check_g14, check_g15, check_g16, check_g17
+from agentdb.tools.audit.checks_budgets import check_g19
 from agentdb.tools.audit.checks_citus import citus_notes
 from agentdb.tools.audit.checks_delivery import check_g10, check_g11, check_g12, check_g13
-from agentdb.tools.audit.checks_budgets import check_g19
 from agentdb.tools.audit.checks_fairness import check_g18
 from agentdb.tools.audit.checks_keys import check_g1, check_g2, check_g3, check_g4, check_g5
 from agentdb.tools.audit.checks_lifecycle import check_g6, check_g7, check_g8, check_g9
