@@ -19,18 +19,26 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from agentdb import _db, schema
-from agentdb.errors import ConfigurationError
+from agentdb import _db, _routed, schema
+from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, document
+from agentdb.errors import AgentDBError, BudgetExceeded, ConfigurationError, RateLimited
+from agentdb.models import Operation
 
 __all__ = [
     "PERIODS",
     "Budget",
+    "Cost",
     "RateLimit",
+    "cost_args",
+    "hold_retry",
     "list_budgets",
     "list_rate_limits",
+    "refusal",
     "set_budget",
     "set_global_rate_limit",
     "set_rate_limit",
@@ -39,8 +47,115 @@ __all__ = [
 _Q = _db.queries(__name__)
 #: The windows a budget can have: its whole life, a UTC day, a UTC month.
 PERIODS = ("total", "day", "month")
-_UNIT = re.compile(r"[a-z][a-z0-9_]{0,62}")
 _INT4_MAX = 2**31 - 1
+
+
+#: A cost in named units (G19): ``{"tokens": 8000, "usd_micros": 1200}``.
+Cost = Mapping[str, int]
+# The unit format of agent_budgets_unit_valid; amounts fit a bigint with room to add.
+_UNIT = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_MAX_AMOUNT = 2**62
+
+
+def cost_args(cost: Cost | None) -> dict[str, list[Any] | None]:
+    """The ``units`` / ``amounts`` parameters of a cost (both ``None`` for none).
+
+    Raises:
+        ConfigurationError: a unit is not a lower-case identifier, or an amount
+            is not a non-negative integer.
+    """
+    if cost is None:
+        return {"units": None, "amounts": None}
+    units: list[str] = []
+    amounts: list[int] = []
+    for unit, amount in cost.items():
+        if not isinstance(unit, str) or _UNIT.fullmatch(unit) is None:
+            raise ConfigurationError(f"cost unit {unit!r} is not a lower-case identifier")
+        if isinstance(amount, bool) or not isinstance(amount, int):
+            raise ConfigurationError(f"cost of {unit!r} must be an integer, not {amount!r}")
+        if not 0 <= amount < _MAX_AMOUNT:
+            raise ConfigurationError(f"cost of {unit!r} must be between 0 and 2**62, not {amount}")
+        units.append(unit)
+        amounts.append(amount)
+    return {"units": units, "amounts": amounts}
+
+
+def _usable(db: _db.Executor) -> bool:
+    """Whether ``db`` can still run statements after a refusal: not a connection
+    whose (caller's) transaction the refused statement aborted."""
+    if _db.is_pool(db):
+        return True
+    return not _db.raw_connection(db).is_in_transaction()  # type: ignore[arg-type]
+
+
+async def refusal(
+    db: _db.Executor,
+    refused: BudgetExceeded | RateLimited,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    idempotency_key: str,
+    action: str,
+    cost: Cost | None,
+    actor: str,
+    ids: tuple[str | None, str | None],
+) -> AgentDBError:
+    """The refusal with what the caller needs to know (what is left, when to retry),
+    after writing its event (G19). Inside a caller's transaction, which the refusal
+    aborted, nothing more can be read or written: the bare refusal is returned."""
+    if not _usable(db):
+        return refused
+    sqlstate, constraint = refused.sqlstate, refused.constraint
+    payload: dict[str, Any] = {"action": action, "idempotency_key": idempotency_key}
+    out: BudgetExceeded | RateLimited
+    if isinstance(refused, BudgetExceeded):
+        requested = dict(cost or {})
+        rows = await _db.fetch_many(
+            db, _Q["budget_left"], tenant_id=tenant_id, task_id=task_id,
+            units=list(requested),
+        )  # fmt: skip
+        remaining: dict[str, int] = {}
+        for r in rows:
+            remaining[r["unit"]] = min(r["remaining"], remaining.get(r["unit"], r["remaining"]))
+        out = BudgetExceeded(
+            f"reserving {requested} for {action!r} would exceed the budget; "
+            f"remaining: {remaining}",
+            sqlstate=sqlstate, constraint=constraint, requested=requested, remaining=remaining,
+        )  # fmt: skip
+        payload.update(reason="budget", requested=requested, remaining=remaining)
+    else:
+        rows = await _db.fetch_many(db, _Q["rate_window"], tenant_id=tenant_id, action=action)
+        if not await schema.distributed(db):
+            rows += await _db.fetch_many(db, _Q["global_rate_window"], action=action)
+        ends = [r["retry_after"] for r in rows]
+        retry_after = max(ends) if ends else datetime.now(UTC)
+        out = RateLimited(
+            f"{action!r} is over its rate limit until {retry_after.isoformat()}",
+            sqlstate=sqlstate, constraint=constraint, action=action, retry_after=retry_after,
+        )  # fmt: skip
+        payload.update(reason="rate_limit", retry_after=retry_after.isoformat())
+    await _db.execute_rows(
+        db, _Q["budget_refused"], tenant_id=tenant_id, task_id=task_id, actor_id=actor,
+        payload=document(payload, cap=EVENT_PAYLOAD_CAP, what="refusal event"),
+        trace_id=ids[0], span_id=ids[1],
+    )  # fmt: skip
+    return out
+
+
+async def hold_retry(conn: _db.Executor, op: Operation, cost: Cost) -> None:
+    """Hold ``cost`` for the next attempt of the failed operation ``op`` on the budgets
+    covering it, inside the caller's transaction (which then re-arms it).
+
+    Raises:
+        BudgetExceeded: a budget has no room (the caller's transaction is lost).
+        ConfigurationError: ``cost`` is malformed.
+    """
+    costed = cost_args(cost)
+    if await schema.distributed(conn):
+        await _routed.hold(conn, op.tenant_id, op.id, op.task_id, op.attempts + 1,
+                           costed["units"] or [], costed["amounts"] or [])  # fmt: skip
+    else:
+        await _db.fetch_many(conn, _Q["budget_hold"], tenant_id=op.tenant_id,
+                             operation_id=op.id, attempt=op.attempts + 1, **costed)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

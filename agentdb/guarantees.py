@@ -191,7 +191,7 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "A reservation that would take a tenant's (or a task's) spent plus held amount "
                 "over its budget, or an action over its rate limit, is refused when the "
                 "operation is reserved; settling spends at most what was held.",
-                "CHECK agent_budgets_within_limit on holds taken by operation_reserve_costed; "
+                "CHECK agent_budgets_within_limit on holds taken by operation_reserve; "
                 "agent_budget_holds; the trigger agent_operations_rate_limit and CHECK "
                 "agent_rate_limits_within_limit; the guards agent_budgets_guard and "
                 "agent_budget_holds_guard (AG010)",

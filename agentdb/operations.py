@@ -20,17 +20,15 @@ transaction on the tenant's worker), never across the provider call.
 from __future__ import annotations
 
 import json
-import re
 import uuid
-from collections.abc import Awaitable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, TypeVar
 
-from agentdb import _db, _explain, _routed, schema, telemetry
-from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
+from agentdb import _db, _explain, _routed, budgets, schema, telemetry
+from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
+from agentdb.budgets import Cost
 from agentdb.errors import (
-    AgentDBError,
     BudgetExceeded,
     ConfigurationError,
     IdempotencyConflict,
@@ -38,7 +36,6 @@ from agentdb.errors import (
     NotFound,
     OperationInFlight,
     RateLimited,
-    StaleWrite,
     TransientError,
 )
 from agentdb.hashing import input_hash
@@ -68,35 +65,6 @@ UNSETTLED = ("reserved", "in_flight", "unknown")
 # after this statement's snapshot; a new statement sees it.
 _RACE_RERUNS = 3
 T = TypeVar("T")
-
-#: A cost in named units (G19): ``{"tokens": 8000, "usd_micros": 1200}``.
-Cost = Mapping[str, int]
-# The unit format of agent_budgets_unit_valid; amounts fit a bigint with room to add.
-_UNIT = re.compile(r"[a-z][a-z0-9_]{0,62}")
-_MAX_AMOUNT = 2**62
-
-
-def _cost_args(cost: Cost | None) -> dict[str, list[Any] | None]:
-    """The ``units`` / ``amounts`` parameters of a cost (both ``None`` for none).
-
-    Raises:
-        ConfigurationError: a unit is not a lower-case identifier, or an amount
-            is not a non-negative integer.
-    """
-    if cost is None:
-        return {"units": None, "amounts": None}
-    units: list[str] = []
-    amounts: list[int] = []
-    for unit, amount in cost.items():
-        if not isinstance(unit, str) or _UNIT.fullmatch(unit) is None:
-            raise ConfigurationError(f"cost unit {unit!r} is not a lower-case identifier")
-        if isinstance(amount, bool) or not isinstance(amount, int):
-            raise ConfigurationError(f"cost of {unit!r} must be an integer, not {amount!r}")
-        if not 0 <= amount < _MAX_AMOUNT:
-            raise ConfigurationError(f"cost of {unit!r} must be between 0 and 2**62, not {amount}")
-        units.append(unit)
-        amounts.append(amount)
-    return {"units": units, "amounts": amounts}
 
 
 async def get(db: _db.Executor, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> Operation:
@@ -167,7 +135,7 @@ async def reserve(
         ConfigurationError: ``input`` is not JSON data, or ``cost`` is malformed.
     """
     digest = input_hash(input)
-    costed = _cost_args(cost or None)
+    costed = budgets.cost_args(cost or None)
     actor = actor or (lease.owner if lease else "agentdb")
     trace_id, span_id = telemetry.ids(trace_id, span_id)
     attrs = {
@@ -181,7 +149,7 @@ async def reserve(
             row = await _reserve_row(db, tenant_id, task_id, idempotency_key, action, digest,
                                      actor, trace_id, span_id, lease, costed)  # fmt: skip
         except (BudgetExceeded, RateLimited) as refused:
-            raise await _refused(
+            raise await budgets.refusal(
                 db, refused, tenant_id, task_id, idempotency_key, action, cost, actor,
                 (trace_id, span_id),
             ) from refused  # fmt: skip
@@ -208,6 +176,8 @@ async def _reserve_row(
     costed: dict[str, list[Any] | None],
 ) -> _db.Record:
     """The reserve statement's row, rerun while it loses a race to a concurrent reservation."""
+    units, amounts = costed["units"], costed["amounts"]
+    cost_doc = None if units is None else json.dumps(dict(zip(units, amounts or [], strict=True)))
     for _ in range(_RACE_RERUNS):
         params = {
             "tenant_id": tenant_id,
@@ -223,12 +193,10 @@ async def _reserve_row(
         }
         if await schema.distributed(db):
             row = await _routed.reserve(db, {**params, **costed})
-        elif costed["units"] is not None:
-            cost_doc = json.dumps(dict(zip(costed["units"], costed["amounts"] or [], strict=True)))
-            row = await _db.fetch_optional(db, _Q["operation_reserve_costed"], **params,
-                                           **costed, cost=cost_doc)  # fmt: skip
         else:
-            row = await _db.fetch_optional(db, _Q["operation_reserve"], **params)
+            row = await _db.fetch_optional(
+                db, _Q["operation_reserve"], **params, **costed, cost=cost_doc
+            )
         if row is not None:
             return row
         if lease is not None:
@@ -236,69 +204,6 @@ async def _reserve_row(
             if isinstance(why, LeaseLost | NotFound):
                 raise why
     raise TransientError("a concurrent reservation of this key is still settling")
-
-
-def _usable(db: _db.Executor) -> bool:
-    """Whether ``db`` can still run statements after a refusal: not a connection
-    whose (caller's) transaction the refused statement aborted."""
-    if _db.is_pool(db):
-        return True
-    return not _db.raw_connection(db).is_in_transaction()  # type: ignore[arg-type]
-
-
-async def _refused(
-    db: _db.Executor,
-    refused: BudgetExceeded | RateLimited,
-    tenant_id: uuid.UUID,
-    task_id: uuid.UUID,
-    idempotency_key: str,
-    action: str,
-    cost: Cost | None,
-    actor: str,
-    ids: tuple[str | None, str | None],
-) -> AgentDBError:
-    """The refusal with what the caller needs to know (what is left, when to retry),
-    after writing its event (G19). Inside a caller's transaction, which the refusal
-    aborted, nothing more can be read or written: the bare refusal is returned."""
-    if not _usable(db):
-        return refused
-    sqlstate, constraint = refused.sqlstate, refused.constraint
-    payload: dict[str, Any] = {"action": action, "idempotency_key": idempotency_key}
-    out: BudgetExceeded | RateLimited
-    if isinstance(refused, BudgetExceeded):
-        requested = dict(cost or {})
-        rows = await _db.fetch_many(
-            db, _Q["operation_budget_left"], tenant_id=tenant_id, task_id=task_id,
-            units=list(requested),
-        )  # fmt: skip
-        remaining: dict[str, int] = {}
-        for r in rows:
-            remaining[r["unit"]] = min(r["remaining"], remaining.get(r["unit"], r["remaining"]))
-        out = BudgetExceeded(
-            f"reserving {requested} for {action!r} would exceed the budget; "
-            f"remaining: {remaining}",
-            sqlstate=sqlstate, constraint=constraint, requested=requested, remaining=remaining,
-        )  # fmt: skip
-        payload.update(reason="budget", requested=requested, remaining=remaining)
-    else:
-        rows = await _db.fetch_many(
-            db, _Q["operation_rate_window"], tenant_id=tenant_id, action=action
-        )
-        if not await schema.distributed(db):
-            rows += await _db.fetch_many(db, _Q["operation_global_rate_window"], action=action)
-        ends = [r["retry_after"] for r in rows]
-        retry_after = max(ends) if ends else datetime.now(UTC)
-        out = RateLimited(
-            f"{action!r} is over its rate limit until {retry_after.isoformat()}",
-            sqlstate=sqlstate, constraint=constraint, action=action, retry_after=retry_after,
-        )  # fmt: skip
-        payload.update(reason="rate_limit", retry_after=retry_after.isoformat())
-    await _db.execute_rows(
-        db, _Q["operation_refused"], tenant_id=tenant_id, task_id=task_id, actor_id=actor,
-        payload=document(payload, cap=EVENT_PAYLOAD_CAP, what="refusal event"),
-        trace_id=ids[0], span_id=ids[1],
-    )  # fmt: skip
-    return out
 
 
 async def _decide(
@@ -349,20 +254,13 @@ async def _rearm_costed(
 ) -> Operation:
     """Re-arm a failed operation with a hold of ``cost`` for its next attempt, both in
     one transaction: the hold first, so budgets are always locked before rate limits."""
-    costed = _cost_args(cost)
     try:
         async with _db.transaction(db) as conn:
-            if await schema.distributed(conn):
-                await _routed.hold(conn, op.tenant_id, op.id, op.task_id, op.attempts + 1,
-                                   costed["units"] or [], costed["amounts"] or [])  # fmt: skip
-            else:
-                await _db.fetch_many(conn, _Q["operation_hold"], tenant_id=op.tenant_id,
-                                     operation_id=op.id, attempt=op.attempts + 1,
-                                     **costed)  # fmt: skip
+            await budgets.hold_retry(conn, op, cost)
             return await _settle(conn, op, ("failed",), "reserved", lease=lease, actor=actor,
                                  event_type="operation.retried")  # fmt: skip
     except (BudgetExceeded, RateLimited) as refused:
-        raise await _refused(
+        raise await budgets.refusal(
             db, refused, op.tenant_id, op.task_id, op.idempotency_key, op.action, cost,
             actor or "agentdb", (op.trace_id, op.span_id),
         ) from refused  # fmt: skip
@@ -394,7 +292,7 @@ async def _settle(
         "actor_id": actor or (lease.owner if lease else "agentdb"),
         "event_type": event_type,
         **_lease_args(lease),
-        **_cost_args(cost),
+        **budgets.cost_args(cost),
     }
     if await schema.distributed(db):
         row = await _routed.settle(db, params)
@@ -570,233 +468,11 @@ async def list_unsettled(
     return [Operation.from_record(r) for r in rows]
 
 
-# Batched reserve and complete. One statement (one commit) per batch of
-# claimed tasks instead of one per operation: a worker is bound by Python
-# client CPU per round trip long before Postgres is busy (see ``agentdb
-# bench``). Each element keeps the single-row guarantees: the key's unique
-# index decides (G3, G4), the caller's lease fences it (G12), and it gets its
-# own event (G8).
-
-#: Errors that concern one element of a batch: returned in its slot, never raised.
-_PER_ELEMENT = (StaleWrite, IdempotencyConflict, OperationInFlight)
-
-
-@dataclass(frozen=True, slots=True)
-class ReserveRequest:
-    """One element of :func:`reserve_many`: :func:`reserve` by the holder of ``lease``.
-
-    The lease names the tenant and the task the operation belongs to.
-    """
-
-    lease: Lease
-    idempotency_key: str
-    action: str
-    input: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One element of :func:`complete_many`: the arguments of :func:`complete`."""
-
-    operation: Operation
-    result: Mapping[str, Any] | None = None
-    provider_reference: str | None = None
-    lease: Lease | None = None
-    cost: Cost | None = None
-
-
-async def _each(step: Awaitable[T]) -> T | AgentDBError:
-    """A batch element run alone: its result or its refusal (bad input is raised)."""
-    try:
-        return await step
-    except ConfigurationError:
-        raise
-    except AgentDBError as exc:
-        return exc
-
-
-def _unique(keys: Iterable[tuple[uuid.UUID, Any]], what: str) -> None:
-    seen: set[tuple[uuid.UUID, Any]] = set()
-    for key in keys:
-        if key in seen:
-            raise ConfigurationError(f"{what} {key[1]!r} appears twice in one batch")
-        seen.add(key)
-
-
-async def _reserve_batch(
-    db: _db.Executor,
-    q: _db.Query,
-    batch: list[ReserveRequest],
-    digests: list[str],
-    actor: str | None,
-    trace_id: str | None,
-    span_id: str | None,
-) -> list[_db.Record]:
-    """operation_reserve_many's rows for ``batch``."""
-    return await _db.fetch_many(
-        db,
-        q,
-        tenant_ids=[req.lease.tenant_id for req in batch],
-        ids=[uuid.uuid4() for _ in batch],
-        task_ids=[req.lease.task_id for req in batch],
-        idempotency_keys=[req.idempotency_key for req in batch],
-        actions=[req.action for req in batch],
-        input_hashes=digests,
-        lease_owners=[req.lease.owner for req in batch],
-        lease_tokens=[req.lease.token for req in batch],
-        actor_id=actor,
-        trace_id=trace_id,
-        span_id=span_id,
-    )
-
-
-async def reserve_many(
-    db: _db.Executor,
-    requests: Iterable[ReserveRequest],
-    *,
-    retry_failed: bool = True,
-    actor: str | None = None,
-    trace_id: str | None = None,
-    span_id: str | None = None,
-) -> list[Reservation | AgentDBError]:
-    """:func:`reserve` for many keys in one statement; one result per request, in input order.
-
-    For workers holding leases (a claimed batch): each request is reserved
-    only while its lease on its task is current, and is answered as
-    :func:`reserve` with ``lease`` answers it (``fresh`` true: call the
-    provider; false: ``operation.result`` is the stored answer). The
-    reservations commit together before any provider is called (G13); use
-    :func:`reserve` to reserve without a lease.
-    What :func:`reserve` would raise for one request is *returned* in that
-    request's slot instead, so one refusal does not undo the batch:
-
-    * :class:`IdempotencyConflict` - the key holds a different action or input;
-    * :class:`OperationInFlight` - the key's first attempt has not settled;
-    * :class:`LeaseLost` - the request's lease was taken over: nothing reserved;
-    * :class:`NotFound` - no such task in that tenant;
-    * :class:`StaleVersion` - re-arming a failed operation lost a race.
-
-    Only a request the statement did not answer (a refused lease, a missing
-    task, a concurrent reservation of the same key) costs more round trips:
-    it goes through :func:`reserve`, which says why (or reruns a lost race).
-
-    Raises:
-        ConfigurationError: a key appears twice in the batch, or an input is not JSON data.
-        TransientError and unrecognised database errors: nothing was reserved.
-    """
-    batch = list(requests)
-    if not batch:
-        return []
-    _unique(((r.lease.tenant_id, r.idempotency_key) for r in batch), "idempotency key")
-    if await schema.distributed(db):
-        # Citus cannot lock many tenants' rows in one statement: one by one.
-        return [await _each(reserve(db, r.lease.tenant_id, r.lease.task_id, r.idempotency_key,
-                                    r.action, r.input, lease=r.lease, retry_failed=retry_failed,
-                                    actor=actor, trace_id=trace_id, span_id=span_id))
-                for r in batch]  # fmt: skip
-    digests = [input_hash(req.input) for req in batch]
-    trace_id, span_id = telemetry.ids(trace_id, span_id)
-    q = _Q["operation_reserve_many"]
-    try:
-        rows = await _reserve_batch(db, q, batch, digests, actor, trace_id, span_id)
-    except RateLimited:
-        # One element over a rate limit refuses the whole statement: one by
-        # one, each element gets its own answer (G19).
-        return [await _each(reserve(db, r.lease.tenant_id, r.lease.task_id, r.idempotency_key,
-                                    r.action, r.input, lease=r.lease, retry_failed=retry_failed,
-                                    actor=actor, trace_id=trace_id, span_id=span_id))
-                for r in batch]  # fmt: skip
-    answered = _db.by_ord(rows, q, len(batch))
-    results: list[Reservation | AgentDBError] = []
-    for i, (req, digest) in enumerate(zip(batch, digests, strict=True), start=1):
-        row = answered.get(i)
-        lease = req.lease
-        try:
-            if row is None:
-                # Refused lease, missing task or a concurrent reservation: the
-                # single-row path says which (and reruns a lost race).
-                again = await reserve(
-                    db,
-                    lease.tenant_id,
-                    lease.task_id,
-                    req.idempotency_key,
-                    req.action,
-                    req.input,
-                    lease=lease,
-                    retry_failed=retry_failed,
-                    actor=actor,
-                    trace_id=trace_id,
-                    span_id=span_id,
-                )
-                results.append(again)
-            elif row["created"]:
-                results.append(Reservation(Operation.from_record(row), fresh=True))
-            else:
-                existing = Operation.from_record(row)
-                results.append(
-                    await _decide(
-                        db,
-                        existing,
-                        req.action,
-                        digest,
-                        retry_failed=retry_failed,
-                        lease=lease,
-                        actor=actor or lease.owner,
-                    )
-                )
-        except _PER_ELEMENT as exc:
-            results.append(exc)
-    return results
-
-
-async def complete_many(
-    db: _db.Executor, completions: Iterable[Completion], *, actor: str | None = None
-) -> list[Operation | AgentDBError]:
-    """:func:`complete` for many operations in one statement; one result per element, in order.
-
-    Each operation moves to 'succeeded' only if it is still unsettled at the
-    ``state_version`` it carries and, with a ``lease``, that lease on its
-    task is current; each gets its event. A refused element is not settled
-    and nothing is written for it; its slot holds the error :func:`complete`
-    would have raised, returned rather than raised so the rest commits:
-
-    * :class:`LeaseLost` - the element's lease was taken over: this outcome was not recorded;
-    * :class:`StaleVersion` - the operation moved on (settled by someone else);
-    * :class:`NotFound` - no such operation (or task) in its tenant.
-
-    Raises:
-        ConfigurationError: an operation appears twice in the batch, or a result is not JSON.
-        PayloadTooLarge: a ``result`` is over the cap; nothing was written.
-    """
-    batch = list(completions)
-    if not batch:
-        return []
-    _unique(((c.operation.tenant_id, c.operation.id) for c in batch), "operation")
-    # One by one on Citus, as in reserve_many; and when an actual cost is
-    # given, which the batch statement (it spends every hold whole) cannot carry.
-    if await schema.distributed(db) or any(c.cost for c in batch):
-        return [await _each(complete(db, c.operation, result=c.result, lease=c.lease,
-                                     provider_reference=c.provider_reference, cost=c.cost))
-                for c in batch]  # fmt: skip
-    q = _Q["operation_complete_many"]
-    rows = await _db.fetch_many(
-        db,
-        q,
-        tenant_ids=[c.operation.tenant_id for c in batch],
-        ids=[c.operation.id for c in batch],
-        expected_versions=[c.operation.state_version for c in batch],
-        provider_references=[c.provider_reference for c in batch],
-        results=[document(c.result, cap=OBJECT_CAP, what="operation result") for c in batch],
-        lease_owners=[c.lease.owner if c.lease else None for c in batch],
-        lease_tokens=[c.lease.token if c.lease else None for c in batch],
-        actor_id=actor,
-    )
-    answered = _db.by_ord(rows, q, len(batch))
-    results: list[Operation | AgentDBError] = []
-    for i, c in enumerate(batch, start=1):
-        row = answered.get(i)
-        if row is None:
-            results.append(await _explain.settle(db, c.operation, c.lease, UNSETTLED))
-        else:
-            results.append(Operation.from_record(row))
-    return results
+# The batch helpers live in agentdb.batch (their own statements); they are
+# part of this module's API. Imported last: agentdb.batch calls back into it.
+from agentdb.batch import (  # noqa: E402
+    Completion,
+    ReserveRequest,
+    complete_many,
+    reserve_many,
+)

@@ -7,7 +7,7 @@
 -- tenant, or for one task of a tenant, over a window (the whole life of the
 -- budget, a UTC day or a UTC month). operations.reserve(..., cost=...) holds
 -- the estimate on every budget of that unit in the same statement as the
--- operation (agentdb/queries/operations.sql, operation_reserve_costed); the
+-- operation (agentdb/queries/operations.sql, operation_reserve); the
 -- CHECK agent_budgets_within_limit refuses a hold that would take spent +
 -- held over the limit, so no writer - the runtime, a migration, hand-typed
 -- SQL - can overspend. Settling the operation moves its holds: succeeded
