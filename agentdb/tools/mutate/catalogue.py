@@ -53,6 +53,7 @@ def m(
 def all_mutants() -> tuple[Mutant, ...]:
     """Every mutant of the catalogue, in report order."""
     from agentdb.tools.mutate import (
+        mutants_budgets,
         mutants_code,
         mutants_production,
         mutants_schema,
@@ -64,4 +65,5 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_schema.MUTANTS
         + mutants_code.MUTANTS
         + mutants_production.MUTANTS
+        + mutants_budgets.MUTANTS
     )
