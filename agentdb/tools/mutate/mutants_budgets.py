@@ -88,8 +88,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action\n"
         "      AND CASE WHEN r.window_start + r.per <= now() THEN 1 ELSE r.used + 1 END <= r.max_calls + 1000;\n"
         "    IF NOT FOUND AND EXISTS",
-        (TESTS + "::test_G19_a_rate_limit_refuses_the_call_over_it_and_says_when",),
-        "agentdb_count_call: the tenant's limit is never reached (and the CHECK is not hit either)",
+        (ATTACK + "[G19-agent_operations_rate_limit]",),
+        "agentdb_count_call: the tenant's limit is never reached by the trigger; the CHECK "
+        "behind it still refuses, but as a bare CHECK violation, not the trigger's AG011",
     ),
     m(
         "rate-limit-window-never-rolls",
@@ -121,9 +122,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "budget-error-unmapped",
         "agentdb/errors.py",
         '        "BudgetExceeded": BudgetExceeded,\n',
-        "",
+        '        "BudgetExceeded": RateLimited,\n',
         (TESTS + "::test_G19_unknown_keeps_the_hold_until_reconciled",),
-        "error_for: the budget CHECK's refusal comes out as a bare InvariantViolation",
+        "error_for: the budget CHECK's refusal comes out as the wrong error class",
     ),
     m(
         "worker-rate-limit-burns-an-attempt",
