@@ -217,33 +217,53 @@ CREATE TRIGGER agent_budget_holds_guard
 CREATE FUNCTION agentdb_count_call() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
+DECLARE
+    lim record;
+    used_now integer;
+    window_now timestamptz;
 BEGIN
-    UPDATE agent_rate_limits r
-    SET used = CASE WHEN r.window_start + r.per <= now() THEN 1 ELSE r.used + 1 END,
-        window_start = CASE WHEN r.window_start + r.per <= now()
-                            THEN date_bin(r.per, now(), timestamptz '2000-01-01 00:00:00+00')
-                            ELSE r.window_start END,
-        updated_at = now()
+    -- Read, decide, then write constants: Citus refuses now() inside a CASE
+    -- of a distributed UPDATE, and the lock makes the decision race-free.
+    SELECT r.per, r.window_start, r.used, r.max_calls INTO lim
+    FROM agent_rate_limits r
     WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action
-      AND CASE WHEN r.window_start + r.per <= now() THEN 1 ELSE r.used + 1 END <= r.max_calls;
-    IF NOT FOUND AND EXISTS (SELECT 1 FROM agent_rate_limits r
-                             WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action) THEN
-        RAISE EXCEPTION 'agentdb: tenant % used up its rate limit for %', NEW.tenant_id, NEW.action
-            USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+    FOR UPDATE;
+    IF FOUND THEN
+        IF lim.window_start + lim.per <= now() THEN
+            used_now := 1;
+            window_now := date_bin(lim.per, now(), timestamptz '2000-01-01 00:00:00+00');
+        ELSE
+            used_now := lim.used + 1;
+            window_now := lim.window_start;
+        END IF;
+        IF used_now > lim.max_calls THEN
+            RAISE EXCEPTION 'agentdb: tenant % used up its rate limit for %', NEW.tenant_id, NEW.action
+                USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+        END IF;
+        UPDATE agent_rate_limits r
+        SET used = used_now, window_start = window_now, updated_at = now()
+        WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action;
     END IF;
     IF TG_ARGV[0] = 'global' THEN
-        UPDATE agent_global_rate_limits g
-        SET used = CASE WHEN g.window_start + g.per <= now() THEN 1 ELSE g.used + 1 END,
-            window_start = CASE WHEN g.window_start + g.per <= now()
-                                THEN date_bin(g.per, now(), timestamptz '2000-01-01 00:00:00+00')
-                                ELSE g.window_start END,
-            updated_at = now()
+        SELECT g.per, g.window_start, g.used, g.max_calls INTO lim
+        FROM agent_global_rate_limits g
         WHERE g.action = NEW.action
-          AND CASE WHEN g.window_start + g.per <= now() THEN 1 ELSE g.used + 1 END <= g.max_calls;
-        IF NOT FOUND AND EXISTS (SELECT 1 FROM agent_global_rate_limits g
-                                 WHERE g.action = NEW.action) THEN
-            RAISE EXCEPTION 'agentdb: % used up its global rate limit', NEW.action
-                USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+        FOR UPDATE;
+        IF FOUND THEN
+            IF lim.window_start + lim.per <= now() THEN
+                used_now := 1;
+                window_now := date_bin(lim.per, now(), timestamptz '2000-01-01 00:00:00+00');
+            ELSE
+                used_now := lim.used + 1;
+                window_now := lim.window_start;
+            END IF;
+            IF used_now > lim.max_calls THEN
+                RAISE EXCEPTION 'agentdb: % used up its global rate limit', NEW.action
+                    USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+            END IF;
+            UPDATE agent_global_rate_limits g
+            SET used = used_now, window_start = window_now, updated_at = now()
+            WHERE g.action = NEW.action;
         END IF;
     END IF;
     RETURN NULL;

@@ -106,7 +106,8 @@ INSERT INTO agent_global_rate_limits (action, max_calls, per)
 VALUES ($1, $2, $3)
 ON CONFLICT (action)
 DO UPDATE SET max_calls = EXCLUDED.max_calls, per = EXCLUDED.per,
-              used = least(agent_global_rate_limits.used, EXCLUDED.max_calls), updated_at = now()
+              used = least(agent_global_rate_limits.used, EXCLUDED.max_calls),
+              updated_at = EXCLUDED.updated_at
 RETURNING NULL::uuid AS tenant_id, action, max_calls, per, used, window_start;
 
 -- name: global_rate_window :many
@@ -142,7 +143,8 @@ INSERT INTO agent_rate_limits (tenant_id, action, max_calls, per)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (tenant_id, action)
 DO UPDATE SET max_calls = EXCLUDED.max_calls, per = EXCLUDED.per,
-              used = least(agent_rate_limits.used, EXCLUDED.max_calls), updated_at = now()
+              used = least(agent_rate_limits.used, EXCLUDED.max_calls),
+              updated_at = EXCLUDED.updated_at
 RETURNING tenant_id, action, max_calls, per, used, window_start;
 
 -- name: rate_window :many

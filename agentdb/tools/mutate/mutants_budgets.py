@@ -82,12 +82,10 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-never-full",
         BUDGETS,
-        "    WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action\n"
-        "      AND CASE WHEN r.window_start + r.per <= now() THEN 1 ELSE r.used + 1 END <= r.max_calls;\n"
-        "    IF NOT FOUND AND EXISTS",
-        "    WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action\n"
-        "      AND CASE WHEN r.window_start + r.per <= now() THEN 1 ELSE r.used + 1 END <= r.max_calls + 1000;\n"
-        "    IF NOT FOUND AND EXISTS",
+        "        IF used_now > lim.max_calls THEN\n"
+        "            RAISE EXCEPTION 'agentdb: tenant % used up",
+        "        IF used_now > lim.max_calls + 1000 THEN\n"
+        "            RAISE EXCEPTION 'agentdb: tenant % used up",
         (ATTACK + "[G19-agent_operations_rate_limit]",),
         "agentdb_count_call: the tenant's limit is never reached by the trigger; the CHECK "
         "behind it still refuses, but as a bare CHECK violation, not the trigger's AG011",
@@ -95,8 +93,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-window-never-rolls",
         BUDGETS,
-        "    SET used = CASE WHEN r.window_start + r.per <= now() THEN 1 ELSE r.used + 1 END,",
-        "    SET used = r.used + 1,",
+        "\n        IF lim.window_start + lim.per <= now() THEN\n            used_now := 1;",
+        "\n        IF false THEN\n            used_now := 1;",
         (TESTS + "::test_G19_a_rate_limit_holds_under_load_from_worker_processes",),
         "agentdb_count_call: calls of past windows keep counting (the limit starves the action)",
     ),
@@ -113,8 +111,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-global-ignored",
         BUDGETS,
-        "        WHERE g.action = NEW.action\n          AND CASE",
-        "        WHERE g.action = NEW.action AND false\n          AND CASE",
+        "        WHERE g.action = NEW.action\n        FOR UPDATE;",
+        "        WHERE g.action = NEW.action AND false\n        FOR UPDATE;",
         (TESTS + "::test_G19_a_global_rate_limit_spans_tenants",),
         "agentdb_count_call: the global limit is never counted",
     ),
