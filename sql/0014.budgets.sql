@@ -207,62 +207,63 @@ CREATE TRIGGER agent_budget_holds_guard
     BEFORE UPDATE ON agent_budget_holds
     FOR EACH ROW EXECUTE FUNCTION agentdb_guard_budget_hold();
 
+-- G19: one more call of a rate limit now (max_calls per window of per,
+-- window_start, used so far): the calls its window then holds and the
+-- window's start (a window that has passed starts again at the aligned bin
+-- of now()). Refuses the call over the limit (AG011, naming the trigger
+-- p_trigger that counted it).
+CREATE FUNCTION agentdb_rate_step(p_per interval, p_start timestamptz, p_used integer,
+                                  p_max integer, p_trigger text, p_action text,
+                                  OUT used integer, OUT window_start timestamptz)
+    LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    IF p_start + p_per <= now() THEN
+        used := 1;
+        window_start := date_bin(p_per, now(), timestamptz '2000-01-01 00:00:00+00');
+    ELSE
+        used := p_used + 1;
+        window_start := p_start;
+    END IF;
+    IF used > p_max THEN
+        RAISE EXCEPTION 'agentdb: % used up its rate limit (% per %)', p_action, p_max, p_per
+            USING ERRCODE = 'AG011', CONSTRAINT = p_trigger;
+    END IF;
+END
+$$;
+
 -- G19: count one call of NEW.action against its rate limits: the tenant's
--- and (argument 'global') the global one. The window is the aligned bin of
--- `per` that holds now(), the transaction's start - the same instant the
--- operation's event carries. A limit with no room left in this window is
--- not counted, and the call is refused (AG011, naming this trigger) and
--- with it the operation. The CHECK agent_rate_limits_within_limit stands
--- behind it for any other writer of the counters.
+-- and (argument 'global') the global one, in the window that holds now(),
+-- the transaction's start - the same instant the operation's event carries.
+-- Each limit is read, decided (agentdb_rate_step) and written back as
+-- constants: Citus refuses now() inside a CASE of a distributed UPDATE, and
+-- the row lock makes the decision race-free. The CHECK
+-- agent_rate_limits_within_limit stands behind it for any other writer.
 CREATE FUNCTION agentdb_count_call() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 DECLARE
     lim record;
-    used_now integer;
-    window_now timestamptz;
+    step record;
 BEGIN
-    -- Read, decide, then write constants: Citus refuses now() inside a CASE
-    -- of a distributed UPDATE, and the lock makes the decision race-free.
-    SELECT r.per, r.window_start, r.used, r.max_calls INTO lim
-    FROM agent_rate_limits r
-    WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action
-    FOR UPDATE;
+    SELECT r.per, r.window_start, r.used, r.max_calls INTO lim FROM agent_rate_limits r
+    WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action FOR UPDATE;
     IF FOUND THEN
-        IF lim.window_start + lim.per <= now() THEN
-            used_now := 1;
-            window_now := date_bin(lim.per, now(), timestamptz '2000-01-01 00:00:00+00');
-        ELSE
-            used_now := lim.used + 1;
-            window_now := lim.window_start;
-        END IF;
-        IF used_now > lim.max_calls THEN
-            RAISE EXCEPTION 'agentdb: tenant % used up its rate limit for %', NEW.tenant_id, NEW.action
-                USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
-        END IF;
-        UPDATE agent_rate_limits r
-        SET used = used_now, window_start = window_now, updated_at = now()
+        step := agentdb_rate_step(lim.per, lim.window_start, lim.used, lim.max_calls, TG_NAME,
+                                  NEW.action);
+        UPDATE agent_rate_limits r SET used = step.used, window_start = step.window_start,
+                                       updated_at = now()
         WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action;
     END IF;
     IF TG_ARGV[0] = 'global' THEN
-        SELECT g.per, g.window_start, g.used, g.max_calls INTO lim
-        FROM agent_global_rate_limits g
-        WHERE g.action = NEW.action
-        FOR UPDATE;
+        SELECT g.per, g.window_start, g.used, g.max_calls INTO lim FROM agent_global_rate_limits g
+        WHERE g.action = NEW.action FOR UPDATE;
         IF FOUND THEN
-            IF lim.window_start + lim.per <= now() THEN
-                used_now := 1;
-                window_now := date_bin(lim.per, now(), timestamptz '2000-01-01 00:00:00+00');
-            ELSE
-                used_now := lim.used + 1;
-                window_now := lim.window_start;
-            END IF;
-            IF used_now > lim.max_calls THEN
-                RAISE EXCEPTION 'agentdb: % used up its global rate limit', NEW.action
-                    USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
-            END IF;
-            UPDATE agent_global_rate_limits g
-            SET used = used_now, window_start = window_now, updated_at = now()
+            step := agentdb_rate_step(lim.per, lim.window_start, lim.used, lim.max_calls,
+                                      TG_NAME, NEW.action);
+            UPDATE agent_global_rate_limits g SET used = step.used,
+                                                  window_start = step.window_start,
+                                                  updated_at = now()
             WHERE g.action = NEW.action;
         END IF;
     END IF;

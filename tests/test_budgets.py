@@ -7,10 +7,6 @@ and the rate-limit load comes from separate worker processes.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,6 +29,7 @@ from hypothesis.stateful import (
 from agentdb import budgets, operations, tasks
 from agentdb.errors import BudgetExceeded, ConfigurationError, InvariantViolation, RateLimited
 from agentdb.models import Operation
+from tests._procs import stop_workers, worker_processes
 from tests.conftest import RUNTIME, Database, Tenants
 from tests.test_model import Harness
 
@@ -457,39 +454,11 @@ def test_G19_a_rate_limit_holds_under_load_from_worker_processes(
     second: counted from the reservation events per aligned second, never more than 5;
     the tasks that were held back waited and succeeded without losing an attempt."""
     asyncio.run(_seed_rated(db, tenants.a, 40))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agentdb",
-                "worker",
-                "tests.fixture_handlers:RATED",
-                "--dsn",
-                db.url(RUNTIME),
-                "--concurrency",
-                "8",
-                "--poll-interval",
-                "0.05",
-                "--no-listen",
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(3)
-    ]
+    procs = worker_processes(db.url(RUNTIME), "tests.fixture_handlers:RATED", 3, 8)
     try:
         result = asyncio.run(_wait_rated(db, tenants.a))
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        errs = [p.communicate(timeout=60)[1] for p in procs]
+        errs = stop_workers(procs)
     assert all(p.returncode == 0 for p in procs), errs
     per_second, attempts, waits = result
     assert sum(per_second) == 40

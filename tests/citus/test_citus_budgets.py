@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable
 from datetime import timedelta
 
 import asyncpg
@@ -13,7 +14,7 @@ import pytest
 
 from agentdb import budgets, leases, operations, tasks
 from agentdb.errors import BudgetExceeded, ConfigurationError, RateLimited
-from agentdb.models import Operation
+from agentdb.models import Operation, Reservation
 from tests.citus.conftest import Cluster, Three
 from tests.citus.test_citus import NIL, _begins, _remote, _two_phase
 
@@ -103,10 +104,12 @@ async def test_G19_rate_limits_are_per_tenant_on_citus(
 ) -> None:
     await budgets.set_rate_limit(conn, three.z, "chat", 2, timedelta(hours=1))
     task = (await tasks.create(conn, three.z, "chat")).id
-    for i in range(2):
-        _, cmds = await _remote(
-            conn, lambda i=i: operations.reserve(conn, three.z, task, f"c{i}", "chat", {})
-        )
+    for key in ("c0", "c1"):
+
+        def call(key: str = key) -> Awaitable[Reservation]:
+            return operations.reserve(conn, three.z, task, key, "chat", {})
+
+        _, cmds = await _remote(conn, call)
         assert _two_phase(cmds) == 0, cmds
     with pytest.raises(RateLimited) as refused:
         await operations.reserve(conn, three.z, task, "c2", "chat", {})

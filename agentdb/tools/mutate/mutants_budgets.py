@@ -82,21 +82,19 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-never-full",
         BUDGETS,
-        "        IF used_now > lim.max_calls THEN\n"
-        "            RAISE EXCEPTION 'agentdb: tenant % used up",
-        "        IF used_now > lim.max_calls + 1000 THEN\n"
-        "            RAISE EXCEPTION 'agentdb: tenant % used up",
+        "    IF used > p_max THEN",
+        "    IF used > p_max + 1000 THEN",
         (ATTACK + "[G19-agent_operations_rate_limit]",),
-        "agentdb_count_call: the tenant's limit is never reached by the trigger; the CHECK "
+        "agentdb_rate_step: a limit is never reached by the trigger; the CHECK "
         "behind it still refuses, but as a bare CHECK violation, not the trigger's AG011",
     ),
     m(
         "rate-limit-window-never-rolls",
         BUDGETS,
-        "\n        IF lim.window_start + lim.per <= now() THEN\n            used_now := 1;",
-        "\n        IF false THEN\n            used_now := 1;",
+        "    IF p_start + p_per <= now() THEN\n        used := 1;",
+        "    IF false THEN\n        used := 1;",
         (TESTS + "::test_G19_a_rate_limit_holds_under_load_from_worker_processes",),
-        "agentdb_count_call: calls of past windows keep counting (the limit starves the action)",
+        "agentdb_rate_step: calls of past windows keep counting (the limit starves the action)",
     ),
     m(
         "rate-limit-retry-uncounted",
@@ -111,8 +109,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-global-ignored",
         BUDGETS,
-        "        WHERE g.action = NEW.action\n        FOR UPDATE;",
-        "        WHERE g.action = NEW.action AND false\n        FOR UPDATE;",
+        "        WHERE g.action = NEW.action FOR UPDATE;",
+        "        WHERE g.action = NEW.action AND false FOR UPDATE;",
         (TESTS + "::test_G19_a_global_rate_limit_spans_tenants",),
         "agentdb_count_call: the global limit is never counted",
     ),
