@@ -17,7 +17,7 @@ ALTER PROCEDURE agentdb_grant_roles_0012() RENAME TO agentdb_grant_roles;
 DROP TRIGGER agent_operations_rate_limit ON agent_operations;
 DROP TRIGGER agent_operations_rate_limit_retry ON agent_operations;
 DROP FUNCTION agentdb_count_call();
-DROP FUNCTION agentdb_rate_step(interval, timestamptz, integer, integer, text, text);
+DROP FUNCTION agentdb_rate_step(interval, timestamptz, integer);
 DROP TABLE agent_budget_holds;
 DROP TABLE agent_budgets;
 DROP TABLE agent_rate_limits;

@@ -207,13 +207,10 @@ CREATE TRIGGER agent_budget_holds_guard
     BEFORE UPDATE ON agent_budget_holds
     FOR EACH ROW EXECUTE FUNCTION agentdb_guard_budget_hold();
 
--- G19: one more call of a rate limit now (max_calls per window of per,
--- window_start, used so far): the calls its window then holds and the
--- window's start (a window that has passed starts again at the aligned bin
--- of now()). Refuses the call over the limit (AG011, naming the trigger
--- p_trigger that counted it).
+-- G19: one more call of a rate limit now (a window of p_per from p_start
+-- with p_used calls): the calls its window then holds, and the window's
+-- start (a window that has passed starts again at the aligned bin of now()).
 CREATE FUNCTION agentdb_rate_step(p_per interval, p_start timestamptz, p_used integer,
-                                  p_max integer, p_trigger text, p_action text,
                                   OUT used integer, OUT window_start timestamptz)
     LANGUAGE plpgsql STABLE
 AS $$
@@ -225,47 +222,55 @@ BEGIN
         used := p_used + 1;
         window_start := p_start;
     END IF;
-    IF used > p_max THEN
-        RAISE EXCEPTION 'agentdb: % used up its rate limit (% per %)', p_action, p_max, p_per
-            USING ERRCODE = 'AG011', CONSTRAINT = p_trigger;
-    END IF;
 END
 $$;
 
 -- G19: count one call of NEW.action against its rate limits: the tenant's
--- and (argument 'global') the global one, in the window that holds now(),
--- the transaction's start - the same instant the operation's event carries.
--- Each limit is read, decided (agentdb_rate_step) and written back as
--- constants: Citus refuses now() inside a CASE of a distributed UPDATE, and
--- the row lock makes the decision race-free. The CHECK
--- agent_rate_limits_within_limit stands behind it for any other writer.
+-- and (not on Citus: see the header) the global one, in the window that
+-- holds now(), the transaction's start - the same instant the operation's
+-- event carries. Each limit is read under its row lock, stepped
+-- (agentdb_rate_step) and written back as constants: Citus refuses now()
+-- inside a CASE of a distributed UPDATE. A limit with no room left is not
+-- written, and the call is refused (AG011, naming this trigger) and with it
+-- the operation; the CHECK agent_rate_limits_within_limit stands behind it
+-- for any other writer of the counters.
 CREATE FUNCTION agentdb_count_call() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 DECLARE
     lim record;
     step record;
+    over text;
 BEGIN
     SELECT r.per, r.window_start, r.used, r.max_calls INTO lim FROM agent_rate_limits r
     WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action FOR UPDATE;
     IF FOUND THEN
-        step := agentdb_rate_step(lim.per, lim.window_start, lim.used, lim.max_calls, TG_NAME,
-                                  NEW.action);
-        UPDATE agent_rate_limits r SET used = step.used, window_start = step.window_start,
-                                       updated_at = now()
-        WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action;
+        step := agentdb_rate_step(lim.per, lim.window_start, lim.used);
+        IF step.used > lim.max_calls THEN
+            over := format('tenant %s: %s per %s', NEW.tenant_id, lim.max_calls, lim.per);
+        ELSE
+            UPDATE agent_rate_limits r
+            SET used = step.used, window_start = step.window_start, updated_at = now()
+            WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action;
+        END IF;
     END IF;
-    IF TG_ARGV[0] = 'global' THEN
+    IF over IS NULL AND NOT agentdb_distributed() THEN
         SELECT g.per, g.window_start, g.used, g.max_calls INTO lim FROM agent_global_rate_limits g
         WHERE g.action = NEW.action FOR UPDATE;
         IF FOUND THEN
-            step := agentdb_rate_step(lim.per, lim.window_start, lim.used, lim.max_calls,
-                                      TG_NAME, NEW.action);
-            UPDATE agent_global_rate_limits g SET used = step.used,
-                                                  window_start = step.window_start,
-                                                  updated_at = now()
-            WHERE g.action = NEW.action;
+            step := agentdb_rate_step(lim.per, lim.window_start, lim.used);
+            IF step.used > lim.max_calls THEN
+                over := format('global: %s per %s', lim.max_calls, lim.per);
+            ELSE
+                UPDATE agent_global_rate_limits g
+                SET used = step.used, window_start = step.window_start, updated_at = now()
+                WHERE g.action = NEW.action;
+            END IF;
         END IF;
+    END IF;
+    IF over IS NOT NULL THEN
+        RAISE EXCEPTION 'agentdb: % used up its rate limit (%)', NEW.action, over
+            USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
     END IF;
     RETURN NULL;
 END
@@ -274,12 +279,12 @@ $$;
 -- G19: a new operation is a call; so is the re-armed retry of a failed one.
 CREATE TRIGGER agent_operations_rate_limit
     AFTER INSERT ON agent_operations
-    FOR EACH ROW EXECUTE FUNCTION agentdb_count_call('global');
+    FOR EACH ROW EXECUTE FUNCTION agentdb_count_call();
 -- G19
 CREATE TRIGGER agent_operations_rate_limit_retry
     AFTER UPDATE OF state ON agent_operations
     FOR EACH ROW WHEN (OLD.state = 'failed' AND NEW.state = 'reserved')
-    EXECUTE FUNCTION agentdb_count_call('global');
+    EXECUTE FUNCTION agentdb_count_call();
 
 ALTER TABLE agent_budgets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_budgets FORCE ROW LEVEL SECURITY;
@@ -364,9 +369,9 @@ REVOKE EXECUTE ON FUNCTION agentdb_delete_tenant(uuid, boolean, text) FROM PUBLI
 REVOKE EXECUTE ON FUNCTION agentdb_delete_tenant_0012(uuid, boolean, text) FROM PUBLIC;
 
 -- 0013's distribution (kept as agentdb_distribute_0013), with the budget
--- tables in the tenants' colocation group. Before anything is distributed
--- the rate-limit triggers stop counting global limits, and the global table
--- refuses rows (agent_global_rate_limits_local_only): see the header.
+-- tables in the tenants' colocation group. The global table refuses rows
+-- from then on (agent_global_rate_limits_local_only), and the rate-limit
+-- trigger, which asks agentdb_distributed(), no longer reads it: see the header.
 ALTER PROCEDURE agentdb_distribute(integer) RENAME TO agentdb_distribute_0013;
 CREATE PROCEDURE agentdb_distribute(p_shard_count integer DEFAULT 32)
     LANGUAGE plpgsql
@@ -383,16 +388,6 @@ BEGIN
                 USING ERRCODE = 'feature_not_supported',
                       HINT = 'delete the agent_global_rate_limits rows and set them per tenant (agent_rate_limits)';
         END IF;
-        PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
-        DROP TRIGGER agent_operations_rate_limit ON agent_operations;
-        DROP TRIGGER agent_operations_rate_limit_retry ON agent_operations;
-        CREATE TRIGGER agent_operations_rate_limit
-            AFTER INSERT ON agent_operations
-            FOR EACH ROW EXECUTE FUNCTION agentdb_count_call('tenant');
-        CREATE TRIGGER agent_operations_rate_limit_retry
-            AFTER UPDATE OF state ON agent_operations
-            FOR EACH ROW WHEN (OLD.state = 'failed' AND NEW.state = 'reserved')
-            EXECUTE FUNCTION agentdb_count_call('tenant');
         ALTER TABLE agent_global_rate_limits
             ADD CONSTRAINT agent_global_rate_limits_local_only CHECK (false);
     END IF;

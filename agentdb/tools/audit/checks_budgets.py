@@ -101,11 +101,7 @@ def check_g19(ctx: Context) -> Finding:
             "estimate in the reserve statement, settle on completion",
         )
     rates = _rate_tables(ctx)
-    guards = [
-        g
-        for g in ops.live_triggers()
-        if g.row and g.on_insert and g.raises() and any(g.mentions(r.name) for r in rates)
-    ]
+    guards = ops.guards_reading(rates, "insert")
     if rates and guards:
         f.ok(*(f"table {r.name}" for r in rates), *(f"trigger {g.name}" for g in guards))
     elif rates:

@@ -82,10 +82,10 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-never-full",
         BUDGETS,
-        "    IF used > p_max THEN",
-        "    IF used > p_max + 1000 THEN",
+        "        IF step.used > lim.max_calls THEN\n            over := format('tenant",
+        "        IF step.used > lim.max_calls + 1000 THEN\n            over := format('tenant",
         (ATTACK + "[G19-agent_operations_rate_limit]",),
-        "agentdb_rate_step: a limit is never reached by the trigger; the CHECK "
+        "agentdb_count_call: the tenant's limit is never reached by the trigger; the CHECK "
         "behind it still refuses, but as a bare CHECK violation, not the trigger's AG011",
     ),
     m(
