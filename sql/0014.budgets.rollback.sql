@@ -1,5 +1,10 @@
 -- Back to 0013: the routines of 0012 and 0013 under their own names again,
 -- no budgets, holds or rate limits.
+DROP FUNCTION agentdb_purge(text, integer, interval);
+ALTER FUNCTION agentdb_purge_0013(text, integer, interval) RENAME TO agentdb_purge;
+DROP FUNCTION agentdb_purge_tenant(uuid, text, integer, interval);
+ALTER FUNCTION agentdb_purge_tenant_0013(uuid, text, integer, interval) RENAME TO agentdb_purge_tenant;
+DROP FUNCTION agentdb_purge_books(uuid, text, integer, interval);
 DROP PROCEDURE agentdb_distribute(integer);
 ALTER PROCEDURE agentdb_distribute_0013(integer) RENAME TO agentdb_distribute;
 DROP FUNCTION agentdb_delete_tenant(uuid, boolean, text);

@@ -407,6 +407,74 @@ $$;
 REVOKE EXECUTE ON PROCEDURE agentdb_distribute(integer) FROM PUBLIC;
 REVOKE EXECUTE ON PROCEDURE agentdb_distribute_0013(integer) FROM PUBLIC;
 
+-- G9, G19: retention (0010's agentdb_purge, 0013's agentdb_purge_tenant, kept
+-- as *_0013) and the books. An operation the purge may delete can still have
+-- settled or released holds, and a finished task a budget of its own; their
+-- foreign keys (RESTRICT, G17) would refuse the purge. So the books of what
+-- the purge is about to take go first, by the same rules (settled or failed
+-- operations, finished tasks, older than the class's age, nothing else
+-- referring to them), at most p_batch rows each. An open hold is never
+-- purged: its operation is unsettled and the purge does not take it.
+CREATE FUNCTION agentdb_purge_books(p_tenant uuid, p_kind text, p_batch integer,
+                                    p_older_than interval)
+    RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+AS $$
+BEGIN
+    IF p_kind = 'operations' THEN
+        WITH v AS MATERIALIZED (
+            SELECT h.tenant_id, h.operation_id FROM agent_budget_holds h
+            JOIN agent_operations op ON op.tenant_id = h.tenant_id AND op.id = h.operation_id
+            WHERE (p_tenant IS NULL OR h.tenant_id = p_tenant) AND h.state <> 'held'
+              AND op.state IN ('succeeded', 'failed') AND op.updated_at <= now() - p_older_than
+              AND NOT EXISTS (SELECT 1 FROM agent_events e
+                              WHERE e.tenant_id = op.tenant_id AND e.operation_id = op.id)
+            LIMIT p_batch FOR UPDATE OF h SKIP LOCKED)
+        DELETE FROM agent_budget_holds h USING v
+        WHERE h.tenant_id = v.tenant_id AND h.operation_id = v.operation_id;
+    ELSIF p_kind = 'tasks' THEN
+        WITH v AS MATERIALIZED (
+            SELECT b.tenant_id, b.id FROM agent_budgets b
+            JOIN agent_tasks k ON k.tenant_id = b.tenant_id AND k.id = b.task_id
+            WHERE (p_tenant IS NULL OR b.tenant_id = p_tenant) AND b.held = 0
+              AND k.state IN ('succeeded', 'failed', 'cancelled', 'dead')
+              AND k.updated_at <= now() - p_older_than
+              AND NOT EXISTS (SELECT 1 FROM agent_operations op
+                              WHERE op.tenant_id = k.tenant_id AND op.task_id = k.id)
+            LIMIT p_batch FOR UPDATE OF b SKIP LOCKED)
+        DELETE FROM agent_budgets b USING v WHERE b.tenant_id = v.tenant_id AND b.id = v.id;
+    END IF;
+END
+$$;
+
+ALTER FUNCTION agentdb_purge(text, integer, interval) RENAME TO agentdb_purge_0013;
+CREATE FUNCTION agentdb_purge(p_kind text, p_batch integer, p_older_than interval)
+    RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM agentdb_purge_books(NULL, p_kind, p_batch, p_older_than);
+    RETURN agentdb_purge_0013(p_kind, p_batch, p_older_than);
+END
+$$;
+
+ALTER FUNCTION agentdb_purge_tenant(uuid, text, integer, interval) RENAME TO agentdb_purge_tenant_0013;
+CREATE FUNCTION agentdb_purge_tenant(p_tenant uuid, p_kind text, p_batch integer,
+                                     p_older_than interval)
+    RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+AS $$
+BEGIN
+    PERFORM agentdb_purge_books(p_tenant, p_kind, p_batch, p_older_than);
+    RETURN agentdb_purge_tenant_0013(p_tenant, p_kind, p_batch, p_older_than);
+END
+$$;
+REVOKE EXECUTE ON FUNCTION agentdb_purge_books(uuid, text, integer, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION agentdb_purge(text, integer, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION agentdb_purge_0013(text, integer, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION agentdb_purge_tenant(uuid, text, integer, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION agentdb_purge_tenant_0013(uuid, text, integer, interval) FROM PUBLIC;
+
 -- The newest migration this schema has; replaced by every later migration.
 CREATE OR REPLACE FUNCTION agentdb_schema_version() RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE

@@ -484,7 +484,10 @@ _ROUTINES: dict[str, set[str]] = {
     "agentdb_distribute_0013": set(),
     "agentdb_pin_search_paths": set(),
     "agentdb_purge": set(),
+    "agentdb_purge_0013": set(),
+    "agentdb_purge_books": set(),
     "agentdb_purge_tenant": set(),
+    "agentdb_purge_tenant_0013": set(),
 }
 _PRIVILEGES = ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"]
 

@@ -26,9 +26,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from agentdb import budgets, operations, tasks
+from agentdb import budgets, operations, retention, tasks
 from agentdb.errors import BudgetExceeded, ConfigurationError, InvariantViolation, RateLimited
 from agentdb.models import Operation
+from tests import factories as F
 from tests._procs import stop_workers, worker_processes
 from tests.conftest import RUNTIME, Database, Tenants
 from tests.test_model import Harness
@@ -510,3 +511,46 @@ async def _wait_rated(db: Database, tenant: uuid.UUID) -> tuple[list[int], set[i
         return per_second, attempts, waits
     finally:
         await conn.close()
+
+
+async def test_G19_retention_purges_the_books_of_what_it_purges(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Settled holds and a finished task's budget do not block the purge (G9): they go
+    with their operation and task; an open hold keeps its operation."""
+    conn = admin_conn
+    budget = await budgets.set_budget(conn, tenants.a, "tokens", 1_000)
+    old = datetime.now(UTC) - timedelta(days=90)
+    # Rows past every retention, as they are after their events expired: written with
+    # the guards off, since no writer may backdate them otherwise.
+    await conn.execute("SET session_replication_role = replica")
+    task = await F.insert(conn, "agent_tasks", F.task_row(tenants.a, state="succeeded",
+                                                         updated_at=old))  # fmt: skip
+    done = await F.insert(conn, "agent_operations", F.operation_row(
+        tenants.a, task, state="succeeded", updated_at=old))  # fmt: skip
+    open_ = await F.insert(conn, "agent_operations", F.operation_row(
+        tenants.a, task, state="unknown", updated_at=old))  # fmt: skip
+    for op, state, settled in ((done, "settled", 40), (open_, "held", None)):
+        await conn.execute(
+            "INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id, unit,"
+            " amount, state, settled) VALUES ($1, $2, 1, $3, 'tokens', 50, $4, $5)",
+            tenants.a, op, budget.id, state, settled,
+        )  # fmt: skip
+    await conn.execute("SET session_replication_role = origin")
+    ages = {"operations": timedelta(days=30), "tasks": timedelta(days=30)}
+    await retention.purge(conn, ages=ages, classes=("operations",))
+    left = {r[0] for r in await conn.fetch(
+        "SELECT operation_id FROM agent_budget_holds WHERE tenant_id = $1", tenants.a)}  # fmt: skip
+    assert left == {open_}  # the settled hold went with its operation; the open one stays
+    assert await conn.fetchval(
+        "SELECT array_agg(id) FROM agent_operations WHERE tenant_id = $1", tenants.a
+    ) == [open_]
+    # A finished task's own budget goes with the task, once its operations are gone.
+    await conn.execute("SET session_replication_role = replica")
+    await conn.execute("DELETE FROM agent_budget_holds WHERE tenant_id = $1", tenants.a)
+    await conn.execute("DELETE FROM agent_operations WHERE tenant_id = $1", tenants.a)
+    await conn.execute("SET session_replication_role = origin")
+    await budgets.set_budget(conn, tenants.a, "tokens", 100, task_id=task)
+    await retention.purge(conn, ages=ages, classes=("tasks",))
+    assert [b.task_id for b in await budgets.list_budgets(conn, tenants.a)] == [None]
+    assert await conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", task) == 0
