@@ -28,6 +28,7 @@ __all__ = [
     "claim",
     "create_task",
     "due_tenants",
+    "hold",
     "outbox_claim",
     "outbox_delivered",
     "release",
@@ -399,7 +400,13 @@ async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None
             )  # fmt: skip
         if fence is None:  # the task committed after the fence read: reserve again
             raise TransientError("the task appeared while it was being reserved against")
-        payload = {"action": row["action"], "idempotency_key": row["idempotency_key"]}
+        payload: dict[str, Any] = {
+            "action": row["action"], "idempotency_key": row["idempotency_key"],
+        }  # fmt: skip
+        if params.get("units") is not None:
+            await hold(conn, tenant, row["id"], params["task_id"], row["attempts"],
+                       params["units"], params["amounts"])  # fmt: skip
+            payload["cost"] = dict(zip(params["units"], params["amounts"], strict=True))
         await _db.execute_each(
             conn,
             _Q["routed_operation_event"],
@@ -415,14 +422,19 @@ async def settle(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
     Raises:
         mapped database errors.
     """
-    update = {k: v for k, v in params.items() if k not in ("actor_id", "event_type")}
+    cost = {k: params[k] for k in ("units", "amounts")}
+    update = {
+        k: v for k, v in params.items() if k not in ("actor_id", "event_type", *cost)
+    }  # fmt: skip
     async with _db.transaction(db) as conn:
         row = await _db.fetch_optional(conn, _Q["routed_operation_settle"], **update)
         if row is None:
             return None
-        payload = {"attempts": row["attempts"]}
+        payload: dict[str, Any] = {"attempts": row["attempts"]}
         if row["provider_reference"] is not None:
             payload["provider_reference"] = row["provider_reference"]
+        if row["state"] in ("succeeded", "failed"):
+            payload.update(await _settle_holds(conn, row, cost))
         await _db.execute_each(
             conn,
             _Q["routed_operation_event"],
@@ -430,6 +442,62 @@ async def settle(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
                               row["policy_version"], payload)],
         )  # fmt: skip
         return row
+
+
+async def hold(
+    conn: _db.Executor,
+    tenant: uuid.UUID,
+    operation_id: uuid.UUID,
+    task_id: uuid.UUID,
+    attempt: int,
+    units: Sequence[str],
+    amounts: Sequence[int],
+) -> list[_db.Record]:
+    """Hold ``units``/``amounts`` for one attempt of an operation on the budgets
+    covering it (G19), inside the caller's transaction on the tenant's worker.
+
+    Raises:
+        BudgetExceeded: a budget would go over its limit (the caller's transaction is lost).
+        mapped database errors.
+    """
+    held = await _db.fetch_many(
+        conn, _Q["routed_budget_hold"], tenant_id=tenant, task_id=task_id, units=list(units),
+        amounts=list(amounts),
+    )  # fmt: skip
+    await _db.execute_each(
+        conn,
+        _Q["routed_budget_hold_row"],
+        [
+            {"tenant_id": tenant, "operation_id": operation_id, "attempt": attempt,
+             "budget_id": h["budget_id"], "unit": h["unit"], "amount": h["amount"]}
+            for h in held
+        ],
+    )  # fmt: skip
+    return held
+
+
+async def _settle_holds(
+    conn: _db.Executor, row: _db.Record, cost: dict[str, Any]
+) -> dict[str, Any]:
+    """Settle the holds of an operation that just settled; what its event records."""
+    tenant = row["tenant_id"]
+    holds = await _db.fetch_many(
+        conn, _Q["routed_budget_settle_holds"], tenant_id=tenant, operation_id=row["id"],
+        to_state=row["state"], units=cost["units"], amounts=cost["amounts"],
+    )  # fmt: skip
+    if not holds:
+        return {}
+    await _db.execute_rows(
+        conn, _Q["routed_budget_settle"], tenant_id=tenant,
+        budget_ids=[h["budget_id"] for h in holds], amounts=[h["amount"] for h in holds],
+        settled=[h["settled"] or 0 for h in holds],
+    )  # fmt: skip
+    out: dict[str, Any] = {
+        "released": {h["unit"]: h["amount"] - (h["settled"] or 0) for h in holds}
+    }
+    if row["state"] == "succeeded":
+        out["spent"] = {h["unit"]: h["settled"] for h in holds}
+    return out
 
 
 def _operation_event(

@@ -18,8 +18,10 @@ The tree::
     +-- InvariantViolation        Postgres refused the write (named object)
     |   +-- InvalidTransition, VersionRuleViolation, AppendOnlyViolation,
     |   |   ImmutableColumn (+ ImmutableKey), LeaseTokenRegression, MissingEvent,
-    |   |   TenantScopeMissing, ConcurrencyLimitExceeded  (agentdb's SQLSTATEs AG001-AG009)
+    |   |   TenantScopeMissing, ConcurrencyLimitExceeded, BudgetRuleViolation
+    |   |   (agentdb's SQLSTATEs AG001-AG011)
     |   +-- TenantMismatch, DuplicateKey, PayloadTooLarge, SecretInPayload
+    |   +-- BudgetExceeded, RateLimited   a reservation refused at reserve (G19)
     +-- StaleWrite                the statement matched no row
     |   +-- NotFound, StaleVersion, LeaseLost (+ OutboxLeaseLost)
     +-- IdempotencyConflict       same key, different input (G4)
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar, Final
 
@@ -45,6 +48,8 @@ __all__ = [
     "SQLSTATES",
     "AgentDBError",
     "AppendOnlyViolation",
+    "BudgetExceeded",
+    "BudgetRuleViolation",
     "ConcurrencyLimitExceeded",
     "ConfigurationError",
     "DatabaseUnavailable",
@@ -64,6 +69,7 @@ __all__ = [
     "OutboxLeaseLost",
     "PayloadTooLarge",
     "PoolerMismatch",
+    "RateLimited",
     "SecretInPayload",
     "StaleVersion",
     "StaleWrite",
@@ -208,6 +214,78 @@ class ConcurrencyLimitExceeded(InvariantViolation):
 
     guarantee = "G18"
     sqlstate_code = "AG009"
+
+
+class BudgetRuleViolation(InvariantViolation):
+    """G19: a raw write rewrote a budget's books (SQLSTATE AG010).
+
+    Spent went down inside a window, a budget changed its tenant, task or
+    unit, or a settled / released hold was changed.
+    """
+
+    guarantee = "G19"
+    sqlstate_code = "AG010"
+
+
+class BudgetExceeded(InvariantViolation):
+    """G19: a reservation would take spent + held over a budget's limit (SQLSTATE 23514).
+
+    Mapped from the CHECK ``agent_budgets_within_limit``; nothing of the
+    reservation was written (no operation, no hold). ``operations.reserve``
+    fills in what the budgets had left when it was refused.
+
+    Attributes:
+        requested: the cost asked for, unit -> amount (empty when unknown).
+        remaining: unit -> what the tightest budget of that unit still allows.
+    """
+
+    guarantee = "G19"
+    sqlstate_code = "23514"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str = "",
+        constraint: str | None = None,
+        requested: Mapping[str, int] | None = None,
+        remaining: Mapping[str, int] | None = None,
+    ) -> None:
+        super().__init__(message, sqlstate=sqlstate, constraint=constraint)
+        self.requested: Mapping[str, int] = MappingProxyType(dict(requested or {}))
+        self.remaining: Mapping[str, int] = MappingProxyType(dict(remaining or {}))
+
+
+class RateLimited(InvariantViolation):
+    """G19: the action used up its rate limit for this window (SQLSTATE AG011).
+
+    Raised by the trigger ``agent_operations_rate_limit`` (and ``..._retry``)
+    that counts every reservation, or mapped from the CHECKs
+    ``agent_rate_limits_within_limit`` / ``agent_global_rate_limits_within_limit``
+    (SQLSTATE 23514) on a raw write of the counters; nothing was reserved. Try
+    again at ``retry_after`` (the worker turns this into a wait that costs
+    no attempt).
+
+    Attributes:
+        action: the operation's action.
+        retry_after: when the window that refused it ends (``None`` when unknown).
+    """
+
+    guarantee = "G19"
+    sqlstate_code = "AG011"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str = "",
+        constraint: str | None = None,
+        action: str = "",
+        retry_after: datetime | None = None,
+    ) -> None:
+        super().__init__(message, sqlstate=sqlstate, constraint=constraint)
+        self.action = action
+        self.retry_after = retry_after
 
 
 class TenantMismatch(InvariantViolation):
@@ -407,6 +485,8 @@ SQLSTATES: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
             MissingEvent,
             TenantScopeMissing,
             ConcurrencyLimitExceeded,
+            BudgetRuleViolation,
+            RateLimited,
         )
     }
 )
@@ -425,7 +505,12 @@ RETRYABLE: Final[Mapping[str, str]] = MappingProxyType(
 
 # Catalogue entries that name their error class (agentdb.guarantees.Entry.error).
 _NAMED: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
-    {"PayloadTooLarge": PayloadTooLarge, "SecretInPayload": SecretInPayload}
+    {
+        "PayloadTooLarge": PayloadTooLarge,
+        "SecretInPayload": SecretInPayload,
+        "BudgetExceeded": BudgetExceeded,
+        "RateLimited": RateLimited,
+    }
 )
 _ERROR_OF: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
     {e.name: _NAMED[e.error] for e in CATALOGUE if e.error}

@@ -1,4 +1,4 @@
-"""The guarantees G1-G18, and the catalogue that ties every schema object to one of them.
+"""The guarantees G1-G19, and the catalogue that ties every schema object to one of them.
 
 One registry, read by everything that names a guarantee: the error classes
 (``.guarantee``), the audit's verdicts, the README's tables (generated from
@@ -185,6 +185,17 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "lease_claim (round-robin walk over agent_tasks_due_idx); "
                 "agent_concurrency_limits + the trigger agent_tasks_concurrency_guard (AG009)",
             ),
+            Guarantee(
+                "G19",
+                "spend budgets and rate limits refused at reserve",
+                "A reservation that would take a tenant's (or a task's) spent plus held amount "
+                "over its budget, or an action over its rate limit, is refused when the "
+                "operation is reserved; settling spends at most what was held.",
+                "CHECK agent_budgets_within_limit on holds taken by operation_reserve; "
+                "agent_budget_holds; the trigger agent_operations_rate_limit and CHECK "
+                "agent_rate_limits_within_limit; the guards agent_budgets_guard and "
+                "agent_budget_holds_guard (AG010)",
+            ),
         )
     }
 )
@@ -251,6 +262,12 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_outbox_task_idx",
         "agent_artifacts_task_idx",
         "agent_artifacts_operation_idx",
+        "agent_budgets_tenant_fkey",
+        "agent_budgets_task_fkey",
+        "agent_budget_holds_operation_fkey",
+        "agent_budget_holds_budget_fkey",
+        "agent_budget_holds_budget_idx",
+        "agent_rate_limits_tenant_fkey",
     ),
     # G3: one logical operation / task per key per tenant.
     *_entries("G3", "agent_tasks_dedupe_key", "agent_operations_idempotency_key"),
@@ -374,6 +391,38 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_concurrency_limits_max_running_valid",
         "agent_concurrency_limits_task_type_valid",
     ),
+    # G19: budgets, their holds and rate limits.
+    *_entries(
+        "G19",
+        "agent_budgets_pkey",
+        "agent_budgets_scope_key",
+        "agent_budgets_unit_valid",
+        "agent_budgets_period_valid",
+        "agent_budgets_amounts_valid",
+        "agent_budgets_guard",
+        "agent_budget_holds_pkey",
+        "agent_budget_holds_amount_valid",
+        "agent_budget_holds_state_valid",
+        "agent_budget_holds_settled_valid",
+        "agent_budget_holds_guard",
+        "agent_rate_limits_pkey",
+        "agent_rate_limits_action_valid",
+        "agent_rate_limits_per_valid",
+        "agent_rate_limits_used_valid",
+        "agent_global_rate_limits_pkey",
+        "agent_global_rate_limits_action_valid",
+        "agent_global_rate_limits_per_valid",
+        "agent_global_rate_limits_used_valid",
+        "agent_operations_rate_limit",
+        "agent_operations_rate_limit_retry",
+    ),
+    *_entries("G19", "agent_budgets_within_limit", error="BudgetExceeded"),
+    *_entries(
+        "G19",
+        "agent_rate_limits_within_limit",
+        "agent_global_rate_limits_within_limit",
+        error="RateLimited",
+    ),
     # G13: operations that still need reconciling are found by index.
     *_entries("G13", "agent_operations_unsettled_idx"),
     # G15: row-level security and the approved write path.
@@ -403,6 +452,12 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_credential_refs_runtime_all",
         "agent_concurrency_limits_owner_all",
         "agent_concurrency_limits_runtime_all",
+        "agent_budgets_owner_all",
+        "agent_budgets_runtime_all",
+        "agent_budget_holds_owner_all",
+        "agent_budget_holds_runtime_all",
+        "agent_rate_limits_owner_all",
+        "agent_rate_limits_runtime_all",
     ),
     # G16: W3C trace-context ids and the pinned semantic conventions.
     *_entries(

@@ -19,22 +19,23 @@ transaction on the tenant's worker), never across the provider call.
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Awaitable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from agentdb import _db, _explain, _routed, schema, telemetry
+from agentdb import _db, _explain, _routed, budgets, schema, telemetry
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
+from agentdb.budgets import Cost
 from agentdb.errors import (
-    AgentDBError,
+    BudgetExceeded,
     ConfigurationError,
     IdempotencyConflict,
     LeaseLost,
     NotFound,
     OperationInFlight,
-    StaleWrite,
+    RateLimited,
     TransientError,
 )
 from agentdb.hashing import input_hash
@@ -43,6 +44,7 @@ from agentdb.models import Lease, Operation, Reservation
 __all__ = [
     "UNSETTLED",
     "Completion",
+    "Cost",
     "ReserveRequest",
     "complete",
     "complete_many",
@@ -97,6 +99,7 @@ async def reserve(
     actor: str | None = None,
     trace_id: str | None = None,
     span_id: str | None = None,
+    cost: Cost | None = None,
 ) -> Reservation:
     """Reserve ``idempotency_key`` for this ``action`` and ``input`` before calling the provider.
 
@@ -116,13 +119,23 @@ async def reserve(
     With ``lease``, nothing is reserved unless the caller's lease on the task
     is current.
 
+    With ``cost`` (G19), the estimate is held in the same statement on every
+    budget of its units that covers the tenant or this task; it is the
+    ceiling of what :func:`complete` may spend. Every reservation (and every
+    re-armed retry) also counts against the action's rate limits.
+
     Raises:
         IdempotencyConflict, OperationInFlight: as above.
         LeaseLost: ``lease`` was taken over.
         TenantMismatch: the task is not in this tenant.
-        ConfigurationError: ``input`` is not JSON data.
+        BudgetExceeded: a budget would go over its limit (``.remaining`` says
+            what each unit has left); nothing was reserved.
+        RateLimited: the action used up its rate limit for this window (try
+            again at ``.retry_after``); nothing was reserved.
+        ConfigurationError: ``input`` is not JSON data, or ``cost`` is malformed.
     """
     digest = input_hash(input)
+    costed = budgets.cost_args(cost or None)
     actor = actor or (lease.owner if lease else "agentdb")
     trace_id, span_id = telemetry.ids(trace_id, span_id)
     attrs = {
@@ -132,37 +145,65 @@ async def reserve(
         "agentdb.operation.action": action,
     }
     with telemetry.span("agentdb.operation.reserve", attrs):
-        for _ in range(_RACE_RERUNS):
-            params = {
-                "tenant_id": tenant_id,
-                "id": uuid.uuid4(),
-                "task_id": task_id,
-                "idempotency_key": idempotency_key,
-                "action": action,
-                "input_hash": digest,
-                "actor_id": actor,
-                "trace_id": trace_id,
-                "span_id": span_id,
-                **_lease_args(lease),
-            }
-            if await schema.distributed(db):
-                row = await _routed.reserve(db, params)
-            else:
-                row = await _db.fetch_optional(db, _Q["operation_reserve"], **params)
-            if row is not None:
-                break
-            if lease is not None:
-                why = await _explain.task_write(db, tenant_id, task_id, None, lease)
-                if isinstance(why, LeaseLost | NotFound):
-                    raise why
-        else:
-            raise TransientError("a concurrent reservation of this key is still settling")
+        try:
+            row = await _reserve_row(db, tenant_id, task_id, idempotency_key, action, digest,
+                                     actor, trace_id, span_id, lease, costed)  # fmt: skip
+        except (BudgetExceeded, RateLimited) as refused:
+            raise await budgets.refusal(
+                db, refused, tenant_id, task_id, idempotency_key, action, cost, actor,
+                (trace_id, span_id),
+            ) from refused  # fmt: skip
     op = Operation.from_record(row)
     if row["created"]:
         return Reservation(op, fresh=True)
     return await _decide(
-        db, op, action, digest, retry_failed=retry_failed, lease=lease, actor=actor
-    )
+        db, op, action, digest, retry_failed=retry_failed, lease=lease, actor=actor,
+        cost=cost or None,
+    )  # fmt: skip
+
+
+async def _reserve_row(
+    db: _db.Executor,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    idempotency_key: str,
+    action: str,
+    digest: str,
+    actor: str,
+    trace_id: str | None,
+    span_id: str | None,
+    lease: Lease | None,
+    costed: dict[str, list[Any] | None],
+) -> _db.Record:
+    """The reserve statement's row, rerun while it loses a race to a concurrent reservation."""
+    units, amounts = costed["units"], costed["amounts"]
+    cost_doc = None if units is None else json.dumps(dict(zip(units, amounts or [], strict=True)))
+    for _ in range(_RACE_RERUNS):
+        params = {
+            "tenant_id": tenant_id,
+            "id": uuid.uuid4(),
+            "task_id": task_id,
+            "idempotency_key": idempotency_key,
+            "action": action,
+            "input_hash": digest,
+            "actor_id": actor,
+            "trace_id": trace_id,
+            "span_id": span_id,
+            **_lease_args(lease),
+        }
+        if await schema.distributed(db):
+            row = await _routed.reserve(db, {**params, **costed})
+        else:
+            row = await _db.fetch_optional(
+                db, _Q["operation_reserve"], **params, **costed, cost=cost_doc
+            )
+        if row is not None:
+            return row
+        if lease is not None:
+            why = await _explain.task_write(db, tenant_id, task_id, None, lease)
+            if isinstance(why, LeaseLost | NotFound):
+                raise why
+    raise TransientError("a concurrent reservation of this key is still settling")
 
 
 async def _decide(
@@ -174,6 +215,7 @@ async def _decide(
     retry_failed: bool,
     lease: Lease | None,
     actor: str | None,
+    cost: Cost | None = None,
 ) -> Reservation:
     """What a reserve answers for a key that already holds ``op`` (G4)."""
     if op.input_hash != digest or op.action != action:
@@ -187,6 +229,8 @@ async def _decide(
         )
     if op.state == "succeeded" or (op.state == "failed" and not retry_failed):
         return Reservation(op, fresh=False)
+    if op.state == "failed" and cost:
+        return Reservation(await _rearm_costed(db, op, cost, lease=lease, actor=actor), True)
     if op.state == "failed":
         rearmed = await _settle(
             db,
@@ -205,6 +249,23 @@ async def _decide(
     )
 
 
+async def _rearm_costed(
+    db: _db.Executor, op: Operation, cost: Cost, *, lease: Lease | None, actor: str | None
+) -> Operation:
+    """Re-arm a failed operation with a hold of ``cost`` for its next attempt, both in
+    one transaction: the hold first, so budgets are always locked before rate limits."""
+    try:
+        async with _db.transaction(db) as conn:
+            await budgets.hold_retry(conn, op, cost)
+            return await _settle(conn, op, ("failed",), "reserved", lease=lease, actor=actor,
+                                 event_type="operation.retried")  # fmt: skip
+    except (BudgetExceeded, RateLimited) as refused:
+        raise await budgets.refusal(
+            db, refused, op.tenant_id, op.task_id, op.idempotency_key, op.action, cost,
+            actor or "agentdb", (op.trace_id, op.span_id),
+        ) from refused  # fmt: skip
+
+
 async def _settle(
     db: _db.Executor,
     op: Operation,
@@ -217,6 +278,7 @@ async def _settle(
     provider_reference: str | None = None,
     result: Mapping[str, Any] | None = None,
     error: str | None = None,
+    cost: Cost | None = None,
 ) -> Operation:
     params = {
         "tenant_id": op.tenant_id,
@@ -230,6 +292,7 @@ async def _settle(
         "actor_id": actor or (lease.owner if lease else "agentdb"),
         "event_type": event_type,
         **_lease_args(lease),
+        **budgets.cost_args(cost),
     }
     if await schema.distributed(db):
         row = await _routed.settle(db, params)
@@ -266,13 +329,20 @@ async def complete(
     result: Mapping[str, Any] | None = None,
     provider_reference: str | None = None,
     lease: Lease | None = None,
+    cost: Cost | None = None,
 ) -> Operation:
     """Record success. ``result`` is a bounded fragment (≤ 64 KiB), not the whole response (G9).
+
+    The operation's budget holds are settled in the same statement (G19):
+    ``cost`` is what the call actually used, unit by unit, at most what was
+    held (a unit not named spends its whole hold); the rest is released.
 
     Raises:
         StaleVersion: the operation moved on (already settled by someone else).
         LeaseLost: ``lease`` was taken over; this outcome was not recorded.
         PayloadTooLarge: ``result`` is over the cap.
+        InvariantViolation: ``cost`` spends more than was held
+            (``agent_budget_holds_settled_valid``); nothing was recorded.
     """
     attrs = {
         "agentdb.tenant_id": op.tenant_id,
@@ -291,6 +361,7 @@ async def complete(
             event_type="operation.succeeded",
             provider_reference=provider_reference,
             result=result,
+            cost=cost,
         )
 
 
@@ -304,7 +375,8 @@ async def fail(
 ) -> Operation:
     """Record a definite failure (the provider did not perform the effect).
 
-    A later :func:`reserve` of the same key and input re-arms it for another attempt.
+    Its budget holds are released (G19). A later :func:`reserve` of the same
+    key and input re-arms it for another attempt.
 
     Raises:
         as :func:`complete`.
@@ -328,7 +400,8 @@ async def mark_unknown(
     """Record that the outcome is unknown (timeout, crash): the effect may have happened.
 
     The operation then needs :func:`reconcile`; :func:`reserve` of its key
-    raises :class:`OperationInFlight` until then.
+    raises :class:`OperationInFlight` until then. Its budget holds stay held
+    until it is reconciled (G19): the money may have been spent.
 
     Raises:
         as :func:`complete`.
@@ -354,8 +427,11 @@ async def reconcile(
     result: Mapping[str, Any] | None = None,
     error: str | None = None,
     lease: Lease | None = None,
+    cost: Cost | None = None,
 ) -> Operation:
     """Settle an unsettled operation from what the provider says happened (by its reference).
+
+    Its budget holds settle as in :func:`complete` (``cost``) or :func:`fail`.
 
     Raises:
         ConfigurationError: no ``provider_reference`` given.
@@ -374,6 +450,7 @@ async def reconcile(
         provider_reference=provider_reference,
         result=result,
         error=None if succeeded else (error or "reconciled as failed"),
+        cost=cost,
     )
 
 
@@ -391,209 +468,11 @@ async def list_unsettled(
     return [Operation.from_record(r) for r in rows]
 
 
-# Batched reserve and complete. One statement (one commit) per batch of
-# claimed tasks instead of one per operation: a worker is bound by Python
-# client CPU per round trip long before Postgres is busy (see ``agentdb
-# bench``). Each element keeps the single-row guarantees: the key's unique
-# index decides (G3, G4), the caller's lease fences it (G12), and it gets its
-# own event (G8).
-
-#: Errors that concern one element of a batch: returned in its slot, never raised.
-_PER_ELEMENT = (StaleWrite, IdempotencyConflict, OperationInFlight)
-
-
-@dataclass(frozen=True, slots=True)
-class ReserveRequest:
-    """One element of :func:`reserve_many`: :func:`reserve` by the holder of ``lease``.
-
-    The lease names the tenant and the task the operation belongs to.
-    """
-
-    lease: Lease
-    idempotency_key: str
-    action: str
-    input: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One element of :func:`complete_many`: the arguments of :func:`complete`."""
-
-    operation: Operation
-    result: Mapping[str, Any] | None = None
-    provider_reference: str | None = None
-    lease: Lease | None = None
-
-
-async def _each(step: Awaitable[T]) -> T | AgentDBError:
-    """A batch element run alone: its result or its refusal (bad input is raised)."""
-    try:
-        return await step
-    except ConfigurationError:
-        raise
-    except AgentDBError as exc:
-        return exc
-
-
-def _unique(keys: Iterable[tuple[uuid.UUID, Any]], what: str) -> None:
-    seen: set[tuple[uuid.UUID, Any]] = set()
-    for key in keys:
-        if key in seen:
-            raise ConfigurationError(f"{what} {key[1]!r} appears twice in one batch")
-        seen.add(key)
-
-
-async def reserve_many(
-    db: _db.Executor,
-    requests: Iterable[ReserveRequest],
-    *,
-    retry_failed: bool = True,
-    actor: str | None = None,
-    trace_id: str | None = None,
-    span_id: str | None = None,
-) -> list[Reservation | AgentDBError]:
-    """:func:`reserve` for many keys in one statement; one result per request, in input order.
-
-    For workers holding leases (a claimed batch): each request is reserved
-    only while its lease on its task is current, and is answered as
-    :func:`reserve` with ``lease`` answers it (``fresh`` true: call the
-    provider; false: ``operation.result`` is the stored answer). The
-    reservations commit together before any provider is called (G13); use
-    :func:`reserve` to reserve without a lease.
-    What :func:`reserve` would raise for one request is *returned* in that
-    request's slot instead, so one refusal does not undo the batch:
-
-    * :class:`IdempotencyConflict` - the key holds a different action or input;
-    * :class:`OperationInFlight` - the key's first attempt has not settled;
-    * :class:`LeaseLost` - the request's lease was taken over: nothing reserved;
-    * :class:`NotFound` - no such task in that tenant;
-    * :class:`StaleVersion` - re-arming a failed operation lost a race.
-
-    Only a request the statement did not answer (a refused lease, a missing
-    task, a concurrent reservation of the same key) costs more round trips:
-    it goes through :func:`reserve`, which says why (or reruns a lost race).
-
-    Raises:
-        ConfigurationError: a key appears twice in the batch, or an input is not JSON data.
-        TransientError and unrecognised database errors: nothing was reserved.
-    """
-    batch = list(requests)
-    if not batch:
-        return []
-    _unique(((r.lease.tenant_id, r.idempotency_key) for r in batch), "idempotency key")
-    if await schema.distributed(db):
-        # Citus cannot lock many tenants' rows in one statement: one by one.
-        return [await _each(reserve(db, r.lease.tenant_id, r.lease.task_id, r.idempotency_key,
-                                    r.action, r.input, lease=r.lease, retry_failed=retry_failed,
-                                    actor=actor, trace_id=trace_id, span_id=span_id))
-                for r in batch]  # fmt: skip
-    digests = [input_hash(req.input) for req in batch]
-    trace_id, span_id = telemetry.ids(trace_id, span_id)
-    q = _Q["operation_reserve_many"]
-    rows = await _db.fetch_many(
-        db,
-        q,
-        tenant_ids=[req.lease.tenant_id for req in batch],
-        ids=[uuid.uuid4() for _ in batch],
-        task_ids=[req.lease.task_id for req in batch],
-        idempotency_keys=[req.idempotency_key for req in batch],
-        actions=[req.action for req in batch],
-        input_hashes=digests,
-        lease_owners=[req.lease.owner for req in batch],
-        lease_tokens=[req.lease.token for req in batch],
-        actor_id=actor,
-        trace_id=trace_id,
-        span_id=span_id,
-    )
-    answered = _db.by_ord(rows, q, len(batch))
-    results: list[Reservation | AgentDBError] = []
-    for i, (req, digest) in enumerate(zip(batch, digests, strict=True), start=1):
-        row = answered.get(i)
-        lease = req.lease
-        try:
-            if row is None:
-                # Refused lease, missing task or a concurrent reservation: the
-                # single-row path says which (and reruns a lost race).
-                again = await reserve(
-                    db,
-                    lease.tenant_id,
-                    lease.task_id,
-                    req.idempotency_key,
-                    req.action,
-                    req.input,
-                    lease=lease,
-                    retry_failed=retry_failed,
-                    actor=actor,
-                    trace_id=trace_id,
-                    span_id=span_id,
-                )
-                results.append(again)
-            elif row["created"]:
-                results.append(Reservation(Operation.from_record(row), fresh=True))
-            else:
-                existing = Operation.from_record(row)
-                results.append(
-                    await _decide(
-                        db,
-                        existing,
-                        req.action,
-                        digest,
-                        retry_failed=retry_failed,
-                        lease=lease,
-                        actor=actor or lease.owner,
-                    )
-                )
-        except _PER_ELEMENT as exc:
-            results.append(exc)
-    return results
-
-
-async def complete_many(
-    db: _db.Executor, completions: Iterable[Completion], *, actor: str | None = None
-) -> list[Operation | AgentDBError]:
-    """:func:`complete` for many operations in one statement; one result per element, in order.
-
-    Each operation moves to 'succeeded' only if it is still unsettled at the
-    ``state_version`` it carries and, with a ``lease``, that lease on its
-    task is current; each gets its event. A refused element is not settled
-    and nothing is written for it; its slot holds the error :func:`complete`
-    would have raised, returned rather than raised so the rest commits:
-
-    * :class:`LeaseLost` - the element's lease was taken over: this outcome was not recorded;
-    * :class:`StaleVersion` - the operation moved on (settled by someone else);
-    * :class:`NotFound` - no such operation (or task) in its tenant.
-
-    Raises:
-        ConfigurationError: an operation appears twice in the batch, or a result is not JSON.
-        PayloadTooLarge: a ``result`` is over the cap; nothing was written.
-    """
-    batch = list(completions)
-    if not batch:
-        return []
-    _unique(((c.operation.tenant_id, c.operation.id) for c in batch), "operation")
-    if await schema.distributed(db):  # one by one on Citus, as in reserve_many
-        return [await _each(complete(db, c.operation, result=c.result, lease=c.lease,
-                                     provider_reference=c.provider_reference))
-                for c in batch]  # fmt: skip
-    q = _Q["operation_complete_many"]
-    rows = await _db.fetch_many(
-        db,
-        q,
-        tenant_ids=[c.operation.tenant_id for c in batch],
-        ids=[c.operation.id for c in batch],
-        expected_versions=[c.operation.state_version for c in batch],
-        provider_references=[c.provider_reference for c in batch],
-        results=[document(c.result, cap=OBJECT_CAP, what="operation result") for c in batch],
-        lease_owners=[c.lease.owner if c.lease else None for c in batch],
-        lease_tokens=[c.lease.token if c.lease else None for c in batch],
-        actor_id=actor,
-    )
-    answered = _db.by_ord(rows, q, len(batch))
-    results: list[Operation | AgentDBError] = []
-    for i, c in enumerate(batch, start=1):
-        row = answered.get(i)
-        if row is None:
-            results.append(await _explain.settle(db, c.operation, c.lease, UNSETTLED))
-        else:
-            results.append(Operation.from_record(row))
-    return results
+# The batch helpers live in agentdb.batch (their own statements); they are
+# part of this module's API. Imported last: agentdb.batch calls back into it.
+from agentdb.batch import (  # noqa: E402
+    Completion,
+    ReserveRequest,
+    complete_many,
+    reserve_many,
+)

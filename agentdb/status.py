@@ -3,7 +3,9 @@
 Tasks by state, leases expired but not reclaimed (a worker died), tasks due
 now and the wait of the oldest, running tasks against each concurrency cap
 (G18), operations in unknown state (reconcile them), outbox pending / age of
-the oldest pending message / dead messages, inbox size, and the purge backlog. ``agentdb status``
+the oldest pending message / dead messages, inbox size, budgets (used / held
+/ limit) and rate limits (used in the window / max) (G19), and the purge
+backlog. ``agentdb status``
 renders a :class:`Snapshot` (:mod:`agentdb.tools.status`).
 """
 
@@ -13,7 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from agentdb import _db
+from agentdb import _db, budgets
+from agentdb.budgets import Budget, RateLimit
 from agentdb.retention import DEFAULT_AGES
 
 __all__ = ["TASK_STATES", "Snapshot", "TenantStatus", "snapshot"]
@@ -42,6 +45,9 @@ class TenantStatus:
     oldest_due_seconds: float | None = None
     #: Concurrency caps (G18): task type ('*' for all) -> (running, max_running).
     limits: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Budgets and rate limits (G19), with their books and counts now.
+    budgets: list[Budget] = field(default_factory=list)
+    rate_limits: list[RateLimit] = field(default_factory=list)
 
     def add(self, other: TenantStatus) -> None:
         for k, v in other.tasks.items():
@@ -70,6 +76,8 @@ class Snapshot:
     tenants: list[TenantStatus]
     total: TenantStatus
     purge_backlog: dict[str, int]
+    #: Rate limits across tenants (G19; none on Citus).
+    global_rate_limits: list[RateLimit] = field(default_factory=list)
 
 
 async def snapshot(db: _db.Executor) -> Snapshot:
@@ -101,6 +109,14 @@ async def snapshot(db: _db.Executor) -> Snapshot:
         t.due, t.oldest_due_seconds = r["due"], float(r["oldest"])
     for r in await _db.fetch_many(db, _Q["status_limits"]):
         of(r["tenant_id"]).limits[r["task_type"]] = (r["running"], r["max_running"])
+    for b in await budgets.list_budgets(db):
+        of(b.tenant_id).budgets.append(b)
+    shared: list[RateLimit] = []
+    for rl in await budgets.list_rate_limits(db):
+        if rl.tenant_id is None:
+            shared.append(rl)
+        else:
+            of(rl.tenant_id).rate_limits.append(rl)
 
     backlog = await _db.fetch_one(
         db,
@@ -112,4 +128,6 @@ async def snapshot(db: _db.Executor) -> Snapshot:
     tenants = sorted(per.values(), key=lambda t: (t.name, str(t.tenant_id)))
     for t in tenants:
         total.add(t)
-    return Snapshot(datetime.now(UTC), tenants, total, {k: int(backlog[k]) for k in _BACKLOG})
+    return Snapshot(
+        datetime.now(UTC), tenants, total, {k: int(backlog[k]) for k in _BACKLOG}, shared
+    )

@@ -8,11 +8,21 @@ the mark finds every descendant of a command the test ran, however it ended.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-__all__ = ["MARK", "gone", "marked", "marked_env", "wait_for_children"]
+__all__ = [
+    "MARK",
+    "gone",
+    "marked",
+    "marked_env",
+    "stop_workers",
+    "wait_for_children",
+    "worker_processes",
+]
 
 MARK = "AGENTDB_TEST_MARK"
 
@@ -56,3 +66,46 @@ def gone(mark: str, within: float) -> list[int]:
     while (left := marked(mark)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def worker_processes(
+    dsn: str, handlers: str, n: int, concurrency: int
+) -> list[subprocess.Popen[str]]:
+    """``n`` ``agentdb worker`` processes on ``handlers`` (MODULE:ATTR), polling fast."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agentdb",
+                "worker",
+                handlers,
+                "--dsn",
+                dsn,
+                "--concurrency",
+                str(concurrency),
+                "--poll-interval",
+                "0.05",
+                "--no-listen",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+
+
+def stop_workers(procs: list[subprocess.Popen[str]]) -> list[str]:
+    """SIGTERM each worker and wait; their stderr, in order."""
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    return [p.communicate(timeout=60)[1] for p in procs]

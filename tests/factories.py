@@ -43,6 +43,9 @@ _KEY = {
     "agent_principals": "role_name",
     "agent_transitions": "entity",
     "agent_semconv_pins": "since",
+    "agent_budget_holds": "budget_id",
+    "agent_rate_limits": "action",
+    "agent_global_rate_limits": "action",
 }
 
 

@@ -46,3 +46,14 @@ async def broken_publisher(message: OutboxMessage) -> None:
 
 async def quiet_publisher(message: OutboxMessage) -> None:
     """Accepts every message (a consumer that is always up)."""
+
+
+async def rated(job: Job) -> None:
+    """One call of the rate-limited action 'rated.call' (G19), then done."""
+    res = await job.reserve(f"rated-{job.task.id}", "rated.call", {"i": job.task.params["i"]})
+    if res.fresh:
+        await job.complete(res.operation, result={"ok": True})
+
+
+#: A task whose one call is rate-limited (tests/test_budgets.py).
+RATED = {"rated": rated}

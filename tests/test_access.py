@@ -39,6 +39,9 @@ TENANT_TABLES = (
     "agent_artifacts",
     "agent_credential_refs",
     "agent_concurrency_limits",
+    "agent_budgets",
+    "agent_budget_holds",
+    "agent_rate_limits",
 )
 # Table names below come from the constants above, never from data.
 _COUNT = (
@@ -77,6 +80,23 @@ async def _seed(conn: asyncpg.Connection, tenant: uuid.UUID) -> None:
     )
     await conn.execute(
         "INSERT INTO agent_concurrency_limits (tenant_id, max_running) VALUES ($1, 3)", tenant
+    )
+    budget = await conn.fetchval(
+        "INSERT INTO agent_budgets (tenant_id, unit, limit_amount, held)"
+        " VALUES ($1, 'tokens', 10, 4) RETURNING id",
+        tenant,
+    )
+    await conn.execute(
+        "INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id, unit, amount)"
+        " VALUES ($1, $2, 1, $3, 'tokens', 4)",
+        tenant,
+        op_id,
+        budget,
+    )
+    await conn.execute(
+        "INSERT INTO agent_rate_limits (tenant_id, action, max_calls, per)"
+        " VALUES ($1, 'chat', 5, interval '1 minute')",
+        tenant,
     )
 
 
@@ -384,7 +404,7 @@ async def test_G15_owner_without_createrole_and_no_roles_then_grant(
                 "SELECT count(*) FROM pg_policy WHERE polname LIKE '%runtime_all'"
                 " OR polname LIKE '%agent_scope'"
             ).fetchone()
-        assert policies == (14,)
+        assert policies == (17,)  # 0014 adds the budget tables' runtime policies
 
 
 def test_cli_wrong_password_is_one_line(
@@ -436,6 +456,10 @@ _TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
         "agent_inbox": "INSERT,SELECT",
         "agent_artifacts": "INSERT,SELECT",
         "agent_concurrency_limits": "INSERT,SELECT,UPDATE",
+        "agent_budgets": "INSERT,SELECT,UPDATE",
+        "agent_budget_holds": "INSERT,SELECT,UPDATE",
+        "agent_rate_limits": "INSERT,SELECT,UPDATE",
+        "agent_global_rate_limits": "INSERT,SELECT,UPDATE",
     },
     "agentdb_agent": {
         "agent_tenants": "SELECT",
@@ -454,10 +478,16 @@ _ROUTINES: dict[str, set[str]] = {
     "agentdb_current_tenant": {"agentdb_runtime", "agentdb_agent"},
     "agentdb_request_task": {"agentdb_runtime", "agentdb_agent"},
     "agentdb_delete_tenant": set(),
+    "agentdb_delete_tenant_0012": set(),
     "agentdb_grant_roles": set(),
+    "agentdb_grant_roles_0012": set(),
+    "agentdb_distribute_0013": set(),
     "agentdb_pin_search_paths": set(),
     "agentdb_purge": set(),
+    "agentdb_purge_0013": set(),
+    "agentdb_purge_books": set(),
     "agentdb_purge_tenant": set(),
+    "agentdb_purge_tenant_0013": set(),
 }
 _PRIVILEGES = ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"]
 

@@ -1,4 +1,4 @@
-"""Raw-SQL attacks on every constraint and guard trigger (G2-G18).
+"""Raw-SQL attacks on every constraint and guard trigger (G2-G19).
 
 Each case pairs a positive control (a valid write that must be accepted, so
 the attack cannot pass vacuously) with an attack that Postgres must refuse
@@ -473,6 +473,128 @@ BIG = '{"blob": "' + "y" * 70000 + '"}'
 BIG_EVENT = '{"blob": "' + "y" * 9000 + '"}'
 H = F.HASH
 LEASE: dict[str, Any] = {"lease_owner": "w", "lease_token": 1, "lease_acquired_at": NOW}
+
+
+# ---- budgets and rate limits (G19) ------------------------------------------------------
+_BUDGET = uuid.UUID("00000000-0000-4000-8000-0000000000b1")  # one id per tenant, so reusable
+
+
+def budget(**kw: Any) -> Step:
+    return row(
+        "agent_budgets",
+        lambda c: {"tenant_id": c.a, "unit": f"u{uuid.uuid4().hex[:8]}", "limit_amount": 100},
+        **kw,
+    )
+
+
+def _with_budget(step: Step) -> Step:
+    """``step`` after tenant a's budget _BUDGET exists (created once per test)."""
+
+    async def run(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        await conn.execute(
+            "INSERT INTO agent_budgets (tenant_id, id, unit, limit_amount)"
+            " VALUES ($1, $2, 'tok', 100) ON CONFLICT DO NOTHING",
+            ctx.a,
+            _BUDGET,
+        )
+        return await step(conn, ctx)
+
+    return run
+
+
+def hold(**kw: Any) -> Step:
+    return _with_budget(
+        row(
+            "agent_budget_holds",
+            lambda c: {
+                "tenant_id": c.a,
+                "operation_id": c.op_a,
+                "attempt": 1,
+                "budget_id": _BUDGET,
+                "unit": "tok",
+                "amount": 5,
+            },
+            **kw,
+        )
+    )
+
+
+def hold_change(start: dict[str, Any], **changes: Any) -> Step:
+    """A fresh hold of tenant a (attempt numbers never repeat), then one UPDATE of it."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        attempt = uuid.uuid4().int % 1_000_000 + 2
+        await hold(attempt=attempt, **start)(conn, ctx)
+        sets = ", ".join(f"{k} = ${i}" for i, k in enumerate(changes, start=3))
+        return await conn.execute(
+            f"UPDATE agent_budget_holds SET {sets} WHERE tenant_id = $1 AND attempt = $2",  # noqa: S608
+            ctx.a,
+            attempt,
+            *changes.values(),
+        )
+
+    return step
+
+
+def budget_change(start: dict[str, Any], **changes: Any) -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        bid = await budget(**start)(conn, ctx)
+        return await conn.execute(
+            F._update_sql("agent_budgets", changes, "id"),
+            ctx.a,
+            bid,
+            *changes.values(),
+        )
+
+    return step
+
+
+def rate(**kw: Any) -> Step:
+    return row(
+        "agent_rate_limits",
+        lambda c: {
+            "tenant_id": c.a,
+            "action": f"a-{uuid.uuid4().hex[:8]}",
+            "max_calls": 5,
+            "per": timedelta(minutes=1),
+        },
+        **kw,
+    )
+
+
+def global_rate(**kw: Any) -> Step:
+    return row(
+        "agent_global_rate_limits",
+        lambda c: {"action": f"g-{uuid.uuid4().hex}", "max_calls": 5, "per": timedelta(minutes=1)},
+        **kw,
+    )
+
+
+def _calls(max_calls: int, n: int, *, retry: bool = False) -> Step:
+    """A rate limit of ``max_calls`` on a fresh action of tenant a, then ``n`` operations
+    of it by raw INSERTs - or (``retry``) one operation failed and re-armed ``n`` times."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        action = f"rl-{uuid.uuid4().hex[:8]}"
+        await rate(action=action, max_calls=max_calls)(conn, ctx)
+        if not retry:
+            for _ in range(n):
+                await F.create_operation(conn, ctx.a, ctx.task_a, action=action)
+            return None
+        oid = await F.create_operation(conn, ctx.a, ctx.task_a, action=action)
+        version = 1
+        for attempt in range(2, n + 2):
+            await F.update_operation(conn, ctx.a, oid, state="failed", state_version=version)
+            await F.update_operation(
+                conn, ctx.a, oid, state="reserved", attempts=attempt, state_version=version + 1
+            )
+            version += 2
+        return oid
+
+    return step
+
+
+_TENANT_A_ACTION = lambda c: f"g-{c.a}"  # noqa: E731 - one global action per test
 
 CASES: list[Case] = [
     # ---- tenants, principals, transitions: owner-managed ------------------------------
@@ -1229,6 +1351,157 @@ CASES: list[Case] = [
         seq(set_cap(max_running=0), _start_task),
         label="paused",
     ),
+    # ---- budgets and rate limits (G19) ----------------------------------------------------
+    Case(
+        "agent_budgets_pkey",
+        "23505",
+        budget(id=_BUDGET),
+        seq(budget(id=uuid.UUID(int=7)), budget(id=uuid.UUID(int=7))),
+    ),
+    Case(
+        "agent_budgets_scope_key",
+        "23505",
+        seq(budget(unit="same"), budget(unit="same", task_id=lambda c: c.task_a)),
+        seq(budget(unit="dupe"), budget(unit="dupe")),
+        label="tenant-budget-twice",
+    ),
+    Case("agent_budgets_tenant_fkey", "23503", budget(), budget(tenant_id=uuid.uuid4())),
+    Case(
+        "agent_budgets_task_fkey",
+        "23503",
+        budget(task_id=lambda c: c.task_a),
+        budget(task_id=lambda c: c.task_b),
+        label="another-tenants-task",
+    ),
+    Case("agent_budgets_unit_valid", "23514", budget(unit="usd_micros"), budget(unit="Tokens!")),
+    Case("agent_budgets_period_valid", "23514", budget(period="month"), budget(period="week")),
+    Case(
+        "agent_budgets_amounts_valid",
+        "23514",
+        budget(limit_amount=0),
+        budget(limit_amount=10, held=-1),
+    ),
+    Case(
+        "agent_budgets_within_limit",
+        "23514",
+        budget(limit_amount=10, spent=4, held=6),
+        budget(limit_amount=10, spent=4, held=7),
+        label="overspend-on-insert",
+    ),
+    Case(
+        "agent_budgets_within_limit",
+        "23514",
+        budget_change({"limit_amount": 10, "held": 5}, held=10),
+        budget_change({"limit_amount": 10, "held": 5}, limit_amount=4),
+        label="limit-lowered-below-the-books",
+    ),
+    Case(
+        "agent_budgets_guard",
+        "AG010",
+        budget_change({"spent": 5}, spent=6),
+        budget_change({"spent": 5}, spent=0),
+        label="refund-inside-the-window",
+    ),
+    Case(
+        "agent_budgets_guard",
+        "AG010",
+        budget_change({}, limit_amount=50),
+        budget_change({}, unit="other"),
+        label="unit-rebound",
+    ),
+    Case("agent_budget_holds_pkey", "23505", hold(), seq(hold(attempt=3), hold(attempt=3))),
+    Case(
+        "agent_budget_holds_operation_fkey",
+        "23503",
+        hold(),
+        hold(operation_id=lambda c: c.op_b),
+        label="another-tenants-operation",
+    ),
+    Case("agent_budget_holds_budget_fkey", "23503", hold(), hold(budget_id=uuid.uuid4())),
+    Case("agent_budget_holds_amount_valid", "23514", hold(amount=0), hold(amount=-1)),
+    Case("agent_budget_holds_state_valid", "23514", hold(state="released"), hold(state="spent")),
+    Case(
+        "agent_budget_holds_settled_valid",
+        "23514",
+        hold(state="settled", settled=5),
+        hold(state="settled", settled=6),
+        label="spent-more-than-held",
+    ),
+    Case(
+        "agent_budget_holds_settled_valid",
+        "23514",
+        hold(state="held"),
+        hold(state="held", settled=1),
+        label="held-with-a-spend",
+    ),
+    Case(
+        "agent_budget_holds_guard",
+        "AG010",
+        hold_change({}, state="settled", settled=2),
+        hold_change({"state": "released"}, state="held"),
+        label="released-hold-re-held",
+    ),
+    Case(
+        "agent_budget_holds_guard",
+        "AG010",
+        hold_change({}, state="released"),
+        hold_change({}, amount=1),
+        label="hold-shrunk",
+    ),
+    Case("agent_rate_limits_pkey", "23505", rate(), seq(rate(action="x"), rate(action="x"))),
+    Case("agent_rate_limits_tenant_fkey", "23503", rate(), rate(tenant_id=uuid.uuid4())),
+    Case("agent_rate_limits_action_valid", "23514", rate(action="a"), rate(action="")),
+    Case(
+        "agent_rate_limits_per_valid",
+        "23514",
+        rate(per=timedelta(days=30)),
+        rate(per=timedelta(0)),
+    ),
+    Case("agent_rate_limits_used_valid", "23514", rate(max_calls=0), rate(used=-1)),
+    Case(
+        "agent_rate_limits_within_limit",
+        "23514",
+        rate(max_calls=2, used=2),
+        rate(max_calls=2, used=3),
+    ),
+    Case(
+        "agent_global_rate_limits_pkey",
+        "23505",
+        global_rate(),
+        seq(global_rate(action=_TENANT_A_ACTION), global_rate(action=_TENANT_A_ACTION)),
+    ),
+    Case(
+        "agent_global_rate_limits_action_valid",
+        "23514",
+        global_rate(),
+        global_rate(action=""),
+    ),
+    Case(
+        "agent_global_rate_limits_per_valid",
+        "23514",
+        global_rate(per=timedelta(hours=1)),
+        global_rate(per=timedelta(days=-1)),
+    ),
+    Case(
+        "agent_global_rate_limits_used_valid",
+        "23514",
+        global_rate(used=0),
+        global_rate(max_calls=-1),
+    ),
+    Case(
+        "agent_global_rate_limits_within_limit",
+        "23514",
+        global_rate(max_calls=1, used=1),
+        global_rate(max_calls=1, used=2),
+    ),
+    Case("agent_operations_rate_limit", "AG011", _calls(3, 3), _calls(3, 4)),
+    Case("agent_operations_rate_limit", "AG011", _calls(1, 0), _calls(0, 1), label="paused"),
+    Case(
+        "agent_operations_rate_limit_retry",
+        "AG011",
+        _calls(3, 2, retry=True),
+        _calls(3, 3, retry=True),
+    ),
 ]
 
 
@@ -1312,6 +1585,8 @@ _BY_SQLSTATE: dict[str, type[errors.InvariantViolation]] = {
     "AG007": errors.TenantScopeMissing,
     "AG008": errors.ImmutableKey,
     "AG009": errors.ConcurrencyLimitExceeded,
+    "AG010": errors.BudgetRuleViolation,
+    "AG011": errors.RateLimited,
     "23503": errors.TenantMismatch,
     "23505": errors.DuplicateKey,
     "23514": errors.InvariantViolation,
@@ -1322,6 +1597,9 @@ _BY_NAME: dict[str, type[errors.InvariantViolation]] = {
     "agent_events_payload_size": errors.PayloadTooLarge,
     "agent_outbox_payload_size": errors.PayloadTooLarge,
     "agent_events_payload_no_secrets": errors.SecretInPayload,
+    "agent_budgets_within_limit": errors.BudgetExceeded,
+    "agent_rate_limits_within_limit": errors.RateLimited,
+    "agent_global_rate_limits_within_limit": errors.RateLimited,
 }
 
 

@@ -94,6 +94,7 @@ ARTICLE_STATUSES = {
     "G16": "missing",  # no trace/span ids
     "G17": "missing",  # no tenants table: nothing anchors a tenant's rows
     "G18": "missing",  # no tenant-leading due index, no caps
+    "G19": "missing",  # no budget table, no rate limits
 }
 
 
@@ -199,7 +200,7 @@ def test_fresh_agentdb_schema_cli_exits_0_with_fail_on_partial(agentdb_dsn: str)
     result = _cli("--dsn", agentdb_dsn, "--fail-on", "partial")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
-    assert "18 guarantees: 18 enforced, 0 partial, 0 missing" in result.stdout
+    assert "19 guarantees: 19 enforced, 0 partial, 0 missing" in result.stdout
 
 
 def test_G13_evidence_is_the_unknown_state_and_the_unsettled_index(agentdb_dsn: str) -> None:
@@ -917,3 +918,37 @@ def test_read_only_role_sees_the_same_as_the_owner(db: Database, auditor: str) -
     for a, o in zip(as_auditor.findings, as_owner.findings, strict=True):
         if a.guarantee != "G15":  # G15 also judges the connecting role
             assert (a.status, a.evidence) == (o.status, o.evidence), a.guarantee
+
+
+def test_G19_a_budget_without_its_limit_check_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        "ALTER TABLE agent_budgets DROP CONSTRAINT agent_budgets_within_limit",
+        G19="partial",
+    )
+    assert "no CHECK ties spent, held to limit_amount" in _problems(report, "G19")
+    assert "spent + held <= limit_amount" in (report.finding("G19").fix or "")
+
+
+def test_G19_rate_limits_no_trigger_counts_are_flagged(db: Database, auditor: str) -> None:
+    report = _broken(
+        db,
+        """
+        DROP TRIGGER agent_operations_rate_limit ON agent_operations;
+        DROP TRIGGER agent_operations_rate_limit_retry ON agent_operations;
+        """,
+        G19="partial",
+    )
+    assert "no trigger on agent_operations reads it" in _problems(report, "G19")
+
+
+def test_G19_no_budgets_and_no_rate_limits_is_missing(db: Database, auditor: str) -> None:
+    _broken(
+        db,
+        """
+        ALTER TABLE agent_budgets DROP CONSTRAINT agent_budgets_within_limit;
+        DROP TRIGGER agent_operations_rate_limit ON agent_operations;
+        DROP TRIGGER agent_operations_rate_limit_retry ON agent_operations;
+        """,
+        G19="missing",
+    )

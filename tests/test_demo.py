@@ -114,9 +114,28 @@ async def test_a_replay_is_justified_only_by_a_grant_or_an_unknown_outcome(
     assert counts["unjustified_replays"] == unjustified
 
 
+_BOOKS = {"overspent": 0, "budget_spent": 10, "budget_charged": 10}
+
+
 @pytest.mark.parametrize(("replays", "ok"), [(0, True), (1, False)])
 def test_an_unjustified_replay_fails_the_run(replays: int, ok: bool) -> None:
-    counts = {"duplicates": 0, "lost": 0, "unjustified_replays": replays}
+    counts = {"duplicates": 0, "lost": 0, "unjustified_replays": replays, **_BOOKS}
+    run = Result(True, 1.0, 1, {}, counts, {"succeeded": 1}, {"delivered": 1}, Path("log"))
+    assert run.ok is ok
+
+
+@pytest.mark.parametrize(
+    ("books", "ok"),
+    [
+        (_BOOKS, True),
+        ({**_BOOKS, "overspent": 1}, False),
+        ({**_BOOKS, "budget_spent": 11}, False),
+    ],
+)
+def test_G19_an_overspent_or_unbalanced_budget_fails_the_run(
+    books: dict[str, int], ok: bool
+) -> None:
+    counts = {"duplicates": 0, "lost": 0, "unjustified_replays": 0, **books}
     run = Result(True, 1.0, 1, {}, counts, {"succeeded": 1}, {"delivered": 1}, Path("log"))
     assert run.ok is ok
 

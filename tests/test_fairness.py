@@ -17,10 +17,6 @@ ceil(B/n) = 4 per claim meanwhile. Claiming in wake_at order across tenants
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -34,6 +30,7 @@ from agentdb import leases, tasks, tenancy
 from agentdb.errors import ConfigurationError, TenantMismatch
 from agentdb.models import Task
 from agentdb.worker import Job, Worker
+from tests._procs import stop_workers, worker_processes
 from tests.conftest import RUNTIME, Database, Tenants
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,39 +254,11 @@ def test_G18_a_cap_is_never_exceeded_by_worker_processes(db: Database, tenants: 
     """4 ``agentdb worker`` processes, a cap of 3 on one type of one tenant, a cap of 5
     on the tenant; sampled continuously from another connection."""
     asyncio.run(_seed_for_processes(db, tenants))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "agentdb",
-                "worker",
-                "tests.fixture_handlers:BRIEF",
-                "--dsn",
-                db.url(RUNTIME),
-                "--concurrency",
-                "6",
-                "--poll-interval",
-                "0.05",
-                "--no-listen",
-                "--log-level",
-                "warning",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(4)
-    ]
+    procs = worker_processes(db.url(RUNTIME), "tests.fixture_handlers:BRIEF", 4, 6)
     try:
         peaks = asyncio.run(_sample_until_done(db, tenants.a))
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        errs = [p.communicate(timeout=60)[1] for p in procs]
+        errs = stop_workers(procs)
     assert all(p.returncode == 0 for p in procs), errs
     assert peaks == {"capped": 3, "*": 5}, peaks
 

@@ -16,6 +16,11 @@ from agentdb.errors import CONSTRAINTS
 
 # A fixed tenant/task id; the plan, not the data, is what is checked.
 INDEX_QUERIES: dict[str, str] = {
+    "agent_budget_holds_budget_idx": (
+        "SELECT operation_id, amount FROM agent_budget_holds"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND budget_id = '00000000-0000-4000-8000-000000000002'"
+    ),
     "agent_outbox_dead_idx": (
         "SELECT tenant_id, count(*) FROM agent_outbox WHERE state = 'dead' GROUP BY tenant_id"
     ),

@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from agentdb import leases, operations, outbox, tasks, tenancy
+from agentdb import budgets, leases, operations, outbox, tasks, tenancy
+from agentdb.status import snapshot
+from agentdb.tools.status import to_json, to_table
 from tests import factories as F
 from tests.conftest import Database, Tenants
 
@@ -126,3 +128,28 @@ async def test_status_shows_claiming_g18(
     assert f"{a_running}/2" in row_a
     assert f"t {a_running}/1" in row_a
     assert max(len(line) for line in lines) <= 100
+
+
+async def test_G19_status_shows_budgets_used_held_limit_and_rate_limits(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = (await tasks.create(pool, tenants.a, "llm", params={})).id
+    await budgets.set_budget(pool, tenants.a, "tokens", 10_000)
+    await budgets.set_rate_limit(pool, tenants.a, "chat", 7, timedelta(minutes=1))
+    done = await operations.reserve(pool, tenants.a, task, "a", "chat", {}, cost={"tokens": 3_000})
+    await operations.complete(pool, done.operation, cost={"tokens": 1_200})
+    await operations.reserve(pool, tenants.a, task, "b", "chat", {}, cost={"tokens": 2_000})
+    snap = await snapshot(pool)
+    [mine] = [t for t in snap.tenants if t.tenant_id == tenants.a]
+    doc = to_json(snap)
+    [tj] = [t for t in doc["tenants"] if t["tenant_id"] == str(tenants.a)]
+    assert tj["budgets"] == [
+        {"unit": "tokens", "task_id": None, "period": "total", "spent": 1_200, "held": 2_000,
+         "limit": 10_000, "remaining": 6_800}
+    ]  # fmt: skip
+    assert tj["rate_limits"] == [{"action": "chat", "used": 2, "max_calls": 7, "per_seconds": 60.0}]
+    assert mine.budgets[0].remaining == 6_800
+    text = to_table(snap)
+    assert "budgets (G19)" in text
+    assert "rate limits (G19)" in text
+    assert all(len(line) <= 100 for line in text.splitlines())

@@ -11,6 +11,58 @@
 -- WITH clauses only read and lock), followed by one single-row INSERT per
 -- event or message, sent together (agentdb._db.execute_each).
 
+-- name: routed_budget_hold :many
+-- Hold cost ($3 units, $4 amounts) on every budget of tenant $1 of those
+-- units that covers the tenant or task $2 (G19), for a reservation made in
+-- this transaction; the caller then writes one hold row per budget
+-- (routed_budget_hold_row). The CHECK agent_budgets_within_limit refuses a
+-- hold over a limit, and the caller's transaction with it. One row per
+-- budget held; none when no budget covers these units.
+-- guarantee: G19
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 units text[], $4 amounts int8[]
+UPDATE agent_budgets b
+SET held = b.held + c.amount, updated_at = now()
+FROM unnest($3::text[], $4::int8[]) AS c (unit, amount)
+WHERE b.tenant_id = $1 AND b.unit = c.unit AND (b.task_id IS NULL OR b.task_id = $2)
+RETURNING b.id AS budget_id, b.unit, c.amount;
+
+-- name: routed_budget_hold_row :execrows
+-- One hold of attempt $3 of tenant $1's operation $2 on budget $4 (G19),
+-- beside the budget update that took it (routed_budget_hold).
+-- guarantee: G19
+-- zero rows: never; the insert either writes its row or raises.
+-- params: $1 tenant_id uuid, $2 operation_id uuid, $3 attempt int4, $4 budget_id uuid, $5 unit text, $6 amount int8
+INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id, unit, amount)
+VALUES ($1, $2, $3, $4, $5, $6);
+
+-- name: routed_budget_settle :execrows
+-- Move tenant $1's budgets by the holds routed_budget_settle_holds settled:
+-- spent + the settled amounts, held - the held ones (G19).
+-- guarantee: G19
+-- zero rows: no budget named (the caller passes only budgets it just settled holds of).
+-- params: $1 tenant_id uuid, $2 budget_ids uuid[], $3 amounts int8[], $4 settled int8[]
+UPDATE agent_budgets b
+SET spent = b.spent + x.settled, held = b.held - x.amount, updated_at = now()
+FROM unnest($2::uuid[], $3::int8[], $4::int8[]) AS x (id, amount, settled)
+WHERE b.tenant_id = $1 AND b.id = x.id;
+
+-- name: routed_budget_settle_holds :many
+-- The holds part of operation_settle (operations.sql) for tenant $1's
+-- operation $2, which moved to $3 in this transaction: succeeded spends the
+-- actual cost ($4 units, $5 amounts; a unit not named spends its whole
+-- hold), failed releases. The caller then moves the budgets
+-- (routed_budget_settle). One row per hold settled.
+-- guarantee: G19
+-- params: $1 tenant_id uuid, $2 operation_id uuid, $3 to_state text, $4 units text[], $5 amounts int8[]
+UPDATE agent_budget_holds h
+SET state = CASE WHEN $3 = 'succeeded' THEN 'settled' ELSE 'released' END,
+    settled = CASE WHEN $3 = 'succeeded' THEN coalesce(
+        (SELECT a.amount FROM unnest($4::text[], $5::int8[]) AS a (unit, amount)
+         WHERE a.unit = h.unit), h.amount) END
+WHERE h.tenant_id = $1 AND h.operation_id = $2 AND h.state = 'held'
+  AND $3 IN ('succeeded', 'failed')
+RETURNING h.budget_id, h.unit, h.amount, h.settled;
+
 -- name: routed_bury :many
 -- Tenant $1's tasks that used up their attempts and are not held by a live
 -- lease, moved to 'dead' (at most $3). The caller writes their events.

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from agentdb import _db, migrate
+from agentdb.budgets import Budget, RateLimit
 from agentdb.errors import ConfigurationError
 from agentdb.status import TASK_STATES, Snapshot, TenantStatus, snapshot
 from agentdb.tools._common import add_target, dsn_from, run_with_pool
@@ -153,11 +154,53 @@ def to_table(s: Snapshot, *, header: str = "") -> str:
     lines = [header] if header else []
     lines += ["tasks", *_grid(_TASK_HEAD, tasks), "", "delivery", *_grid(_DELIVERY_HEAD, delivery)]
     lines += ["", "claiming (G18)", *_grid(_CLAIM_HEAD, claiming)]
+    lines += _spending(s)
     lines.append(
         f"purge backlog: {b['event_payloads']} event payloads, {b['events']} events, "
         f"{b['outbox_delivered']} delivered outbox rows, {b['inbox']} inbox rows"
     )
     return "\n".join(lines)
+
+
+_BUDGET_HEAD = ("tenant", "budget", "window", "spent", "held", "limit", "left")
+_RATE_HEAD = ("tenant", "rate limit", "used", "max", "per")
+
+
+def _spending(s: Snapshot) -> list[str]:
+    """Budgets and rate limits (G19); nothing when none is set."""
+    spend = [
+        [_label(t), b.unit + ("" if b.task_id is None else f" (task {str(b.task_id)[:8]})"),
+         b.period, str(b.spent), str(b.held), str(b.limit), str(b.remaining)]
+        for t in s.tenants for b in t.budgets
+    ]  # fmt: skip
+    rates = [
+        [label, r.action, str(r.used), str(r.max_calls), str(r.per)]
+        for label, limits in (
+            *((_label(t), t.rate_limits) for t in s.tenants),
+            ("(global)", s.global_rate_limits),
+        )
+        for r in limits
+    ]
+    lines: list[str] = []
+    if spend:
+        lines += ["", "budgets (G19)", *_grid(_BUDGET_HEAD, spend)]
+    if rates:
+        lines += ["", "rate limits (G19)", *_grid(_RATE_HEAD, rates)]
+    return lines
+
+
+def _budget_json(b: Budget) -> dict[str, Any]:
+    return {
+        "unit": b.unit, "task_id": str(b.task_id) if b.task_id else None, "period": b.period,
+        "spent": b.spent, "held": b.held, "limit": b.limit, "remaining": b.remaining,
+    }  # fmt: skip
+
+
+def _rate_json(r: RateLimit) -> dict[str, Any]:
+    return {
+        "action": r.action, "used": r.used, "max_calls": r.max_calls,
+        "per_seconds": r.per.total_seconds(),
+    }  # fmt: skip
 
 
 def _tenant_json(t: TenantStatus) -> dict[str, Any]:
@@ -176,6 +219,8 @@ def _tenant_json(t: TenantStatus) -> dict[str, Any]:
         "due": t.due,
         "oldest_due_seconds": t.oldest_due_seconds,
         "limits": {k: {"running": r, "max_running": m} for k, (r, m) in sorted(t.limits.items())},
+        "budgets": [_budget_json(b) for b in t.budgets],
+        "rate_limits": [_rate_json(r) for r in t.rate_limits],
     }
 
 
@@ -187,6 +232,7 @@ def to_json(s: Snapshot, *, migrations: dict[str, int] | None = None) -> dict[st
         "total": _tenant_json(s.total),
         "tenants": [_tenant_json(t) for t in s.tenants],
         "purge_backlog": dict(s.purge_backlog),
+        "global_rate_limits": [_rate_json(r) for r in s.global_rate_limits],
     }
     if migrations is not None:
         doc["migrations"] = migrations

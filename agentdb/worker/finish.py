@@ -192,7 +192,12 @@ class Finisher:
         released = await self.persist(
             job,
             lambda: leases.release(
-                self.pool, job.lease, wake_at=wake_at, error=error, event_type="task.retry"
+                self.pool,
+                job.lease,
+                wake_at=wake_at,
+                error=error,
+                refund_attempt=outcome.refund_attempt,
+                event_type="task.rate_limited" if outcome.refund_attempt else "task.retry",
             ),
             lands_in=("pending", "dead"),
         )

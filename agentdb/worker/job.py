@@ -10,6 +10,7 @@ from typing import Any
 from agentdb import _db, _faults, operations
 from agentdb.errors import AgentDBError, ConfigurationError, OperationInFlight, OperationUnsettled
 from agentdb.models import Lease, Operation, Reservation, Task
+from agentdb.operations import Cost
 from agentdb.worker.outcomes import ReconcileHook
 
 __all__ = ["Job"]
@@ -44,8 +45,12 @@ class Job:
         self._on_reconciled = on_reconciled
         self._fresh: dict[uuid.UUID, Operation] = {}
 
-    async def reserve(self, idempotency_key: str, action: str, input: Any) -> Reservation:
+    async def reserve(
+        self, idempotency_key: str, action: str, input: Any, *, cost: Cost | None = None
+    ) -> Reservation:
         """Reserve an operation for this task under the job's lease (:func:`operations.reserve`).
+
+        ``cost`` holds an estimate on the tenant's (and task's) budgets (G19).
 
         If an earlier attempt of this task left the key reserved, in flight or
         unknown, its outcome is first reconciled through the hook registered
@@ -58,19 +63,22 @@ class Job:
             OperationInFlight: the key is held by another task's unsettled operation.
             IdempotencyConflict: the key was used for a different input.
             LeaseLost: the lease is gone; the worker stops the job.
+            BudgetExceeded: a budget has no room for ``cost``.
+            RateLimited: the action is over its rate limit; unhandled, the worker
+                retries the task when the window ends, without spending an attempt.
         """
         try:
-            res = await self._reserve(idempotency_key, action, input)
+            res = await self._reserve(idempotency_key, action, input, cost)
         except OperationInFlight as busy:
             if busy.operation.task_id != self.task.id:
                 raise  # another task's operation: genuinely in flight elsewhere
-            res = await self._recover(busy.operation, idempotency_key, action, input)
+            res = await self._recover(busy.operation, idempotency_key, action, input, cost)
         if res.fresh:
             self._fresh[res.operation.id] = res.operation
             _faults.point("after_reserve")
         return res
 
-    async def _reserve(self, key: str, action: str, input: Any) -> Reservation:
+    async def _reserve(self, key: str, action: str, input: Any, cost: Cost | None) -> Reservation:
         return await operations.reserve(
             self.pool,
             self.task.tenant_id,
@@ -81,9 +89,12 @@ class Job:
             lease=self.lease,
             trace_id=self.task.trace_id,
             span_id=self.task.span_id,
+            cost=cost,
         )
 
-    async def _recover(self, op: Operation, key: str, action: str, input: Any) -> Reservation:
+    async def _recover(
+        self, op: Operation, key: str, action: str, input: Any, cost: Cost | None
+    ) -> Reservation:
         # We hold the task's lease, so the attempt that reserved this operation
         # is fenced out: its outcome is whatever the provider recorded.
         hook = self._reconcilers.get(op.action)
@@ -94,7 +105,7 @@ class Job:
                 self.pool, op, "no effect found at the provider", lease=self.lease
             )
             self._on_reconciled()
-            return await self._reserve(key, action, input)
+            return await self._reserve(key, action, input, cost)
         if found is None:
             if op.state != "unknown":
                 op = await operations.mark_unknown(
@@ -113,7 +124,7 @@ class Job:
         self._on_reconciled()
         if settled.state == "succeeded":
             return Reservation(settled, fresh=False)
-        return await self._reserve(key, action, input)
+        return await self._reserve(key, action, input, cost)
 
     async def complete(
         self,
@@ -121,16 +132,18 @@ class Job:
         *,
         result: Mapping[str, Any] | None = None,
         provider_reference: str | None = None,
+        cost: Cost | None = None,
     ) -> Operation:
-        """Record an operation's success under the job's lease.
+        """Record an operation's success under the job's lease; ``cost``: what it used (G19).
 
         Raises:
             as :func:`agentdb.operations.complete`.
         """
         _faults.point("after_call")
         done = await operations.complete(
-            self.pool, op, result=result, provider_reference=provider_reference, lease=self.lease
-        )
+            self.pool, op, result=result, provider_reference=provider_reference, lease=self.lease,
+            cost=cost,
+        )  # fmt: skip
         self._fresh.pop(op.id, None)
         _faults.point("after_complete")
         return done

@@ -42,6 +42,7 @@ from agentdb.errors import (
     LeaseLost,
     OperationUnsettled,
     PoolerMismatch,
+    RateLimited,
     StaleWrite,
     TransientError,
 )
@@ -84,6 +85,8 @@ class WorkerStats:
     late_writes_refused: int = 0
     reconciled: int = 0
     released_on_shutdown: int = 0
+    #: attempts a rate limit refused (G19): retried at the window's end, attempt refunded.
+    rate_limited: int = 0
     #: outcomes the caps or the database refused (the task was failed instead).
     refused: int = 0
     #: leases released because the finishing write kept failing.
@@ -319,6 +322,17 @@ class Worker:
             except _NotAwaitable as exc:
                 outcome = Fail(str(exc))
                 log.error("task %s (%s): %s", task.id, task.task_type, exc)
+            except RateLimited as exc:
+                # G19: nothing was reserved, so nothing ran: wait for the window
+                # to end without spending an attempt.
+                after = (
+                    max(exc.retry_after - datetime.now(UTC), timedelta(0))
+                    if exc.retry_after
+                    else None
+                )
+                outcome = Retry(storable(f"RateLimited: {exc}"), after, refund_attempt=True)
+                self.stats.rate_limited += 1
+                log.info("task %s: %s; waits %s", task.id, exc, after)
             except Exception as exc:
                 outcome = Retry(storable(f"{type(exc).__name__}: {exc}"))
                 if isinstance(exc, OperationUnsettled):

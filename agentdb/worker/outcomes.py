@@ -77,6 +77,8 @@ class Retry:
 
     error: str
     after: timedelta | None = None
+    #: Give the attempt back (a rate limit refused it before anything ran, G19).
+    refund_attempt: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,7 @@ def test_migrate_citus_distributes_once_and_reruns_as_a_noop(citus: Cluster) -> 
     assert hashed == {
         "agent_tenants", "agent_tasks", "agent_operations", "agent_events", "agent_outbox",
         "agent_inbox", "agent_artifacts", "agent_credential_refs", "agent_concurrency_limits",
+        "agent_budgets", "agent_budget_holds", "agent_rate_limits",
     }  # fmt: skip
     assert reference == {"agent_principals", "agent_transitions", "agent_semconv_pins"}
     assert len({r[2] for r in rows if r[1] == "h"}) == 1  # one colocation group

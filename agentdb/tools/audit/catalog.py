@@ -217,6 +217,18 @@ class Table:
     def live_triggers(self) -> list[Trigger]:
         return [t for t in self.triggers if t.enabled]
 
+    def guards_reading(self, tables: list[Table], event: str) -> list[Trigger]:
+        """Live row triggers on ``event`` (``"insert"`` or ``"update"``) that can RAISE and
+        name one of ``tables``: what enforces a rule kept in another table."""
+        return [
+            g
+            for g in self.live_triggers()
+            if g.row
+            and (g.on_insert if event == "insert" else g.on_update)
+            and g.raises()
+            and any(g.mentions(t.name) for t in tables)
+        ]
+
     def update_guards(self, column: str) -> list[Trigger]:
         """Live row triggers that run before an UPDATE, read ``OLD.column`` and can RAISE."""
         return [

@@ -60,11 +60,7 @@ def check_g18(ctx: Context) -> Finding:
             f"CREATE INDEX {quote(t.name + '_tenant_due_idx')} ON {t.display} ({cols});",
         )
     caps = _cap_tables(ctx, t)
-    guards = [
-        g
-        for g in t.live_triggers()
-        if g.row and g.on_update and g.raises() and any(g.mentions(c.name) for c in caps)
-    ]
+    guards = t.guards_reading(caps, "update")
     if caps and guards:
         f.ok(*(f"table {c.name}" for c in caps), *(f"trigger {g.name}" for g in guards))
     elif caps:

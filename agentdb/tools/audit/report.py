@@ -46,7 +46,7 @@ class Finding:
     """What the schema does about one guarantee.
 
     Attributes:
-        guarantee: ``"G1"`` ... ``"G18"``.
+        guarantee: ``"G1"`` ... ``"G19"``.
         title: the guarantee in a few words.
         status: ``enforced``, ``partial``, ``missing`` or ``not_applicable``.
         reason: one line: what enforces it, or the first thing missing.
@@ -75,7 +75,7 @@ class TableRef:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """The audit of one schema: one finding per guarantee, G1 to G18 in order."""
+    """The audit of one schema: one finding per guarantee, G1 to G19 in order."""
 
     database: str
     schema: str
@@ -261,7 +261,7 @@ JSON_SCHEMA: Final[dict[str, Any]] = {
             "required": ["guarantee", "title", "status", "reason", "evidence", "problems", "fix"],
             "additionalProperties": False,
             "properties": {
-                "guarantee": {"type": "string", "pattern": "^G([1-9]|1[0-8])$"},
+                "guarantee": {"type": "string", "pattern": "^G([1-9]|1[0-9])$"},
                 "title": {"type": "string"},
                 "status": {"enum": list(STATUSES)},
                 "reason": {"type": "string"},

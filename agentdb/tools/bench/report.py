@@ -122,10 +122,18 @@ def _flat_target(p50: dict[str, list[float]], sizes: list[int], label: str) -> _
             "met" if ratio <= 1.2 else "missed")  # fmt: skip
 
 
+def _budget_targets(r: dict[str, Any]) -> list[_Target]:
+    if "budget" not in r:
+        return []
+    ratio = r["budget"]["ratio"]
+    verdict = "met" if ratio >= 0.9 else "missed"
+    return [("reserve with a budget ≥ 0.9x reserve without (G19)", f"{ratio:.3f}x", verdict)]
+
+
 def targets(r: dict[str, Any]) -> list[_Target]:
     """(target, measured, verdict) for the issues' targets."""
     return [
-        *_statement_targets(r), *_cycle_targets(r), *_relay_targets(r),
+        *_statement_targets(r), *_budget_targets(r), *_cycle_targets(r), *_relay_targets(r),
         _flat_target(r["scaling"]["p50_ms"], r["scaling"]["sizes"],
                      "claim p50 at {large:,} rows ≤ 1.2x at {small:,}"),
         _flat_target(r["scaling_tenants"]["p50_ms"], r["scaling_tenants"]["tenants"],
@@ -192,6 +200,27 @@ _STATEMENT_HEAD = [
     ("client CPU µs/op, helper / raw", ">"),
     ("server CPU µs/op, helper / raw", ">"),
 ]
+
+
+def _budget_section(r: dict[str, Any]) -> list[str]:
+    if "budget" not in r:
+        return []
+    b = r["budget"]
+    head = [("reserve", "<"), ("reserves/s", ">")]
+    rows = [
+        ("with a budget (cost held in the same statement)", _fmt_range(b["with"])),
+        ("without", _fmt_range(b["without"])),
+    ]
+    return [
+        "## 1c. The cost of a budget (G19)",
+        "",
+        f"{b['ops_per_rep']} reserves per variant per repetition on {b['connections']} "
+        "connections, interleaved; each connection's task has its own budget. "
+        f"Ratio (median of the repetitions): **{b['ratio']:.3f}x**.",
+        "",
+        *_table(head, rows),
+        "",
+    ]
 
 
 def _pooled_section(r: dict[str, Any]) -> list[str]:
@@ -411,6 +440,7 @@ def render(r: dict[str, Any]) -> str:
     sections = (
         _header,
         _statements_section,
+        _budget_section,
         _pooled_section,
         _cycle_section,
         _relay_section,

@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 from agentdb import _db, _dsn, tenancy
 from agentdb.errors import ConfigurationError
+from agentdb.tools.bench.budget import bench_budget
 from agentdb.tools.bench.citus import bench_citus, citus_database, citus_workers
 from agentdb.tools.bench.cycle import AGENTDB_RUNS
 from agentdb.tools.bench.harness import (
@@ -433,6 +434,8 @@ async def _bench(
         agentdb = dbs["agentdb"]
         statements = await bench_statements(agentdb, sizes, opts.reps, probe)
         lap("statements")
+        budget = await bench_budget(agentdb, sizes, opts.reps, probe)
+        lap("budget")
         pooled = await _through_pgbouncer(admin, agentdb, sizes, opts.reps, probe, notes)
         lap("statements through pgbouncer")
         cycle = await bench_cycle(agentdb, peer_dbs, sizes, opts.reps, probe, notes)
@@ -461,6 +464,7 @@ async def _bench(
             "server_cpu_measured": probe.local,
         },
         "statements": statements,
+        "budget": budget,
         "statements_pgbouncer": pooled,
         "cycle": cycle,
         "relay": relay,

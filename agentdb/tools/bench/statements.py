@@ -151,6 +151,9 @@ async def _reserve_raw(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
                 "lease_token": s.token,
                 "trace_id": None,
                 "span_id": None,
+                "units": None,
+                "amounts": None,
+                "cost": None,
             }
         )
         rows = await conn.fetch(q.sql, *args)
@@ -207,6 +210,8 @@ async def _complete_raw(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
                 "lease_owner": s.owner,
                 "lease_token": s.token,
                 "event_type": "operation.succeeded",
+                "units": None,
+                "amounts": None,
             }
         )
         rows = await conn.fetch(q.sql, *args)

@@ -28,8 +28,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agentdb import _db, _dsn, _faults, inbox
+from agentdb.errors import BudgetExceeded
 from agentdb.models import Message, Operation, OutboxMessage
-from agentdb.worker import Handler, Job, Reconciled, ReconcileHook, Succeed
+from agentdb.worker import Fail, Handler, Job, Reconciled, ReconcileHook, Succeed
 
 __all__ = [
     "ACTIONS",
@@ -47,6 +48,9 @@ __all__ = [
 
 TASK_TYPE = "demo.invoice"
 ACTIONS = ("charge", "email")
+#: The unit of the demo's budget (G19), and how a task it stopped ends.
+BUDGET_UNIT = "usd_cents"
+BUDGET_STOP = "budget exhausted"
 # AGENTDB_DEMO_CALM=1 turns these off (the crash tests want exact counts).
 _CALM = os.environ.get("AGENTDB_DEMO_CALM") == "1"
 REFUSE_RATE = 0.0 if _CALM else 0.06  # the provider answers 503 before doing anything
@@ -159,8 +163,10 @@ async def provider_lookup(op: Operation) -> Reconciled | None:
     return None if ref is None else Reconciled(True, str(ref), {"ref": str(ref)})
 
 
-async def invoice(job: Job) -> Succeed:
+async def invoice(job: Job) -> Succeed | Fail:
     """Charge, then email; each effect reserved before the call and recorded after it.
+
+    A charge the tenant's budget has no room for fails the task (no effect).
 
     Raises:
         ProviderError, ProviderTimeout: the worker retries the task (a timeout
@@ -170,9 +176,15 @@ async def invoice(job: Job) -> Succeed:
     params = job.task.params
     for action in ACTIONS:
         key = f"{job.task.id}/{action}"
-        res = await job.reserve(
-            key, action, {"invoice": params["invoice"], "amount": params["amount"]}
-        )
+        # The charge costs its amount against the tenant's budget, if it has one (G19).
+        cost = {BUDGET_UNIT: params["amount"]} if action == "charge" else None
+        try:
+            res = await job.reserve(
+                key, action, {"invoice": params["invoice"], "amount": params["amount"]}, cost=cost
+            )
+        except BudgetExceeded as exc:
+            left = exc.remaining.get(BUDGET_UNIT, 0)
+            return Fail(f"{BUDGET_STOP}: {params['amount']} {BUDGET_UNIT} asked, {left} left")
         if not res.fresh:
             continue  # done by an earlier attempt (or reconciled just now)
         try:
@@ -183,7 +195,7 @@ async def invoice(job: Job) -> Succeed:
         except ProviderError as exc:
             await job.fail(res.operation, str(exc))
             raise
-        await job.complete(res.operation, result={"ref": ref}, provider_reference=ref)
+        await job.complete(res.operation, result={"ref": ref}, provider_reference=ref, cost=cost)
     return Succeed(outbox=(Message("invoice.paid", {"invoice": params["invoice"]}),))
 
 

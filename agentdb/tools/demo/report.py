@@ -39,10 +39,12 @@ def report(w: Workload, r: Result) -> int:
     """Print the report of run ``r`` of ``w``; return the exit status (0 for OK)."""
     c = r.counts
     succeeded = r.tasks_by_state.get("succeeded", 0)
+    stopped = c["budget_stopped"]
+    failed = r.tasks_by_state.get("failed", 0) - stopped
     lines = [
         ("tasks completed", f"{succeeded} of {w.tasks}"
-         + (f" ({r.tasks_by_state.get('dead', 0)} dead, {r.tasks_by_state.get('failed', 0)} failed)"
-            if succeeded < w.tasks else "")),
+         + (f" ({r.tasks_by_state.get('dead', 0)} dead, {failed} failed, {stopped} stopped by "
+            "a budget)" if succeeded < w.tasks else "")),
         ("worker/relay processes killed (SIGKILL)", str(r.kills)),
         ("tasks taken over after a killed worker's lease expired", str(c["reclaimed"])),
         ("provider requests received", f"{c['requests']} ({c['refused']} refused with 503)"),
@@ -57,6 +59,10 @@ def report(w: Workload, r: Result) -> int:
         ("redeliveries absorbed by the inbox", str(c["redeliveries"])),
         ("messages lost", str(c["lost"])),
         ("tasks stuck", str(r.stuck)),
+        ("budget of the first tenant (usd_cents, G19)",
+         f"spent {c['budget_spent']} + held {c['budget_held']} of {c['budget_limit']}"),
+        ("reservations the budget refused", f"{c['budget_refused']} ({stopped} tasks stopped)"),
+        ("overspent", f"{c['overspent']} (charges paid for: {c['budget_charged']})"),
         ("throughput", f"{succeeded / r.elapsed:.1f} tasks/s over {r.elapsed:.1f}s"),
     ]  # fmt: skip
     width = max(len(k) for k, _ in lines)
@@ -66,7 +72,8 @@ def report(w: Workload, r: Result) -> int:
     # A run that killed nothing proved nothing about crashes.
     ok = r.ok and (r.kills > 0 or w.kill_every == 0)
     verdict = (
-        "every effect once, no blind repeat call, every message delivered, nothing lost"
+        "every effect once, no blind repeat call, every message delivered, nothing lost, "
+        "no budget overspent"
         if ok
         else f"see the worker and relay logs in {r.log_path}"
     )

@@ -52,10 +52,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
 
-from agentdb import _db, tasks, tenancy
+from agentdb import _db, budgets, tasks, tenancy
 from agentdb.tools.demo.fleet import Fleet, Workload, kills_by_point
 from agentdb.tools.demo.limits import REPORT_GRACE, Limits
-from agentdb.tools.demo.provider import SCHEMA, TASK_TYPE
+from agentdb.tools.demo.provider import BUDGET_UNIT, SCHEMA, TASK_TYPE
 
 __all__ = ["Result", "count", "run_workload", "with_database"]
 
@@ -136,6 +136,21 @@ _LEDGER_COUNTS = {
     "reclaimed": "SELECT count(*) FROM agent_events WHERE tenant_id = ANY ($1)"
     " AND event_type = 'task.reclaimed'",
     "consumed": "SELECT count(*) FROM agentdb_demo.consumer_ledger WHERE tenant_id = ANY ($1)",
+    # G19: the budget's books, its refusals, and the charges it paid for.
+    "budget_limit": "SELECT sum(limit_amount) FROM agent_budgets WHERE tenant_id = ANY ($1)",
+    "budget_spent": "SELECT sum(spent) FROM agent_budgets WHERE tenant_id = ANY ($1)",
+    "budget_held": "SELECT sum(held) FROM agent_budgets WHERE tenant_id = ANY ($1)",
+    "overspent": "SELECT sum(greatest(spent + held - limit_amount, 0)) FROM agent_budgets"
+    " WHERE tenant_id = ANY ($1)",
+    "budget_refused": "SELECT count(*) FROM agent_events WHERE tenant_id = ANY ($1)"
+    " AND event_type = 'operation.refused' AND payload->>'reason' = 'budget'",
+    "budget_stopped": "SELECT count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
+    " AND state = 'failed' AND last_error LIKE 'budget exhausted%'",  # provider.BUDGET_STOP
+    "budget_charged": "SELECT sum((t.params->>'amount')::bigint) FROM agent_operations o"
+    " JOIN agent_tasks t ON t.tenant_id = o.tenant_id AND t.id = o.task_id"
+    " JOIN agent_budgets b ON b.tenant_id = o.tenant_id AND b.task_id IS NULL"
+    " AND b.unit = 'usd_cents'"  # provider.BUDGET_UNIT
+    " WHERE o.tenant_id = ANY ($1) AND o.action = 'charge' AND o.state = 'succeeded'",
 }
 _TASKS_BY_STATE = (
     "SELECT state, count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
@@ -165,13 +180,16 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        """Finished with no duplicate effect, no unjustified replay, no lost message, none stuck."""
+        """Finished with no duplicate effect, no unjustified replay, no lost message, none
+        stuck, no budget overspent and its books equal to the charges it paid for."""
         return (
             self.finished
             and self.counts["duplicates"] == 0
             and self.counts["unjustified_replays"] == 0
             and self.counts["lost"] == 0
             and self.stuck == 0
+            and self.counts["overspent"] == 0
+            and self.counts["budget_spent"] == self.counts["budget_charged"]
         )
 
 
@@ -212,13 +230,18 @@ async def _seed(pool: _db.Pool, w: Workload, rng: random.Random, limits: Limits)
             await conn.execute(statement)
     run = uuid.uuid4().hex[:6]
     tenants = [await tenancy.create_tenant(pool, f"demo-{run}-{i}") for i in range(w.tenants)]
+    first = 0  # what the first tenant's charges add up to
     for i in range(w.tasks):
         limits.at("seeding the tasks", f"{i} of {w.tasks} tasks created, none run")
+        amount = rng.randint(1, 500)
+        first += amount if i % len(tenants) == 0 else 0
         await tasks.create(
             pool, tenants[i % len(tenants)], TASK_TYPE,
-            params={"invoice": i, "amount": rng.randint(1, 500)},
+            params={"invoice": i, "amount": amount},
             dedupe_key=f"invoice-{run}-{i}", max_attempts=w.max_attempts, lease_ttl=w.lease_ttl,
         )  # fmt: skip
+    # G19: the first tenant may spend about half of what its invoices would charge.
+    await budgets.set_budget(pool, tenants[0], BUDGET_UNIT, first // 2)
     return tenants
 
 

@@ -32,6 +32,7 @@ T = "tests/"
 TASKS_SQL = "agentdb/queries/tasks.sql"
 LEASES_SQL = "agentdb/queries/leases.sql"
 OPS_SQL = "agentdb/queries/operations.sql"
+BATCH_SQL = "agentdb/queries/batch.sql"
 OUTBOX_SQL = "agentdb/queries/outbox.sql"
 GUARD = "sql/0011.key_binding.sql"
 ATTACKS = T + "test_attacks.py"
@@ -57,6 +58,7 @@ def m(
 def all_mutants() -> tuple[Mutant, ...]:
     """Every mutant of the catalogue, in report order."""
     from agentdb.tools.mutate import (
+        mutants_budgets,
         mutants_code,
         mutants_production,
         mutants_routed,
@@ -69,5 +71,6 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_schema.MUTANTS
         + mutants_code.MUTANTS
         + mutants_production.MUTANTS
+        + mutants_budgets.MUTANTS
         + mutants_routed.MUTANTS
     )

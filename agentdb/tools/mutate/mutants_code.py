@@ -98,18 +98,16 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "ops-settle-unfenced",
         "agentdb/operations.py",
-        '        "event_type": event_type,\n        **_lease_args(lease),\n    }\n'
-        "    if await schema.distributed(db):",
-        '        "event_type": event_type,\n        **_lease_args(None),\n    }\n'
-        "    if await schema.distributed(db):",
+        '        "event_type": event_type,\n        **_lease_args(lease),\n        **budgets.cost_args',
+        '        "event_type": event_type,\n        **_lease_args(None),\n        **budgets.cost_args',
         (FENCES,),
         "operations._settle: the lease is not passed to the statement",
     ),
     m(
         "ops-reserve-no-rerun",
         "agentdb/operations.py",
-        "        for _ in range(_RACE_RERUNS):\n            params = {",
-        "        for _ in range(1):\n            params = {",
+        "    for _ in range(_RACE_RERUNS):\n        params = {",
+        "    for _ in range(1):\n        params = {",
         (FENCES,),
         "reserve: a reserve that lost the race with a concurrent commit of the key gives up",
     ),

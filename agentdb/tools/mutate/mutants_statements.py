@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agentdb.tools.mutate.catalogue import (
+    BATCH_SQL,
     FENCES,
     LEASES_SQL,
     OPS_SQL,
@@ -313,7 +314,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-complete-many-no-version",
-        OPS_SQL,
+        BATCH_SQL,
         "    WHERE o.tenant_id = i.tenant_id AND o.id = i.id AND o.state_version = i.expected_version",
         "    WHERE o.tenant_id = i.tenant_id AND o.id = i.id",
         (FENCES, T + "test_complete_many.py"),
@@ -321,7 +322,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-complete-many-no-token",
-        OPS_SQL,
+        BATCH_SQL,
         "            AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token",
         "            AND t.lease_owner = i.lease_owner",
         (FENCES, T + "test_complete_many.py"),
@@ -329,7 +330,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-reserve-many-no-token",
-        OPS_SQL,
+        BATCH_SQL,
         "    WHERE t.state = 'running' AND t.lease_owner = i.lease_owner\n      AND t.lease_token = i.lease_token",
         "    WHERE t.state = 'running' AND t.lease_owner = i.lease_owner",
         (FENCES, T + "test_complete_many.py"),
@@ -337,7 +338,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-reserve-many-lookup-no-tenant",
-        OPS_SQL,
+        BATCH_SQL,
         "JOIN agent_operations o ON o.tenant_id = f.tenant_id AND o.idempotency_key = f.idempotency_key",
         "JOIN agent_operations o ON o.idempotency_key = f.idempotency_key",
         (TENANTS,),

@@ -1,0 +1,133 @@
+"""Mutants of the budget and rate-limit guards (G19): the schema, the statements, the worker."""
+
+from __future__ import annotations
+
+from agentdb.tools.mutate.catalogue import ATTACKS, OPS_SQL, Mutant, T, m
+
+BUDGETS = "sql/0014.budgets.sql"
+TESTS = T + "test_budgets.py"
+RACE = TESTS + "::test_G19_fifty_concurrent_reservations_against_a_budget_that_fits_ten"
+MODEL = TESTS + "::test_G19_stateful_model_of_reserve_complete_fail_unknown_reconcile"
+ATTACK = ATTACKS + "::test_attack_is_refused"
+
+MUTANTS: tuple[Mutant, ...] = (
+    m(
+        "budget-check-ignores-held",
+        BUDGETS,
+        "    CONSTRAINT agent_budgets_within_limit CHECK (spent + held <= limit_amount)",
+        "    CONSTRAINT agent_budgets_within_limit CHECK (spent <= limit_amount)",
+        (RACE,),
+        "agent_budgets_within_limit: what is held does not count, so racing holds overspend",
+    ),
+    m(
+        "budget-reserve-holds-nothing",
+        OPS_SQL,
+        "    WHERE b.tenant_id = $1 AND b.unit = c.unit AND (b.task_id IS NULL OR b.task_id = $3)\n"
+        "      AND EXISTS (SELECT 1 FROM ins)",
+        "    WHERE b.tenant_id = $1 AND b.unit = c.unit AND (b.task_id IS NULL OR b.task_id = $3)\n"
+        "      AND false",
+        (RACE,),
+        "operation_reserve: the cost is never held on the budget",
+    ),
+    m(
+        "budget-task-budget-ignored",
+        OPS_SQL,
+        "    WHERE b.tenant_id = $1 AND b.unit = c.unit AND (b.task_id IS NULL OR b.task_id = $3)\n"
+        "      AND EXISTS (SELECT 1 FROM ins)",
+        "    WHERE b.tenant_id = $1 AND b.unit = c.unit AND b.task_id IS NULL\n"
+        "      AND EXISTS (SELECT 1 FROM ins)",
+        (TESTS + "::test_G19_a_task_budget_and_the_tenant_budget_both_hold",),
+        "operation_reserve: a task's own budget is never held against",
+    ),
+    m(
+        "budget-settle-never-releases",
+        OPS_SQL,
+        "    SET spent = b.spent + x.settled, held = b.held - x.amount, updated_at = now()",
+        "    SET spent = b.spent + x.settled, updated_at = now()",
+        (MODEL,),
+        "operation_settle: a settled hold stays held",
+    ),
+    m(
+        "budget-settle-spends-the-estimate",
+        OPS_SQL,
+        "             WHERE a.unit = h.unit), h.amount) END\n    FROM upd u",
+        "             WHERE a.unit = h.unit AND false), h.amount) END\n    FROM upd u",
+        (MODEL,),
+        "operation_settle: the actual cost is ignored and the whole estimate is spent",
+    ),
+    m(
+        "budget-unknown-releases",
+        OPS_SQL,
+        "      AND u.state IN ('succeeded', 'failed')\n    RETURNING h.budget_id",
+        "      AND u.state IN ('succeeded', 'failed', 'unknown')\n    RETURNING h.budget_id",
+        (TESTS + "::test_G19_unknown_keeps_the_hold_until_reconciled", MODEL),
+        "operation_settle: an unknown outcome releases its hold although the money may be spent",
+    ),
+    m(
+        "budget-guard-allows-refund",
+        BUDGETS,
+        "    ELSIF NEW.spent < OLD.spent OR NEW.window_start IS DISTINCT FROM OLD.window_start THEN",
+        "    ELSIF NEW.window_start IS DISTINCT FROM OLD.window_start THEN",
+        (ATTACK + "[G19-agent_budgets_guard-refund-inside-the-window]",),
+        "agent_budgets_guard: spent may be lowered inside its window (a refund hides a spend)",
+    ),
+    m(
+        "budget-hold-guard-allows-rehold",
+        BUDGETS,
+        "    IF OLD.state <> 'held'\n       OR NEW.tenant_id IS DISTINCT FROM OLD.tenant_id",
+        "    IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id",
+        (ATTACK + "[G19-agent_budget_holds_guard-released-hold-re-held]",),
+        "agent_budget_holds_guard: a released or settled hold can be changed again",
+    ),
+    m(
+        "rate-limit-never-full",
+        BUDGETS,
+        "        IF step.used > lim.max_calls THEN\n            over := format('tenant",
+        "        IF step.used > lim.max_calls + 1000 THEN\n            over := format('tenant",
+        (ATTACK + "[G19-agent_operations_rate_limit]",),
+        "agentdb_count_call: the tenant's limit is never reached by the trigger; the CHECK "
+        "behind it still refuses, but as a bare CHECK violation, not the trigger's AG011",
+    ),
+    m(
+        "rate-limit-window-never-rolls",
+        BUDGETS,
+        "    IF p_start + p_per <= now() THEN\n        used := 1;",
+        "    IF false THEN\n        used := 1;",
+        (TESTS + "::test_G19_a_rate_limit_holds_under_load_from_worker_processes",),
+        "agentdb_rate_step: calls of past windows keep counting (the limit starves the action)",
+    ),
+    m(
+        "rate-limit-retry-uncounted",
+        BUDGETS,
+        "-- G19\nCREATE TRIGGER agent_operations_rate_limit_retry\n    AFTER UPDATE OF state ON agent_operations\n"
+        "    FOR EACH ROW WHEN (OLD.state = 'failed' AND NEW.state = 'reserved')",
+        "-- G19\nCREATE TRIGGER agent_operations_rate_limit_retry\n    AFTER UPDATE OF state ON agent_operations\n"
+        "    FOR EACH ROW WHEN (false)",
+        (ATTACK + "[G19-agent_operations_rate_limit_retry]",),
+        "agent_operations_rate_limit_retry: a re-armed retry calls the provider uncounted",
+    ),
+    m(
+        "rate-limit-global-ignored",
+        BUDGETS,
+        "        WHERE g.action = NEW.action FOR UPDATE;",
+        "        WHERE g.action = NEW.action AND false FOR UPDATE;",
+        (TESTS + "::test_G19_a_global_rate_limit_spans_tenants",),
+        "agentdb_count_call: the global limit is never counted",
+    ),
+    m(
+        "budget-error-unmapped",
+        "agentdb/errors.py",
+        '        "BudgetExceeded": BudgetExceeded,\n',
+        '        "BudgetExceeded": RateLimited,\n',
+        (TESTS + "::test_G19_unknown_keeps_the_hold_until_reconciled",),
+        "error_for: the budget CHECK's refusal comes out as the wrong error class",
+    ),
+    m(
+        "worker-rate-limit-burns-an-attempt",
+        "agentdb/worker/loop.py",
+        'outcome = Retry(storable(f"RateLimited: {exc}"), after, refund_attempt=True)',
+        'outcome = Retry(storable(f"RateLimited: {exc}"), after, refund_attempt=False)',
+        (TESTS + "::test_G19_a_rate_limit_holds_under_load_from_worker_processes",),
+        "worker: a rate-limited attempt is counted, so a throttled task can die of it",
+    ),
+)

@@ -1,0 +1,556 @@
+"""Spend budgets and rate limits refused at reserve (G19).
+
+Every test runs against real Postgres; the races use separate connections,
+and the rate-limit load comes from separate worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from agentdb import budgets, operations, retention, tasks
+from agentdb.errors import BudgetExceeded, ConfigurationError, InvariantViolation, RateLimited
+from agentdb.models import Operation
+from tests import factories as F
+from tests._procs import stop_workers, worker_processes
+from tests.conftest import RUNTIME, Database, Tenants
+from tests.test_model import Harness
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _task(conn: asyncpg.Connection | asyncpg.Pool, tenant: uuid.UUID) -> uuid.UUID:
+    return (await tasks.create(conn, tenant, "llm", params={"n": uuid.uuid4().hex})).id
+
+
+async def _books(conn: asyncpg.Connection, tenant: uuid.UUID) -> dict[str, Any]:
+    """The budget row and the sums of its holds, read in one snapshot."""
+    row = await conn.fetchrow(
+        "SELECT b.limit_amount, b.spent, b.held,"
+        " (SELECT coalesce(sum(h.amount), 0) FROM agent_budget_holds h"
+        "   WHERE h.tenant_id = b.tenant_id AND h.budget_id = b.id AND h.state = 'held') AS holds,"
+        " (SELECT coalesce(sum(h.settled), 0) FROM agent_budget_holds h"
+        "   WHERE h.tenant_id = b.tenant_id AND h.budget_id = b.id) AS settled"
+        " FROM agent_budgets b WHERE b.tenant_id = $1 AND b.task_id IS NULL",
+        tenant,
+    )
+    assert row is not None
+    return dict(row)
+
+
+async def test_G19_fifty_concurrent_reservations_against_a_budget_that_fits_ten(
+    db: Database, tenants: Tenants
+) -> None:
+    """50 reservations of 1,000 tokens from 50 connections against a 10,000 budget:
+    exactly 10 succeed; spent + held never exceeds the limit (sampled from another
+    connection all along); after settlement the books balance exactly."""
+    admin = await db.connect()
+    conns = [await db.connect(RUNTIME) for _ in range(50)]
+    try:
+        await budgets.set_budget(admin, tenants.a, "tokens", 10_000)
+        task_ids = [await _task(admin, tenants.a) for _ in range(50)]
+        gate = asyncio.Event()
+        done = asyncio.Event()
+        samples: list[tuple[int, int]] = []
+
+        async def sample() -> None:
+            sampler = await db.connect()
+            try:
+                while not done.is_set():
+                    b = await _books(sampler, tenants.a)
+                    samples.append((b["spent"], b["held"]))
+                    assert b["spent"] + b["held"] <= b["limit_amount"], b
+                    await asyncio.sleep(0)
+            finally:
+                await sampler.close()
+
+        async def one(i: int) -> Operation | BudgetExceeded:
+            await gate.wait()
+            try:
+                res = await operations.reserve(
+                    conns[i], tenants.a, task_ids[i], f"call-{i}", "llm", {"i": i},
+                    cost={"tokens": 1_000},
+                )  # fmt: skip
+            except BudgetExceeded as exc:
+                return exc
+            return res.operation
+
+        sampler = asyncio.create_task(sample())
+        racers = [asyncio.create_task(one(i)) for i in range(50)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        results = await asyncio.gather(*racers)
+        won = [r for r in results if isinstance(r, Operation)]
+        refused = [r for r in results if isinstance(r, BudgetExceeded)]
+        assert (len(won), len(refused)) == (10, 40)
+        assert all(r.remaining == {"tokens": 0} for r in refused)
+        assert {r.guarantee for r in refused} == {"G19"}
+        # Settle them from as many connections: 4 spend 700, 3 fail, 3 spend all.
+        settles = []
+        for n, op in enumerate(won):
+            c = conns[n]
+            if n < 4:
+                settles.append(operations.complete(c, op, cost={"tokens": 700}))
+            elif n < 7:
+                settles.append(operations.fail(c, op, "provider said no"))
+            else:
+                settles.append(operations.complete(c, op))
+        await asyncio.gather(*settles)
+        done.set()
+        await sampler
+        assert len(samples) > 10  # the sampler really ran during the race
+        books = await _books(admin, tenants.a)
+        assert books == {
+            "limit_amount": 10_000,
+            "spent": 4 * 700 + 3 * 1_000,
+            "held": 0,
+            "holds": 0,
+            "settled": 4 * 700 + 3 * 1_000,
+        }
+        events = await admin.fetchval(
+            "SELECT count(*) FROM agent_events WHERE tenant_id = $1"
+            " AND event_type = 'operation.refused' AND payload->>'reason' = 'budget'",
+            tenants.a,
+        )
+        assert events == 40
+        ops = await admin.fetchval(
+            "SELECT count(*) FROM agent_operations WHERE tenant_id = $1", tenants.a
+        )
+        assert ops == 10  # a refused reservation leaves no operation behind
+    finally:
+        for c in conns:
+            await c.close()
+        await admin.close()
+
+
+async def test_G19_unknown_keeps_the_hold_until_reconciled(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    await budgets.set_budget(pool, tenants.a, "usd_micros", 5_000)
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(
+        pool, tenants.a, task, "k", "charge", {}, cost={"usd_micros": 3_000}
+    )
+    op = await operations.mark_unknown(pool, res.operation, error="timeout")
+    [b] = await budgets.list_budgets(pool, tenants.a)
+    assert (b.spent, b.held, b.remaining) == (0, 3_000, 2_000)
+    with pytest.raises(BudgetExceeded) as refused:
+        await operations.reserve(
+            pool, tenants.a, task, "k2", "charge", {}, cost={"usd_micros": 2_001}
+        )
+    assert refused.value.remaining == {"usd_micros": 2_000}
+    assert refused.value.requested == {"usd_micros": 2_001}
+    await operations.reconcile(
+        pool, op, succeeded=True, provider_reference="ch_1", cost={"usd_micros": 2_500}
+    )
+    [b] = await budgets.list_budgets(pool, tenants.a)
+    assert (b.spent, b.held) == (2_500, 0)
+
+
+async def test_G19_a_task_budget_and_the_tenant_budget_both_hold(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await _task(pool, tenants.a)
+    other = await _task(pool, tenants.a)
+    await budgets.set_budget(pool, tenants.a, "tokens", 1_000)
+    await budgets.set_budget(pool, tenants.a, "tokens", 300, task_id=task)
+    await operations.reserve(pool, tenants.a, task, "a", "llm", {}, cost={"tokens": 300})
+    with pytest.raises(BudgetExceeded) as refused:
+        await operations.reserve(pool, tenants.a, task, "b", "llm", {}, cost={"tokens": 1})
+    assert refused.value.remaining == {"tokens": 0}  # the tighter one
+    await operations.reserve(pool, tenants.a, other, "c", "llm", {}, cost={"tokens": 700})
+    by_task = {b.task_id: (b.held, b.limit) for b in await budgets.list_budgets(pool, tenants.a)}
+    assert by_task == {None: (1_000, 1_000), task: (300, 300)}
+    # Another tenant's budget is untouched by all of it.
+    await operations.reserve(
+        pool, tenants.b, await _task(pool, tenants.b), "a", "llm", {}, cost={"tokens": 10**6}
+    )
+
+
+async def test_G19_settling_more_than_was_held_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    await budgets.set_budget(pool, tenants.a, "tokens", 1_000)
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 100})
+    with pytest.raises(InvariantViolation) as refused:
+        await operations.complete(pool, res.operation, cost={"tokens": 101})
+    assert refused.value.constraint == "agent_budget_holds_settled_valid"
+    op = await operations.get(pool, tenants.a, res.operation.id)
+    assert op.state == "reserved"  # nothing was recorded
+    await operations.complete(pool, res.operation, cost={"tokens": 100})  # the control
+
+
+async def test_G19_a_failed_operation_retried_holds_again(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    await budgets.set_budget(pool, tenants.a, "tokens", 1_000)
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 600})
+    await operations.fail(pool, res.operation, "503")
+    again = await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 600})
+    assert again.fresh
+    assert again.operation.attempts == 2
+    [b] = await budgets.list_budgets(pool, tenants.a)
+    assert b.held == 600
+    await operations.fail(pool, again.operation, "503")
+    await operations.reserve(pool, tenants.a, task, "other", "llm", {}, cost={"tokens": 500})
+    with pytest.raises(BudgetExceeded):  # the re-arm needs 600, 500 are left
+        await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 600})
+    op = await operations.get(pool, tenants.a, res.operation.id)
+    assert (op.state, op.attempts) == ("failed", 2)
+
+
+async def test_G19_bad_costs_and_budgets_are_refused_before_the_database(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await _task(pool, tenants.a)
+    for cost in ({"Tokens": 1}, {"tokens": -1}, {"tokens": 1.5}, {"tokens": True}):
+        with pytest.raises(ConfigurationError):
+            await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost=cost)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        await budgets.set_budget(pool, tenants.a, "tokens", 10, period="week")
+    with pytest.raises(ConfigurationError):
+        await budgets.set_rate_limit(pool, tenants.a, "llm", 1, timedelta(0))
+    await operations.reserve(
+        pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 1}
+    )  # no budget: free
+
+
+async def test_G19_a_day_budget_starts_again_in_a_new_window(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    b = await budgets.set_budget(admin_conn, tenants.a, "tokens", 100, period="day")
+    task = await _task(admin_conn, tenants.a)
+    res = await operations.reserve(
+        admin_conn, tenants.a, task, "k", "llm", {}, cost={"tokens": 100}
+    )
+    await operations.complete(admin_conn, res.operation)
+    with pytest.raises(BudgetExceeded):
+        await operations.reserve(admin_conn, tenants.a, task, "k2", "llm", {}, cost={"tokens": 1})
+    # Yesterday's window (as the owner with the guard off: time cannot be moved otherwise).
+    await admin_conn.execute("SET session_replication_role = replica")
+    await admin_conn.execute(
+        "UPDATE agent_budgets SET window_start = window_start - interval '1 day' WHERE id = $1",
+        b.id,
+    )
+    await admin_conn.execute("SET session_replication_role = origin")
+    await operations.reserve(admin_conn, tenants.a, task, "k2", "llm", {}, cost={"tokens": 100})
+    [now] = await budgets.list_budgets(admin_conn, tenants.a)
+    assert (now.spent, now.held) == (0, 100)
+
+
+# ---- the stateful model ---------------------------------------------------------------
+
+LIMIT = 5_000
+
+
+@dataclass
+class MOp:
+    op: Operation
+    estimate: int
+    state: str = "reserved"
+
+
+@dataclass
+class BudgetModel:
+    spent: int = 0
+    held: int = 0
+    ops: dict[str, MOp] = field(default_factory=dict)
+
+
+def run_budget_machine(h: Harness, *, max_examples: int) -> None:
+    class BudgetMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tenant = uuid.uuid4()
+            h.run(
+                h.admin.execute(
+                    "INSERT INTO agent_tenants (id, name) VALUES ($1, 'b')", self.tenant
+                )
+            )
+            h.run(budgets.set_budget(h.admin, self.tenant, "tokens", LIMIT))
+            self.task = h.run(_task(h.admin, self.tenant))
+            self.m = BudgetModel()
+            self.n = 0
+
+        def _with(self, state: str) -> list[str]:
+            return sorted(k for k, o in self.m.ops.items() if o.state == state)
+
+        @rule(cost=st.integers(0, 2_500), w=st.integers(0, 1))
+        def reserve(self, cost: int, w: int) -> None:
+            self.n += 1
+            key = f"k{self.n}"
+            conn = h.conns[w]
+            if self.m.spent + self.m.held + cost > LIMIT:
+                with pytest.raises(BudgetExceeded) as refused:
+                    h.run(
+                        operations.reserve(
+                            conn, self.tenant, self.task, key, "llm", {}, cost={"tokens": cost}
+                        )
+                    )
+                assert refused.value.remaining == {"tokens": LIMIT - self.m.spent - self.m.held}
+                return
+            res = h.run(
+                operations.reserve(
+                    conn, self.tenant, self.task, key, "llm", {}, cost={"tokens": cost}
+                )
+            )
+            assert res.fresh
+            self.m.held += cost
+            self.m.ops[key] = MOp(res.operation, cost)
+
+        @precondition(lambda self: self._with("reserved") or self._with("unknown"))
+        @rule(data=st.data(), frac=st.floats(0, 1), w=st.integers(0, 1))
+        def complete(self, data: st.DataObject, frac: float, w: int) -> None:
+            key = data.draw(st.sampled_from(self._with("reserved") + self._with("unknown")))
+            o = self.m.ops[key]
+            actual = int(o.estimate * frac)
+            if o.state == "unknown":
+                h.run(
+                    operations.reconcile(
+                        h.conns[w],
+                        o.op,
+                        succeeded=True,
+                        provider_reference="r",
+                        cost={"tokens": actual},
+                    )
+                )
+            else:
+                h.run(operations.complete(h.conns[w], o.op, cost={"tokens": actual}))
+            o.state = "succeeded"
+            self.m.held -= o.estimate
+            self.m.spent += actual
+
+        @precondition(lambda self: self._with("reserved") or self._with("unknown"))
+        @rule(data=st.data(), w=st.integers(0, 1))
+        def fail(self, data: st.DataObject, w: int) -> None:
+            key = data.draw(st.sampled_from(self._with("reserved") + self._with("unknown")))
+            o = self.m.ops[key]
+            if o.state == "unknown":
+                h.run(
+                    operations.reconcile(h.conns[w], o.op, succeeded=False, provider_reference="r")
+                )
+            else:
+                h.run(operations.fail(h.conns[w], o.op, "no"))
+            o.state = "failed"
+            self.m.held -= o.estimate
+
+        @precondition(lambda self: self._with("reserved"))
+        @rule(data=st.data())
+        def unknown(self, data: st.DataObject) -> None:
+            key = data.draw(st.sampled_from(self._with("reserved")))
+            o = self.m.ops[key]
+            o.op = h.run(operations.mark_unknown(h.pool, o.op, error="timeout"))
+            o.state = "unknown"  # still held
+
+        @precondition(lambda self: self._with("failed"))
+        @rule(data=st.data())
+        def retry(self, data: st.DataObject) -> None:
+            key = data.draw(st.sampled_from(self._with("failed")))
+            o = self.m.ops[key]
+            if self.m.spent + self.m.held + o.estimate > LIMIT:
+                with pytest.raises(BudgetExceeded):
+                    h.run(
+                        operations.reserve(
+                            h.pool,
+                            self.tenant,
+                            self.task,
+                            key,
+                            "llm",
+                            {},
+                            cost={"tokens": o.estimate},
+                        )
+                    )
+                return
+            res = h.run(
+                operations.reserve(
+                    h.pool, self.tenant, self.task, key, "llm", {}, cost={"tokens": o.estimate}
+                )
+            )
+            assert res.fresh
+            o.op, o.state = res.operation, "reserved"
+            self.m.held += o.estimate
+
+        @invariant()
+        def the_books_match_the_model_and_the_limit(self) -> None:
+            b = h.run(_books(h.admin, self.tenant))
+            assert b["spent"] + b["held"] <= LIMIT
+            assert (b["spent"], b["held"]) == (self.m.spent, self.m.held)
+            assert (b["holds"], b["settled"]) == (b["held"], b["spent"])
+
+    run_state_machine_as_test(
+        BudgetMachine,
+        settings=settings(
+            max_examples=max_examples,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+
+
+def test_G19_stateful_model_of_reserve_complete_fail_unknown_reconcile(db: Database) -> None:
+    h = Harness(db)
+    try:
+        run_budget_machine(h, max_examples=60)
+    finally:
+        h.close()
+
+
+# ---- rate limits ------------------------------------------------------------------------
+
+
+async def test_G19_a_rate_limit_refuses_the_call_over_it_and_says_when(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    await budgets.set_rate_limit(pool, tenants.a, "chat", 3, timedelta(hours=1))
+    task = await _task(pool, tenants.a)
+    for i in range(3):
+        await operations.reserve(pool, tenants.a, task, f"k{i}", "chat", {})
+    with pytest.raises(RateLimited) as refused:
+        await operations.reserve(pool, tenants.a, task, "k3", "chat", {})
+    assert (refused.value.guarantee, refused.value.action) == ("G19", "chat")
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after > datetime.now(UTC)
+    assert refused.value.retry_after.minute == 0  # the aligned hour
+    # Another action, and another tenant, are not limited by it.
+    await operations.reserve(pool, tenants.a, task, "x", "email", {})
+    await operations.reserve(pool, tenants.b, await _task(pool, tenants.b), "k3", "chat", {})
+    [rl] = await budgets.list_rate_limits(pool, tenants.a)
+    assert (rl.max_calls, rl.used) == (3, 3)
+
+
+async def test_G19_a_global_rate_limit_spans_tenants(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    action = f"provider-{uuid.uuid4().hex[:8]}"
+    await budgets.set_global_rate_limit(pool, action, 2, timedelta(hours=1))
+    await operations.reserve(pool, tenants.a, await _task(pool, tenants.a), "k", action, {})
+    await operations.reserve(pool, tenants.b, await _task(pool, tenants.b), "k", action, {})
+    with pytest.raises(RateLimited):
+        await operations.reserve(pool, tenants.a, await _task(pool, tenants.a), "k2", action, {})
+
+
+def test_G19_a_rate_limit_holds_under_load_from_worker_processes(
+    db: Database, tenants: Tenants
+) -> None:
+    """3 ``agentdb worker`` processes run 40 tasks whose one call is limited to 5 per
+    second: counted from the reservation events per aligned second, never more than 5;
+    the tasks that were held back waited and succeeded without losing an attempt."""
+    asyncio.run(_seed_rated(db, tenants.a, 40))
+    procs = worker_processes(db.url(RUNTIME), "tests.fixture_handlers:RATED", 3, 8)
+    try:
+        result = asyncio.run(_wait_rated(db, tenants.a))
+    finally:
+        errs = stop_workers(procs)
+    assert all(p.returncode == 0 for p in procs), errs
+    per_second, attempts, waits = result
+    assert sum(per_second) == 40
+    assert max(per_second) <= 5, per_second
+    assert waits > 0  # the limit really held tasks back
+    assert attempts == {1}  # ...and none of them lost an attempt to it
+
+
+async def _seed_rated(db: Database, tenant: uuid.UUID, n: int) -> None:
+    conn = await db.connect()
+    try:
+        await budgets.set_rate_limit(conn, tenant, "rated.call", 5, timedelta(seconds=1))
+        for i in range(n):
+            await tasks.create(conn, tenant, "rated", params={"i": i}, max_attempts=2)
+    finally:
+        await conn.close()
+
+
+async def _wait_rated(db: Database, tenant: uuid.UUID) -> tuple[list[int], set[int], int]:
+    conn = await db.connect()
+    try:
+        deadline = time.monotonic() + 120
+        while await conn.fetchval(
+            "SELECT count(*) FROM agent_tasks WHERE tenant_id = $1 AND state <> 'succeeded'", tenant
+        ):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+        per_second = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT count(*) FROM agent_events WHERE tenant_id = $1"
+                " AND event_type = 'operation.reserved' AND payload->>'action' = 'rated.call'"
+                " GROUP BY date_bin(interval '1 second', created_at,"
+                " timestamptz '2000-01-01 00:00:00+00')",
+                tenant,
+            )
+        ]
+        attempts = {
+            r[0]
+            for r in await conn.fetch(
+                "SELECT attempts FROM agent_tasks WHERE tenant_id = $1", tenant
+            )
+        }
+        waits = await conn.fetchval(
+            "SELECT count(*) FROM agent_events"
+            " WHERE tenant_id = $1 AND event_type = 'task.rate_limited'",
+            tenant,
+        )
+        return per_second, attempts, waits
+    finally:
+        await conn.close()
+
+
+async def test_G19_retention_purges_the_books_of_what_it_purges(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Settled holds and a finished task's budget do not block the purge (G9): they go
+    with their operation and task; an open hold keeps its operation."""
+    conn = admin_conn
+    budget = await budgets.set_budget(conn, tenants.a, "tokens", 1_000)
+    old = datetime.now(UTC) - timedelta(days=90)
+    # Rows past every retention, as they are after their events expired: written with
+    # the guards off, since no writer may backdate them otherwise.
+    await conn.execute("SET session_replication_role = replica")
+    task = await F.insert(conn, "agent_tasks", F.task_row(tenants.a, state="succeeded",
+                                                         updated_at=old))  # fmt: skip
+    done = await F.insert(conn, "agent_operations", F.operation_row(
+        tenants.a, task, state="succeeded", updated_at=old))  # fmt: skip
+    open_ = await F.insert(conn, "agent_operations", F.operation_row(
+        tenants.a, task, state="unknown", updated_at=old))  # fmt: skip
+    for op, state, settled in ((done, "settled", 40), (open_, "held", None)):
+        await conn.execute(
+            "INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id, unit,"
+            " amount, state, settled) VALUES ($1, $2, 1, $3, 'tokens', 50, $4, $5)",
+            tenants.a, op, budget.id, state, settled,
+        )  # fmt: skip
+    await conn.execute("SET session_replication_role = origin")
+    ages = {"operations": timedelta(days=30), "tasks": timedelta(days=30)}
+    await retention.purge(conn, ages=ages, classes=("operations",))
+    left = {r[0] for r in await conn.fetch(
+        "SELECT operation_id FROM agent_budget_holds WHERE tenant_id = $1", tenants.a)}  # fmt: skip
+    assert left == {open_}  # the settled hold went with its operation; the open one stays
+    assert await conn.fetchval(
+        "SELECT array_agg(id) FROM agent_operations WHERE tenant_id = $1", tenants.a
+    ) == [open_]
+    # A finished task's own budget goes with the task, once its operations are gone.
+    await conn.execute("SET session_replication_role = replica")
+    await conn.execute("DELETE FROM agent_budget_holds WHERE tenant_id = $1", tenants.a)
+    await conn.execute("DELETE FROM agent_operations WHERE tenant_id = $1", tenants.a)
+    await conn.execute("SET session_replication_role = origin")
+    await budgets.set_budget(conn, tenants.a, "tokens", 100, task_id=task)
+    await retention.purge(conn, ages=ages, classes=("tasks",))
+    assert [b.task_id for b in await budgets.list_budgets(conn, tenants.a)] == [None]
+    assert await conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", task) == 0
