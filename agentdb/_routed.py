@@ -385,8 +385,10 @@ async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None
         )  # fmt: skip
         if fence is not None and not fence["ok"]:
             return None
-        # No such task in this tenant: the insert's foreign key refuses it
-        # (TenantMismatch), as it does the one-statement form.
+        if fence is None and params["lease_owner"] is not None:
+            return None  # no such task to hold a lease on: the caller says NotFound
+        # No such task in this tenant (and no lease to check): the insert's
+        # foreign key refuses it (TenantMismatch), as it does the one-statement form.
         row = await _db.fetch_optional(
             conn, _Q["routed_operation_insert"], tenant_id=tenant, id=params["id"],
             task_id=params["task_id"], idempotency_key=params["idempotency_key"],

@@ -68,7 +68,9 @@ def cost_args(cost: Cost | None) -> dict[str, list[Any] | None]:
         return {"units": None, "amounts": None}
     units: list[str] = []
     amounts: list[int] = []
-    for unit, amount in cost.items():
+    # Sorted: the reserve locks the budgets in its units' order, and two
+    # reservations naming the same units must take those locks in one order.
+    for unit, amount in sorted(cost.items(), key=lambda item: str(item[0])):
         if not isinstance(unit, str) or _UNIT.fullmatch(unit) is None:
             raise ConfigurationError(f"cost unit {unit!r} is not a lower-case identifier")
         if isinstance(amount, bool) or not isinstance(amount, int):

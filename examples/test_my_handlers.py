@@ -91,6 +91,7 @@ async def test_a_worker_killed_at_any_step_charges_once(agentdb_db: Database) ->
     # and the provider must have charged exactly as often as without a crash.
     report = await crash_test(agentdb_db, HANDLERS, [("send_invoice", {"invoice": 7})], payments)
     assert report.ok, report
+    assert not report.not_reached, report  # every step was crashed at, none left out
 
 
 @pytest.mark.asyncio

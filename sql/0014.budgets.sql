@@ -150,6 +150,12 @@ BEGIN
         RAISE EXCEPTION 'agentdb: a budget''s tenant, id, task and unit never change'
             USING ERRCODE = 'AG010', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
     END IF;
+    -- Switching the period would start a new window: a refund by another name.
+    IF NEW.period IS DISTINCT FROM OLD.period AND (OLD.spent > 0 OR OLD.held > 0) THEN
+        RAISE EXCEPTION 'agentdb: budget % has % spent and % held; its period changes only '
+                        'while both are 0', NEW.id, OLD.spent, OLD.held
+            USING ERRCODE = 'AG010', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+    END IF;
     IF NEW.period IS DISTINCT FROM OLD.period OR OLD.window_start < current_window THEN
         -- A new window (or a new kind of window): spending starts again.
         IF NEW.spent IS NOT DISTINCT FROM OLD.spent THEN
@@ -413,8 +419,11 @@ REVOKE EXECUTE ON PROCEDURE agentdb_distribute_0013(integer) FROM PUBLIC;
 -- foreign keys (RESTRICT, G17) would refuse the purge. So the books of what
 -- the purge is about to take go first, by the same rules (settled or failed
 -- operations, finished tasks, older than the class's age, nothing else
--- referring to them), at most p_batch rows each. An open hold is never
--- purged: its operation is unsettled and the purge does not take it.
+-- referring to them). Not at most p_batch: the purge takes any p_batch of
+-- the eligible rows, so the books of every eligible one go (a bounded step
+-- that took other rows' books would leave the purge a row it may not
+-- delete, and fail on it run after run). An open hold is never purged: its
+-- operation is unsettled and the purge does not take it.
 CREATE FUNCTION agentdb_purge_books(p_tenant uuid, p_kind text, p_batch integer,
                                     p_older_than interval)
     RETURNS void
@@ -429,7 +438,9 @@ BEGIN
               AND op.state IN ('succeeded', 'failed') AND op.updated_at <= now() - p_older_than
               AND NOT EXISTS (SELECT 1 FROM agent_events e
                               WHERE e.tenant_id = op.tenant_id AND e.operation_id = op.id)
-            LIMIT p_batch FOR UPDATE OF h SKIP LOCKED)
+              AND NOT EXISTS (SELECT 1 FROM agent_artifacts a
+                              WHERE a.tenant_id = op.tenant_id AND a.operation_id = op.id)
+            FOR UPDATE OF h SKIP LOCKED)
         DELETE FROM agent_budget_holds h USING v
         WHERE h.tenant_id = v.tenant_id AND h.operation_id = v.operation_id;
     ELSIF p_kind = 'tasks' THEN
@@ -439,9 +450,15 @@ BEGIN
             WHERE (p_tenant IS NULL OR b.tenant_id = p_tenant) AND b.held = 0
               AND k.state IN ('succeeded', 'failed', 'cancelled', 'dead')
               AND k.updated_at <= now() - p_older_than
+              AND NOT EXISTS (SELECT 1 FROM agent_events e
+                              WHERE e.tenant_id = k.tenant_id AND e.task_id = k.id)
               AND NOT EXISTS (SELECT 1 FROM agent_operations op
                               WHERE op.tenant_id = k.tenant_id AND op.task_id = k.id)
-            LIMIT p_batch FOR UPDATE OF b SKIP LOCKED)
+              AND NOT EXISTS (SELECT 1 FROM agent_outbox ob
+                              WHERE ob.tenant_id = k.tenant_id AND ob.task_id = k.id)
+              AND NOT EXISTS (SELECT 1 FROM agent_artifacts a
+                              WHERE a.tenant_id = k.tenant_id AND a.task_id = k.id)
+            FOR UPDATE OF b SKIP LOCKED)
         DELETE FROM agent_budgets b USING v WHERE b.tenant_id = v.tenant_id AND b.id = v.id;
     END IF;
 END

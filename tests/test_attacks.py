@@ -1409,6 +1409,13 @@ CASES: list[Case] = [
         budget_change({}, unit="other"),
         label="unit-rebound",
     ),
+    Case(
+        "agent_budgets_guard",
+        "AG010",
+        budget_change({}, period="day"),
+        budget_change({"spent": 5}, period="day"),
+        label="period-switch-refunds",
+    ),
     Case("agent_budget_holds_pkey", "23505", hold(), seq(hold(attempt=3), hold(attempt=3))),
     Case(
         "agent_budget_holds_operation_fkey",

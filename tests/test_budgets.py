@@ -554,3 +554,46 @@ async def test_G19_retention_purges_the_books_of_what_it_purges(
     await retention.purge(conn, ages=ages, classes=("tasks",))
     assert [b.task_id for b in await budgets.list_budgets(conn, tenants.a)] == [None]
     assert await conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", task) == 0
+
+
+async def test_G19_retention_of_many_settled_operations_in_small_batches(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """More purgeable operations with books than one batch: every batch finds the books
+    of whatever operations it takes gone. (The books step takes the books of every
+    purgeable operation: one bounded apart from the purge could take other operations'
+    books than the purge takes - plan order decides - and the purge would then fail.)"""
+    conn = admin_conn
+    budget = await budgets.set_budget(conn, tenants.a, "tokens", 1_000_000)
+    old = datetime.now(UTC) - timedelta(days=90)
+    await conn.execute("SET session_replication_role = replica")
+    task = await F.insert(conn, "agent_tasks", F.task_row(tenants.a, state="succeeded",
+                                                         updated_at=old))  # fmt: skip
+    ops = [
+        await F.insert(
+            conn,
+            "agent_operations",
+            F.operation_row(tenants.a, task, state="succeeded", updated_at=old),
+        )
+        for _ in range(7)
+    ]
+    # The books in the opposite order to the operations: a step that took "the
+    # first" books would take other operations' than the purge takes.
+    for op in reversed(ops):
+        for attempt in (1, 2):  # two attempts' books per operation
+            await conn.execute(
+                "INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id,"
+                " unit, amount, state, settled) VALUES ($1, $2, $3, $4, 'tokens', 5, 'settled', 5)",
+                tenants.a, op, attempt, budget.id,
+            )  # fmt: skip
+    await conn.execute("SET session_replication_role = origin")
+    report = await retention.purge(
+        conn, batch=2, ages={"operations": timedelta(days=30)}, classes=("operations",)
+    )
+    assert report.removed["operations"] == 7
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM agent_budget_holds WHERE tenant_id = $1", tenants.a
+        )
+        == 0
+    )

@@ -54,7 +54,7 @@ __all__ = [
 ROLE_LOCK = 0x61_67_65_6E_74_64_62
 
 #: The session runs on Citus (see the module's docstring).
-ON_CITUS = bool(os.environ.get(ON_CITUS_ENV))
+ON_CITUS = os.environ.get(ON_CITUS_ENV, "") not in ("", "0")
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,7 @@ def test_worker_and_relay_run_on_citus(citus: Cluster) -> None:
     assert "OK: every effect once" in run.stdout
 
 
+@pytest.mark.timeout(1800)  # nine workloads through the coordinator
 def test_chaos_quick_on_citus(citus: Cluster) -> None:
     """`make chaos-quick` against the cluster: every fault point armed in turn, then a
     soak with SIGKILLs from outside; the figures come from the database."""
