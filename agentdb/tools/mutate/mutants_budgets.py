@@ -12,6 +12,24 @@ ATTACK = ATTACKS + "::test_attack_is_refused"
 
 MUTANTS: tuple[Mutant, ...] = (
     m(
+        "budget-period-switch-refunds",
+        BUDGETS,
+        "    IF NEW.period IS DISTINCT FROM OLD.period AND (OLD.spent > 0 OR OLD.held > 0) THEN",
+        "    IF false THEN",
+        (ATTACK,),
+        "agentdb_guard_budget: switching the period of a spent budget starts it again at 0",
+    ),
+    m(
+        "budget-books-batched-apart",
+        BUDGETS,
+        "                              WHERE a.tenant_id = op.tenant_id AND a.operation_id = op.id)\n"
+        "            FOR UPDATE OF h SKIP LOCKED)",
+        "                              WHERE a.tenant_id = op.tenant_id AND a.operation_id = op.id)\n"
+        "            LIMIT 1 FOR UPDATE OF h SKIP LOCKED)",
+        (TESTS + "::test_G19_retention_of_many_settled_operations_in_small_batches",),
+        "agentdb_purge_books: the books of one operation per step, whatever the purge takes",
+    ),
+    m(
         "budget-check-ignores-held",
         BUDGETS,
         "    CONSTRAINT agent_budgets_within_limit CHECK (spent + held <= limit_amount)",
