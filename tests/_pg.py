@@ -65,7 +65,10 @@ def constraint_of(exc: BaseException) -> str | None:
     """The constraint a raw database error names, as agentdb's mapping reads it."""
     from agentdb import _db
 
-    return getattr(_db.translate(exc), "constraint", None)
+    mapped = _db.translate(exc)
+    if mapped is exc:  # not one agentdb maps: what the server said, if it said it
+        return getattr(exc, "constraint_name", None)
+    return getattr(mapped, "constraint", None)
 
 
 def query_args(dsn: str) -> dict[str, str]:

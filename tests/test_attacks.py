@@ -40,6 +40,9 @@ PARTITION_COLUMN = "0A000"
 # "could not commit transaction for shard ..." (XX000): refused, not typed.
 FAILED_COMMIT = "XX000"
 ABSENT = "absent"
+# Global rate limits cannot be single-shard: on a distributed schema their
+# table refuses every row (agent_global_rate_limits_local_only).
+NO_GLOBAL_LIMITS = "no-global-limits"
 
 NOW = datetime.now(UTC)
 PAST = NOW - timedelta(days=1)
@@ -1476,30 +1479,35 @@ CASES: list[Case] = [
         "23505",
         global_rate(),
         seq(global_rate(action=_TENANT_A_ACTION), global_rate(action=_TENANT_A_ACTION)),
+        citus=NO_GLOBAL_LIMITS,
     ),
     Case(
         "agent_global_rate_limits_action_valid",
         "23514",
         global_rate(),
         global_rate(action=""),
+        citus=NO_GLOBAL_LIMITS,
     ),
     Case(
         "agent_global_rate_limits_per_valid",
         "23514",
         global_rate(per=timedelta(hours=1)),
         global_rate(per=timedelta(days=-1)),
+        citus=NO_GLOBAL_LIMITS,
     ),
     Case(
         "agent_global_rate_limits_used_valid",
         "23514",
         global_rate(used=0),
         global_rate(max_calls=-1),
+        citus=NO_GLOBAL_LIMITS,
     ),
     Case(
         "agent_global_rate_limits_within_limit",
         "23514",
         global_rate(max_calls=1, used=1),
         global_rate(max_calls=1, used=2),
+        citus=NO_GLOBAL_LIMITS,
     ),
     Case("agent_operations_rate_limit", "AG011", _calls(3, 3), _calls(3, 4)),
     Case("agent_operations_rate_limit", "AG011", _calls(1, 0), _calls(0, 1), label="paused"),
@@ -1532,6 +1540,11 @@ async def test_attack_is_refused(
             "SELECT count(*) FROM pg_constraint WHERE conname = $1", case.name
         )
         assert gone == 0, f"{case.name} exists on Citus: attack it there too"
+        return
+    if _pg.ON_CITUS and case.citus == NO_GLOBAL_LIMITS:
+        with pytest.raises(asyncpg.CheckViolationError) as refused:
+            await case.good(conn, ctx)  # even the positive control
+        assert _pg.constraint_of(refused.value) == "agent_global_rate_limits_local_only"
         return
     if case.role == "replica":
         # Switches off triggers (guards and FK checks alike) for this session:
