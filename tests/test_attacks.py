@@ -1542,9 +1542,9 @@ async def test_attack_is_refused(
         assert gone == 0, f"{case.name} exists on Citus: attack it there too"
         return
     if _pg.ON_CITUS and case.citus == NO_GLOBAL_LIMITS:
-        with pytest.raises(asyncpg.CheckViolationError) as refused:
+        with pytest.raises(asyncpg.CheckViolationError) as local_only:
             await case.good(conn, ctx)  # even the positive control
-        assert _pg.constraint_of(refused.value) == "agent_global_rate_limits_local_only"
+        assert _pg.constraint_of(local_only.value) == "agent_global_rate_limits_local_only"
         return
     if case.role == "replica":
         # Switches off triggers (guards and FK checks alike) for this session:
