@@ -19,7 +19,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "routed-transition-no-token",
         ROUTED_SQL,
         "  AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))\nRETURNING t.id,",
-        "  AND ($9::text IS NULL OR t.lease_owner = $9)\nRETURNING t.id,",
+        "  AND ($9::text IS NULL OR (t.lease_owner = $9 AND $10::int8 IS NOT NULL))\nRETURNING t.id,",
         (FENCES, TASKS),
         "routed_transition: a holder whose lease was taken over (same owner name) still writes",
         citus=True,
@@ -29,7 +29,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ROUTED_SQL,
         "WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3\n"
         "  AND ($9::text IS NULL OR (t.lease_owner = $9",
-        "WHERE t.tenant_id = $1 AND t.id = $2\n  AND ($9::text IS NULL OR (t.lease_owner = $9",
+        "WHERE t.tenant_id = $1 AND t.id = $2 AND $3::int8 IS NOT NULL\n"
+        "  AND ($9::text IS NULL OR (t.lease_owner = $9",
         (TASKS, FENCES),
         "routed_transition: a stale expected_version still moves the task",
         citus=True,
@@ -39,7 +40,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ROUTED_SQL,
         "       ($3::text IS NULL OR (t.state = 'running' AND t.lease_owner = $3\n"
         "                             AND t.lease_token = $4)) AS ok",
-        "       true AS ok",
+        "       ($3::text IS NULL OR $4::int8 IS NOT NULL OR true) AS ok",
         (FENCES, OPERATIONS),
         "routed_operation_fence: a reservation under a lost lease is accepted",
         citus=True,
@@ -48,7 +49,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "routed-settle-no-lease",
         ROUTED_SQL,
         "        AND t.lease_owner = $9 AND t.lease_token = $10\n      FOR SHARE))",
-        "        AND t.lease_owner = $9\n      FOR SHARE))",
+        "        AND t.lease_owner = $9 AND $10::int8 IS NOT NULL\n      FOR SHARE))",
         (FENCES, OPERATIONS),
         "routed_operation_settle: a settle under a taken-over lease is accepted",
         citus=True,
@@ -57,7 +58,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "routed-settle-no-version",
         ROUTED_SQL,
         "WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)",
-        "WHERE o.tenant_id = $1 AND o.id = $2 AND o.state = ANY ($4)",
+        "WHERE o.tenant_id = $1 AND o.id = $2 AND $3::int8 IS NOT NULL AND o.state = ANY ($4)",
         (OPERATIONS, FENCES),
         "routed_operation_settle: a stale expected_version still settles",
         citus=True,
@@ -69,7 +70,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  AND t.lease_owner = $3 AND t.lease_token = $4\n"
         "RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wake_at,",
         "WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'\n"
-        "  AND t.lease_owner = $3\n"
+        "  AND t.lease_owner = $3 AND $4::int8 IS NOT NULL\n"
         "RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wake_at,",
         (FENCES, T + "test_leases.py"),
         "routed_release: a taken-over holder releases the new holder's lease",
