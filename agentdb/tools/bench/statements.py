@@ -15,7 +15,7 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, LiteralString, TypeAlias
 
 from agentdb import _db, leases, operations, tasks
 from agentdb.models import Lease, Operation
@@ -162,11 +162,35 @@ async def _reserve_raw(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
         s.raw_rows.append(rows[0])
 
 
+_PENDING_CLAIMS: LiteralString = (
+    "SELECT EXISTS (SELECT 1 FROM agent_tasks WHERE task_type = 'claim' AND state = 'pending'"
+    " AND wake_at <= now() AND attempts < max_attempts)"
+)
+
+
+async def _dry(conn: _db.Conn) -> None:
+    """Raise when no ``claim`` task is left pending; return when an empty claim was contention.
+
+    Zero rows from a claim is a legal answer while work remains: every due
+    task the walk offered may be locked by other claimers at that instant
+    (SKIP LOCKED), most often near the end of a tenant's backlog. Only an
+    empty queue is the bench's own fault.
+
+    Raises:
+        RuntimeError: no pending ``claim`` task is left.
+    """
+    if not await conn.fetchval(_PENDING_CLAIMS):
+        raise RuntimeError("the claim queue ran dry")
+
+
 async def _claim_helper(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
-    for _ in range(n):
+    done = 0
+    while done < n:
         got = await leases.claim(conn, s.owner, batch=1, lease_ttl=HOUR, task_types=["claim"])
-        if len(got) != 1:
-            raise RuntimeError("the claim queue ran dry")
+        if got:
+            done += 1
+        else:
+            await _dry(conn)
 
 
 async def _claim_raw(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
@@ -177,12 +201,15 @@ async def _claim_raw(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
             "after_tenant": None,
         }
     )  # fmt: skip
-    for _ in range(n):
+    done = 0
+    while done < n:
         rows = await conn.fetch(q.sql, *args)
         if not rows:  # the helper's one look more under contention (leases.claim)
             rows = await conn.fetch(q.sql, *args)
-        if len(rows) != 1:
-            raise RuntimeError("the claim queue ran dry")
+        if rows:
+            done += 1
+        else:
+            await _dry(conn)
 
 
 async def _complete_helper(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
