@@ -10,6 +10,7 @@ Postgres sends is one line on stderr.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import subprocess
@@ -137,6 +138,27 @@ def test_every_migration_has_a_rollback_and_a_linear_dependency() -> None:
         assert (folder / f"{current}.rollback.sql").is_file(), current
         depends = re.findall(r"^-- depends: (.+)$", text, flags=re.M)
         assert depends == ([] if previous is None else [previous]), current
+
+
+_VERSION = re.compile(
+    r"FUNCTION agentdb_schema_version\(\) RETURNS text.*?SELECT '([^']+)'::text", re.S
+)
+
+
+def test_each_migration_names_itself_in_the_version_function_and_its_rollback_the_last() -> None:
+    """A worker refuses a schema whose agentdb_schema_version() is not the newest id it
+    knows: a migration that forgets to replace it stops every worker after `migrate`."""
+    ids = migrate.migration_ids()
+    folder = migrate.migrations_dir()
+    first = next(i for i in ids if _VERSION.search((folder / f"{i}.sql").read_text()))
+    for previous, current in itertools.pairwise(ids):
+        if ids.index(current) < ids.index(first):
+            continue
+        forward = _VERSION.findall((folder / f"{current}.sql").read_text())
+        assert forward[-1:] == [current], current
+        if current != first:
+            back = _VERSION.findall((folder / f"{current}.rollback.sql").read_text())
+            assert back[-1:] == [previous], current
 
 
 def test_migrations_never_hard_code_a_schema() -> None:

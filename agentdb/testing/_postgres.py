@@ -202,8 +202,9 @@ def create_database(
         _on_every_node(server, make)
         if server.citus and template is None:
             _join_cluster(server, name)
-        elif server.citus:
+        elif server.citus and template is not None:
             _allow_connections(server, name, True)  # the sealed template's clone may be used
+            _copy_settings(server, template, name)
     except BaseException:
         _drop(server, created, name)
         raise
@@ -275,6 +276,25 @@ def _allow_connections(server: Server, name: str, allow: bool) -> None:
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
                     (name,),
                 )
+
+
+def _copy_settings(server: Server, template: str, name: str) -> None:
+    """Give the clone the template's database defaults (CREATE DATABASE does not copy them):
+    on Citus, ``agentdb migrate --citus`` sets one there (see agentdb.migrate)."""
+    with admin(_maintenance(server, server.admin_dsn)) as conn:
+        rows = conn.execute(
+            "SELECT unnest(s.setconfig) FROM pg_db_role_setting s"
+            " JOIN pg_database d ON d.oid = s.setdatabase"
+            " WHERE d.datname = %s AND s.setrole = 0",
+            (template,),
+        ).fetchall()
+        for (setting,) in rows:
+            key, _, value = setting.partition("=")
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                    sql.Identifier(name), sql.Identifier(*key.split(".")), sql.Literal(value)
+                )
+            )
 
 
 _sealed: set[tuple[str, str]] = set()

@@ -11,6 +11,7 @@ collecting this folder unless the variable is set).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -54,15 +55,12 @@ def _at(dsn: str, host: str, port: int, dbname: str) -> str:
     return f"{scheme}://{creds + '@' if creds else ''}{host}:{port}/{path}"
 
 
-@pytest.fixture(scope="session")
-def citus() -> Iterator[Cluster]:
-    base = os.environ.get(ENV)
-    if not base:
-        pytest.exit(f"{ENV} is not set: point it at a Citus coordinator database", returncode=2)
+@contextlib.contextmanager
+def fresh_database(base: str, prefix: str = "agentdb_ct") -> Iterator[Cluster]:
+    """A new, empty database on the coordinator of ``base`` and on every worker, with
+    citus installed and the workers registered; dropped on every node at the end."""
     workers = _nodes(base)
-    if not workers:
-        pytest.exit(f"{ENV}: no active Citus workers are registered there", returncode=2)
-    name = f"agentdb_ct_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     coord = _pg.with_db(base, name)
     nodes = [coord, *(_at(base, h, p, name) for h, p in workers)]
     created: list[str] = []
@@ -78,11 +76,6 @@ def citus() -> Iterator[Cluster]:
             conn.execute("SELECT citus_set_coordinator_host(%s, %s)", (host, int(port)))
             for h, p in workers:
                 conn.execute("SELECT citus_add_node(%s, %s)", (h, p))
-        migrate.migrate(coord, citus=True)
-        with _pg.admin(coord) as conn:
-            # Citus connects to the workers as the same login: each must log in there.
-            _pg.ensure_role(conn, "agentdb_ct_runtime", member_of="agentdb_runtime")
-            _pg.ensure_role(conn, "agentdb_ct_agent", member_of="agentdb_agent")
         yield Cluster(coord, tuple(nodes[1:]))
     finally:
         for url in reversed(created):
@@ -90,6 +83,22 @@ def citus() -> Iterator[Cluster]:
                 conn.execute(
                     sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
                 )
+
+
+@pytest.fixture(scope="session")
+def citus() -> Iterator[Cluster]:
+    base = os.environ.get(ENV)
+    if not base:
+        pytest.exit(f"{ENV} is not set: point it at a Citus coordinator database", returncode=2)
+    if not _nodes(base):
+        pytest.exit(f"{ENV}: no active Citus workers are registered there", returncode=2)
+    with fresh_database(base) as cluster:
+        migrate.migrate(cluster.dsn, citus=True)
+        with _pg.admin(cluster.dsn) as conn:
+            # Citus connects to the workers as the same login: each must log in there.
+            _pg.ensure_role(conn, "agentdb_ct_runtime", member_of="agentdb_runtime")
+            _pg.ensure_role(conn, "agentdb_ct_agent", member_of="agentdb_agent")
+        yield cluster
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import asyncpg
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -29,7 +30,7 @@ from agentdb.errors import (
 from agentdb.models import Message, Reservation
 from agentdb.tools.audit import api as audit
 from tests import _pg
-from tests.citus.conftest import Cluster, Three
+from tests.citus.conftest import Cluster, Three, fresh_database
 
 T = TypeVar("T")
 NIL = uuid.UUID(int=0)
@@ -118,6 +119,73 @@ def test_migrate_citus_without_the_extension_is_one_line(citus: Cluster) -> None
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+def test_migrate_citus_sets_the_database_defaults_its_connections_need(citus: Cluster) -> None:
+    """Shard hiding off (with it asyncpg's type lookup on each new connection takes about a
+    second, many with several at once) and one executor connection per worker node."""
+    with _pg.admin(citus.dsn) as conn:  # a new session: it starts from the database defaults
+        got = conn.execute(
+            "SELECT current_setting('citus.override_table_visibility'),"
+            " current_setting('citus.max_adaptive_executor_pool_size')"
+        ).fetchone()
+    assert got == ("off", "1")
+
+
+_COUNTS = """SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_events),
+    (SELECT count(*) FROM agent_operations), (SELECT count(*) FROM agent_outbox),
+    (SELECT count(*) FROM agent_budget_holds), (SELECT count(*) FROM agent_inbox)"""
+_DISABLED = """SELECT count(*) FILTER (WHERE t.tgenabled = 'D'), count(*)
+    FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+    WHERE c.relname LIKE 'agent\\_%' AND NOT t.tgisinternal"""
+
+
+def _demo(dsn: str) -> None:
+    run = _cli(
+        "demo", "--dsn", dsn, "--tasks", "12", "--tenants", "2", "--workers", "1",
+        "--relays", "1", "--kill-every", "0", "--seed", "3",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Cluster) -> None:
+    """An installation moving to Citus: its rows are copied into the shards without the
+    triggers failing on the workers, and every trigger is back on afterwards."""
+    with fresh_database(citus.dsn, "agentdb_cp") as fresh:
+        plain = _cli("migrate", "--dsn", fresh.dsn)
+        assert plain.returncode == 0, plain.stderr
+        _demo(fresh.dsn)  # tasks, events, operations, holds, outbox and inbox rows
+        with _pg.admin(fresh.dsn) as conn:
+            before = conn.execute(_COUNTS).fetchone()
+        assert before is not None
+        assert min(before) > 0, before
+
+        run = _cli("migrate", "--citus", "--dsn", fresh.dsn)
+        assert run.returncode == 0, run.stderr
+
+        with _pg.admin(fresh.dsn) as conn:
+            assert conn.execute(_COUNTS).fetchone() == before
+            assert conn.execute(
+                "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'agent_%'"
+            ).fetchone() == (15,)
+            off, total = conn.execute(_DISABLED).fetchone() or (None, None)
+            assert (off, total is not None and total > 0) == (0, True)
+            tenant, task = conn.execute(
+                "SELECT tenant_id, id FROM agent_tasks WHERE state = 'succeeded' LIMIT 1"
+            ).fetchone() or (None, None)
+            # The guards run on the shards: a finished task stays finished.
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute(
+                    "UPDATE agent_tasks SET state = 'pending' WHERE tenant_id = %s AND id = %s",
+                    (tenant, task),
+                )
+            assert refused.value.sqlstate == "AG001"
+        for worker in fresh.workers:
+            with _pg.admin(worker) as conn:
+                conn.execute("SET citus.override_table_visibility = off")  # see the shards
+                off, total = conn.execute(_DISABLED).fetchone() or (None, None)
+                assert (off, total is not None and total > 0) == (0, True)
+        _demo(fresh.dsn)  # the positive control: the same work on the distributed tables
 
 
 async def test_a_task_cycle_commits_on_one_worker_without_2pc(
