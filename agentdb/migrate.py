@@ -39,6 +39,7 @@ import psycopg
 from psycopg import sql
 
 from agentdb import __version__, _dsn
+from agentdb import _migrate_citus as _citus
 from agentdb._db.pool import pooler_mode
 from agentdb.errors import ConfigurationError, DatabaseUnavailable, MigrationError
 from agentdb.schema import migration_ids, migration_sql, migrations_dir
@@ -371,7 +372,7 @@ def _step(s: _Session, mid: str, direction: Direction) -> bool:
     body = migration_sql(mid, rollback=direction == "rollback")
     with _transaction(s):
         # On Citus DDL reaches every shard: keep the triggers, one shard at a time.
-        s.conn.execute(_CITUS_DDL)
+        s.conn.execute(_citus.DDL_SETTINGS)
         applied = _applied(s)  # again: another run may have moved on while this one waited
         if (mid in applied) if direction == "apply" else (mid not in applied):
             return False
@@ -452,7 +453,7 @@ def migrate(
     with _session(
         dsn, schema, pooler, create=create_schema, lock_timeout=lock_timeout, notify=notify
     ) as s:
-        if citus and s.conn.execute(_HAS_CITUS).fetchone() is None:
+        if citus and s.conn.execute(_citus.HAS_CITUS).fetchone() is None:
             raise MigrationError(
                 f"--citus: the citus extension is not installed in {s.where} (CREATE "
                 "EXTENSION citus on every node, then citus_add_node each worker)"
@@ -464,62 +465,11 @@ def migrate(
                     s.conn.execute("CALL agentdb_distribute()")
             except psycopg.Error as exc:
                 raise MigrationError(_failure(s, "agentdb_distribute()", "apply", exc)) from exc
-            _citus_defaults(s)
+            try:
+                _citus.set_defaults(s.conn, s.where, s.notify)
+            except psycopg.Error as exc:
+                raise MigrationError(_failure(s, "ALTER DATABASE ... SET", "apply", exc)) from exc
         return applied
-
-
-def _citus_defaults(s: _Session) -> None:
-    """Set this database's defaults for agentdb's sessions on Citus (re-runnable).
-
-    ``citus.override_table_visibility = off``: Citus hides shard tables from
-    applications by filtering every pg_class scan through
-    relation_is_a_known_shard(), and asyncpg's type lookup (on each new
-    connection, for int8[], uuid[] and the like) then takes about a second
-    instead of milliseconds - many seconds with several connections starting
-    at once, long enough for a restarted worker to be killed again before its
-    first claim. ``citus.max_adaptive_executor_pool_size = 1``: the few
-    multi-shard statements agentdb runs (the claim's tenant probes, status)
-    are small, and opening up to 16 connections per worker node for each of
-    them in a new session costs more than the statement. Database defaults,
-    not session settings, because the pool's RESET ALL after each use would
-    undo a SET. Without the privilege (database owner) the run goes on and
-    says what to run.
-    """
-    stmts = [
-        sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-            sql.Identifier(s.conn.info.dbname), sql.SQL(name), sql.Literal(value)
-        )
-        for name, value in _CITUS_DEFAULTS
-    ]
-    row = s.conn.execute(_MAY_ALTER_DATABASE).fetchone()
-    if row is None or not row[0]:
-        todo = "; ".join(stmt.as_string(s.conn) for stmt in stmts)
-        s.notify(
-            f"not the owner of {s.where}: run {todo} as its owner (agentdb's connections "
-            "start slowly on Citus without them)"
-        )
-        return
-    try:
-        with _transaction(s, locked=False):
-            for stmt in stmts:
-                s.conn.execute(stmt)
-    except psycopg.Error as exc:
-        raise MigrationError(_failure(s, "ALTER DATABASE ... SET", "apply", exc)) from exc
-
-
-_CITUS_DEFAULTS: tuple[tuple[LiteralString, str], ...] = (
-    ("citus.override_table_visibility", "off"),
-    ("citus.max_adaptive_executor_pool_size", "1"),
-)
-_MAY_ALTER_DATABASE = """SELECT pg_has_role(d.datdba, 'USAGE')
-        OR (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user)
-    FROM pg_database d WHERE d.datname = current_database()"""
-
-
-_CITUS_DDL = """SELECT set_config('citus.enable_unsafe_triggers', 'on', true),
-    set_config('citus.multi_shard_modify_mode', 'sequential', true)
-    FROM pg_extension WHERE extname = 'citus'"""
-_HAS_CITUS = "SELECT extversion FROM pg_extension WHERE extname = 'citus'"
 
 
 def rollback(

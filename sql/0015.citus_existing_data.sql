@@ -40,6 +40,9 @@ BEGIN
               -- of a TRUNCATE trigger to the shards.
               AND t.tgtype & 5 = 5
               AND NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = c.oid)
+              -- A reference table's shard on the coordinator is listed too
+              -- once shards are visible (citus.override_table_visibility).
+              AND NOT relation_is_a_known_shard(c.oid)
             ORDER BY c.relname, t.tgname
         LOOP
             EXECUTE format('ALTER TABLE %s DISABLE TRIGGER %I', r.rel, r.tgname);

@@ -112,7 +112,8 @@ _SQL = re.compile(r"\bSELECT\s+[\w*(]|\bINSERT INTO\s|\bUPDATE \w+ SET\b|\bDELET
 
 @pytest.mark.parametrize(
     "path",
-    [p for p in _library_modules() if p.name != "migrate.py"],
+    # The migrations (psycopg, yoyo's side) keep their few statements beside their code.
+    [p for p in _library_modules() if p.name not in ("migrate.py", "_migrate_citus.py")],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_the_library_keeps_its_sql_in_statement_files(path: Path) -> None:

@@ -128,6 +128,24 @@ async def test_G12_fenced_out_holder_changes_nothing(
     assert done.state == "succeeded"
 
 
+async def test_G12_a_finished_task_is_never_leased_again(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    first = await tasks.create(pool, tenants.a, "t")
+    [claimed] = await leases.claim(pool, "w1")
+    assert claimed.id == first.id
+    assert claimed.lease is not None
+    await tasks.transition(
+        pool, tenants.a, first.id, expected_version=claimed.state_version,
+        to_state="succeeded", lease=claimed.lease,
+    )  # fmt: skip
+    second = await tasks.create(pool, tenants.a, "t")  # due after the finished one
+    got = await leases.claim(pool, "w2", batch=5)
+    assert [t.id for t in got] == [second.id]  # the positive control: the due one
+    assert await leases.claim(pool, "w3", batch=5) == []
+    assert (await tasks.get(pool, tenants.a, first.id)).state == "succeeded"
+
+
 async def test_G12_release_makes_the_task_due_again_and_refund_keeps_attempts(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

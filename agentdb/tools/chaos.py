@@ -47,7 +47,9 @@ _RATE = {
 }
 
 
-def _scenarios(quick: bool, soak_kills: int, seed: int) -> list[tuple[str, Workload, int]]:
+def _scenarios(
+    quick: bool, soak_kills: int, seed: int, soak_kill_every: float = 0.15
+) -> list[tuple[str, Workload, int]]:
     base = Workload(
         tasks=20 if quick else 40, tenants=3, workers=3, relays=2, kill_every=0,
         lease_ttl=timedelta(seconds=1), max_attempts=200, progress=False, timeout=240, seed=seed,
@@ -62,7 +64,7 @@ def _scenarios(quick: bool, soak_kills: int, seed: int) -> list[tuple[str, Workl
     every = ",".join(f"{p}=0.03" for p in POINTS)
     soak = replace(
         base, tasks=100 if quick else 400, workers=4, worker_faults=every, relay_faults=every,
-        kill_every=0.15, timeout=240 if quick else 780,
+        kill_every=soak_kill_every, timeout=240 if quick else 780,
     )  # fmt: skip
     runs.append(("soak", soak, 0 if quick else soak_kills))
     return runs
@@ -101,7 +103,8 @@ def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace)
     failures = 0
     kills = 0
     started = time.monotonic()
-    for name, w, min_kills in _scenarios(args.quick, args.soak_kills, args.seed):
+    scenarios = _scenarios(args.quick, args.soak_kills, args.seed, args.soak_kill_every)
+    for name, w, min_kills in scenarios:
         print(f"chaos: {name} ...", file=sys.stderr, flush=True)
         runs = 0
         idle = 0
@@ -153,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentdb.tools.chaos", description=__doc__)
     parser.add_argument("--dsn", help="run against this Postgres (default: an embedded one)")
     parser.add_argument("--soak-kills", type=int, default=1000, help="SIGKILLs the soak must reach")
+    parser.add_argument(
+        "--soak-kill-every", type=float, default=0.15,
+        help="mean seconds between the soak's SIGKILLs from outside (default 0.15)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small runs (a smoke test)")
     parser.add_argument("--seed", type=int, default=20261130, help="random seed")
     parser.add_argument("--budget", type=float, default=840.0, help="stop repeating after seconds")

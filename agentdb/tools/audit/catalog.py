@@ -294,6 +294,8 @@ class Catalog:
         return None
 
 
+_HIDE_SHARDS = """SELECT set_config('citus.override_table_visibility', 'on', false)
+    FROM pg_extension WHERE extname = 'citus'"""
 _SIMPLE_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
@@ -328,6 +330,11 @@ def read_only(dsn: str) -> Iterator[psycopg.Connection[Any]]:
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"cannot use {_dsn.redact(dsn)}: {exc}") from exc
     try:
+        # On Citus, shards hidden again (`migrate --citus` shows them to agentdb's
+        # sessions, see agentdb._migrate_citus): the audit reads the tables, not
+        # their shards. Committed, or the rollback below would undo it.
+        conn.execute(_HIDE_SHARDS)
+        conn.commit()
         # Every transaction psycopg opens on this connection is BEGIN READ ONLY:
         # the audit cannot write even by mistake.
         conn.read_only = True
