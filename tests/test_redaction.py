@@ -133,3 +133,56 @@ async def test_G9_payload_over_the_cap_is_refused_and_nothing_is_written(
     assert (await tasks.get(pool, tenants.a, task.id)).state_version == 0
     n = await admin_conn.fetchval("SELECT count(*) FROM agent_events WHERE task_id = $1", task.id)
     assert n == 1  # only the creation event
+
+
+# The walk of agentdb_jsonb_has_secrets without its prefilter: what the CHECK
+# must refuse. The prefilter (0016) may only skip documents this finds clean.
+_WALK = """
+SELECT EXISTS (
+    SELECT 1 FROM jsonb_path_query($1::jsonb, 'strict $.**') AS node (v)
+    WHERE (jsonb_typeof(node.v) = 'object'
+           AND EXISTS (SELECT 1 FROM jsonb_each(node.v) AS kv (key, value)
+                       WHERE agentdb_is_secret_key(kv.key)
+                         AND kv.value <> '"[redacted]"'::jsonb))
+       OR (jsonb_typeof(node.v) = 'string' AND agentdb_is_secret_value(node.v #>> '{}')))
+"""
+_KEY_PARTS = ["access", "refresh", "id", "auth", "session", "api", "private", "x", "Id", "ACCESS"]
+_KEY_PARTS.append("")
+_KEY_GLUE = ["", "_", "-", " "]
+_KEY_TAILS = ["token", "tokens", "Token", "key", "TOKEN_used", "passwd", "cookie", "secret"]
+KEYS = st.builds(
+    lambda a, g, b: a + g + b,
+    st.sampled_from(_KEY_PARTS),
+    st.sampled_from(_KEY_GLUE),
+    st.sampled_from(_KEY_TAILS),
+)
+VALUES = st.one_of(
+    st.integers(0, 10**6),
+    st.sampled_from(["[redacted]", "gpt-x", "tokens", "sk-" + "a" * 20, "Bearer abcdefgh12345678"]),
+)
+DOCS = st.recursive(
+    st.dictionaries(KEYS, VALUES, max_size=3),
+    lambda inner: st.dictionaries(KEYS, st.one_of(VALUES, inner), max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(doc=DOCS)
+async def test_G9_the_prefilter_skips_only_documents_the_walk_finds_clean(
+    doc: dict[str, Any], admin_conn: asyncpg.Connection
+) -> None:
+    text = json.dumps(doc)
+    checked = await admin_conn.fetchval("SELECT agentdb_jsonb_has_secrets($1::jsonb)", text)
+    assert checked == await admin_conn.fetchval(_WALK, text), text
+
+
+async def test_G9_a_cost_in_tokens_is_no_secret(admin_conn: asyncpg.Connection) -> None:
+    costs = ({"cost": {"tokens": 8000}}, {"spent": {"tokens": 5321}, "released": {"tokens": 2679}})
+    for doc in costs:
+        found = await admin_conn.fetchval(
+            "SELECT agentdb_jsonb_has_secrets($1::jsonb)", json.dumps(doc)
+        )
+        assert found is False

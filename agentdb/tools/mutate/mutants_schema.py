@@ -122,11 +122,19 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-secret-prefilter-pem",
-        "sql/0004.events.sql",
-        "private[_-]?key|token|cookie|-----BEGIN|",
-        "private[_-]?key|token|cookie|",
+        "sql/0016.secret_prefilter.sql",  # 0016 replaces agentdb_jsonb_has_secrets (0004's is gone)
+        "(access|refresh|id|auth|session)[_-]?token|cookie|-----BEGIN|",
+        "(access|refresh|id|auth|session)[_-]?token|cookie|",
         (ATTACKS, T + "test_redaction.py"),
         "agentdb_jsonb_has_secrets: the prefilter misses PEM private keys",
+    ),
+    m(
+        "sql-secret-prefilter-token",
+        "sql/0016.secret_prefilter.sql",
+        "private[_-]?key|(access|refresh|id|auth|session)[_-]?token|cookie|-----BEGIN|",
+        "private[_-]?key|(access|refresh|session)[_-]?token|cookie|-----BEGIN|",
+        (ATTACKS, T + "test_redaction.py"),
+        "agentdb_jsonb_has_secrets: the prefilter misses id_token and auth_token keys",
     ),
     m(
         "sql-guard-no-input-hash",
