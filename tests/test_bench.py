@@ -78,6 +78,7 @@ def test_an_unreachable_server_exits_1_with_one_line(capsys: pytest.CaptureFixtu
     assert err.startswith("agentdb bench: cannot connect to postgresql://u:***@127.0.0.1:1/x")
 
 
+@pytest.mark.timeout(900)  # the run's own limit below: 251 s here on a loaded 2-core box
 def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "agentdb.tools.bench", "--quick", "--dsn", pg_server.admin_dsn]

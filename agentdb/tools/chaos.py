@@ -48,7 +48,11 @@ _RATE = {
 
 
 def _scenarios(
-    quick: bool, soak_kills: int, seed: int, soak_kill_every: float = 0.15
+    quick: bool,
+    soak_kills: int,
+    seed: int,
+    soak_kill_every: float = 0.15,
+    soak_timeout: float | None = None,
 ) -> list[tuple[str, Workload, int]]:
     base = Workload(
         tasks=20 if quick else 40, tenants=3, workers=3, relays=2, kill_every=0,
@@ -64,7 +68,7 @@ def _scenarios(
     every = ",".join(f"{p}=0.03" for p in POINTS)
     soak = replace(
         base, tasks=100 if quick else 400, workers=4, worker_faults=every, relay_faults=every,
-        kill_every=soak_kill_every, timeout=240 if quick else 780,
+        kill_every=soak_kill_every, timeout=soak_timeout or (240 if quick else 780),
     )  # fmt: skip
     runs.append(("soak", soak, 0 if quick else soak_kills))
     return runs
@@ -103,7 +107,9 @@ def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace)
     failures = 0
     kills = 0
     started = time.monotonic()
-    scenarios = _scenarios(args.quick, args.soak_kills, args.seed, args.soak_kill_every)
+    scenarios = _scenarios(
+        args.quick, args.soak_kills, args.seed, args.soak_kill_every, args.soak_timeout
+    )
     for name, w, min_kills in scenarios:
         print(f"chaos: {name} ...", file=sys.stderr, flush=True)
         runs = 0
@@ -159,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--soak-kill-every", type=float, default=0.15,
         help="mean seconds between the soak's SIGKILLs from outside (default 0.15)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--soak-timeout", type=float, default=None,
+        help="seconds the soak may take (default 240 with --quick, else 780)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small runs (a smoke test)")
     parser.add_argument("--seed", type=int, default=20261130, help="random seed")
