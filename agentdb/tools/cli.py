@@ -5,7 +5,10 @@ is imported (``agentdb migrate`` never loads the audit or the benchmark), and
 ``agentdb --help`` loads just the small command modules. Bad input and
 unreachable databases end with one line on stderr and a non-zero exit
 status, never a traceback: 2 for bad input, 1 for a database or runtime
-failure, 3 for ``audit --fail-on`` findings, 130 when interrupted.
+failure, 3 for ``audit --fail-on`` findings, 130 when interrupted (Ctrl-C,
+SIGINT), 143 when ended by SIGTERM where the tool turns it into an exception
+(every tool that starts an embedded Postgres does: see
+:mod:`agentdb.tools._signals`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import NoReturn, cast
 
 from agentdb import __version__
 from agentdb.errors import AgentDBError, ConfigurationError
+from agentdb.tools._signals import interrupted
 
 __all__ = ["COMMANDS", "build_parser", "main", "one_line"]
 
@@ -105,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentDBError as exc:
         print(f"agentdb: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
-    except KeyboardInterrupt:
-        print("agentdb: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where the tool raises it
+        how, status = interrupted(exc)
+        print(f"agentdb: {how}", file=sys.stderr)
+        return status
     return code

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import agentdb.tools.bench
 from agentdb.errors import AgentDBError, ConfigurationError
+from agentdb.tools._signals import interrupted
 from agentdb.tools.cli import EXIT_FAILURE, EXIT_USAGE
 
 __all__ = ["add_arguments", "add_bench", "main"]
@@ -61,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m agentdb.tools.bench``: the same as ``agentdb bench``; return the exit status.
 
     Bad input ends with one line on stderr and status 2, a database or runtime
-    failure with status 1, as for ``agentdb``.
+    failure with status 1, Ctrl-C with 130 and SIGTERM with 143, as for ``agentdb``.
     """
     parser = argparse.ArgumentParser(
         prog="python -m agentdb.tools.bench",
@@ -77,3 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentDBError as exc:
         print(f"agentdb bench: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except KeyboardInterrupt as exc:
+        how, status = interrupted(exc)
+        print(f"agentdb bench: {how}", file=sys.stderr)
+        return status

@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit
 
 from agentdb import _db, _dsn, tenancy
 from agentdb.errors import ConfigurationError
+from agentdb.tools._signals import sigterm_raises
 from agentdb.tools.bench.budget import bench_budget
 from agentdb.tools.bench.citus import bench_citus, citus_database, citus_workers
 from agentdb.tools.bench.cycle import AGENTDB_RUNS
@@ -549,6 +550,9 @@ def run(opts: Options) -> dict[str, Any]:
     load_before = _loadavg()
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
+        # SIGTERM (timeout, a CI runner) unwinds like Ctrl-C: the scratch databases are
+        # dropped, the embedded server stopped and its directory removed.
+        stack.enter_context(sigterm_raises())
         if opts.dsn is None:
             from agentdb.tools.embedded import embedded_postgres
 
