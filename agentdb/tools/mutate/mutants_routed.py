@@ -16,6 +16,18 @@ OUTBOX = T + "test_outbox.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     m(
+        "citus-distribute-triggers-on",
+        "sql/0015.citus_existing_data.sql",
+        "            EXECUTE format('ALTER TABLE %s DISABLE TRIGGER %I', r.rel, r.tgname);\n",
+        "            PERFORM r.rel;\n",
+        (
+            T
+            + "citus/test_citus.py::test_migrate_citus_distributes_a_database_that_already_holds_rows",
+        ),
+        "agentdb_distribute: a populated database's triggers fire on the copy into the shards",
+        citus=True,
+    ),
+    m(
         "routed-transition-no-token",
         ROUTED_SQL,
         "  AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))\nRETURNING t.id,",
