@@ -21,10 +21,13 @@ in :mod:`agentdb.tools`, which nothing here imports.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+# Not even `typing` at run time: a Ctrl-C in the first instant of an `agentdb`
+# command must find nothing here half-imported (the CLI's handler turns it into
+# one line; a KeyboardInterrupt inside `import typing` would be a traceback).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from agentdb import errors, guarantees, inbox, leases, operations, outbox, tasks, tenancy
     from agentdb._db import create_pool
     from agentdb.errors import (
@@ -77,6 +80,8 @@ def __getattr__(name: str) -> Any:
     home = _LAZY.get(name)
     if home is None:
         raise AttributeError(f"module 'agentdb' has no attribute {name!r}")
+    import importlib
+
     value = (
         importlib.import_module(f"agentdb.{name}")
         if home == ""

@@ -448,6 +448,48 @@ async def test_G19_a_global_rate_limit_spans_tenants(pool: asyncpg.Pool, tenants
         await operations.reserve(pool, tenants.a, await _task(pool, tenants.a), "k2", action, {})
 
 
+@pytest.mark.parametrize("scope", ["tenant", "global"])
+async def test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_the_next(
+    scope: str, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The interleaving behind the load test: a transaction begins in one window (its
+    event will carry that instant), another call starts the next window, then the first
+    one reserves. Counted in the new window it would let the old one hold more than the
+    limit, as the events tell it; it is refused, and its retry is counted where its own
+    event lies."""
+    if scope == "tenant":
+        await budgets.set_rate_limit(pool, tenants.a, "tick", 5, timedelta(seconds=1))
+    else:
+        await budgets.set_global_rate_limit(pool, "tick", 5, timedelta(seconds=1))
+    task = await _task(pool, tenants.a)
+    async with pool.acquire() as late:
+        began = late.transaction()
+        await began.start()
+        at = await late.fetchval("SELECT now()")
+        # Sleep past the end of its window, by the database's clock.
+        left = await pool.fetchval(
+            "SELECT extract(epoch FROM date_bin(interval '1 second', $1::timestamptz,"
+            " timestamptz '2000-01-01 00:00:00+00') + interval '1 second' - clock_timestamp())",
+            at,
+        )
+        await asyncio.sleep(float(left) + 0.05)
+        await operations.reserve(pool, tenants.a, task, "next", "tick", {})  # the next window
+        with pytest.raises(RateLimited) as refused:
+            await operations.reserve(late, tenants.a, task, "late", "tick", {})
+        assert refused.value.constraint == "agent_operations_rate_limit"
+        await began.rollback()
+    retried = await operations.reserve(pool, tenants.a, task, "late", "tick", {})
+    assert retried.fresh  # control: the same call in a transaction of its own is counted
+    # counted in a window after the one its transaction began in
+    assert await pool.fetchval(_WINDOW_START[scope]) > at
+
+
+_WINDOW_START = {
+    "tenant": "SELECT window_start FROM agent_rate_limits WHERE action = 'tick'",
+    "global": "SELECT window_start FROM agent_global_rate_limits WHERE action = 'tick'",
+}
+
+
 def test_G19_a_rate_limit_holds_under_load_from_worker_processes(
     db: Database, tenants: Tenants
 ) -> None:

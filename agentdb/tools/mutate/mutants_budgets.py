@@ -5,6 +5,7 @@ from __future__ import annotations
 from agentdb.tools.mutate.catalogue import ATTACKS, OPS_SQL, Mutant, T, m
 
 BUDGETS = "sql/0014.budgets.sql"
+COUNT = "sql/0017.rate_window_late.sql"  # replaces 0014's agentdb_count_call
 TESTS = T + "test_budgets.py"
 RACE = TESTS + "::test_G19_fifty_concurrent_reservations_against_a_budget_that_fits_ten"
 MODEL = TESTS + "::test_G19_stateful_model_of_reserve_complete_fail_unknown_reconcile"
@@ -99,12 +100,34 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-never-full",
-        BUDGETS,
+        COUNT,
         "        IF step.used > lim.max_calls THEN\n            over := format('tenant",
         "        IF step.used > lim.max_calls + 1000 THEN\n            over := format('tenant",
         (ATTACK + "[G19-agent_operations_rate_limit]",),
         "agentdb_count_call: the tenant's limit is never reached by the trigger; the CHECK "
         "behind it still refuses, but as a bare CHECK violation, not the trigger's AG011",
+    ),
+    m(
+        "rate-limit-late-call-counted",
+        COUNT,
+        "    IF FOUND AND now() < lim.window_start THEN\n        over := format('tenant",
+        "    IF false THEN\n        over := format('tenant",
+        (
+            TESTS
+            + "::test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_the_next[tenant]",
+        ),
+        "agentdb_count_call: a call that waited past its window counts in the next one",
+    ),
+    m(
+        "rate-limit-global-late-call-counted",
+        COUNT,
+        "        IF FOUND AND now() < lim.window_start THEN\n            over := format('global",
+        "        IF false THEN\n            over := format('global",
+        (
+            TESTS
+            + "::test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_the_next[global]",
+        ),
+        "agentdb_count_call: a call that waited past the global window counts in the next one",
     ),
     m(
         "rate-limit-window-never-rolls",
@@ -126,7 +149,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-global-ignored",
-        BUDGETS,
+        COUNT,
         "        WHERE g.action = NEW.action FOR UPDATE;",
         "        WHERE g.action = NEW.action AND false FOR UPDATE;",
         (TESTS + "::test_G19_a_global_rate_limit_spans_tenants",),
