@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -195,7 +196,18 @@ def create_database(
 
     def make(node: str) -> None:
         with admin(_maintenance(server, node)) as conn:
-            conn.execute(stmt)
+            for attempt in range(_IN_USE_RETRIES):
+                try:
+                    conn.execute(stmt)
+                    break
+                except psycopg.errors.ObjectInUse:
+                    # A sealed Citus template can still be caught in use: a session of
+                    # Citus's own daemons that was already past the connection check
+                    # when the template was sealed. It is ended, and the copy tried again.
+                    if template is None or not server.citus or attempt + 1 == _IN_USE_RETRIES:
+                        raise
+                    conn.execute(_TERMINATE, (template,))
+                    time.sleep(0.1 * (attempt + 1))
         created.append(node)
 
     try:
@@ -209,6 +221,10 @@ def create_database(
         _drop(server, created, name)
         raise
     return name
+
+
+_IN_USE_RETRIES = 5
+_TERMINATE = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s"
 
 
 def drop_database(server: Server, name: str) -> None:
@@ -272,10 +288,7 @@ def _allow_connections(server: Server, name: str, allow: bool) -> None:
                 )
             )
             if not allow:
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                    (name,),
-                )
+                conn.execute(_TERMINATE, (name,))
 
 
 def _copy_settings(server: Server, template: str, name: str) -> None:

@@ -188,6 +188,41 @@ def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Clu
         _demo(fresh.dsn)  # the positive control: the same work on the distributed tables
 
 
+_BODIES = r"""SELECT proname, md5(prosrc) FROM pg_proc
+WHERE proname LIKE 'agentdb\_%' AND prokind = 'f' ORDER BY 1, 2"""
+_LATE = "SELECT strpos(prosrc, 'moved on while the call waited') > 0 FROM pg_proc WHERE proname = %s"
+
+
+def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str]], bool]]:
+    """Each node's agentdb functions (name, body hash), and whether it has 0017's count."""
+    out = []
+    for url in (cluster.dsn, *cluster.workers):
+        with _pg.admin(url) as conn:
+            late = conn.execute(_LATE, ("agentdb_count_call",)).fetchone()
+            out.append(
+                ([tuple(r) for r in conn.execute(_BODIES).fetchall()], bool(late and late[0]))
+            )
+    return out
+
+
+def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> None:
+    """An installation already on Citus upgrades: a later migration's functions (0017
+    replaces the trigger function that counts rate-limited calls, which runs on the
+    shards) are the same on every worker as on the coordinator, both ways."""
+    with fresh_database(citus.dsn, "agentdb_up") as fresh:
+        assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
+        down = _cli("rollback", "--dsn", fresh.dsn)
+        assert down.returncode == 0, down.stderr
+        [coord, *workers] = _bodies(fresh)
+        assert coord[1] is False  # 0017 is rolled back on the coordinator...
+        assert workers == [coord] * len(workers)  # ...and on every worker
+        up = _cli("migrate", "--citus", "--dsn", fresh.dsn)
+        assert up.returncode == 0, up.stderr
+        [coord, *workers] = _bodies(fresh)
+        assert coord[1] is True
+        assert workers == [coord] * len(workers)
+
+
 async def test_a_task_cycle_commits_on_one_worker_without_2pc(
     conn: asyncpg.Connection, three: Three
 ) -> None:
