@@ -190,7 +190,9 @@ def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Clu
 
 _BODIES = r"""SELECT proname, md5(prosrc) FROM pg_proc
 WHERE proname LIKE 'agentdb\_%' AND prokind = 'f' ORDER BY 1, 2"""
-_LATE = "SELECT strpos(prosrc, 'moved on while the call waited') > 0 FROM pg_proc WHERE proname = %s"
+_LATE = (
+    "SELECT strpos(prosrc, 'moved on while the call waited') > 0 FROM pg_proc WHERE proname = %s"
+)
 
 
 def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str]], bool]]:
