@@ -67,8 +67,8 @@ async def test_G18_a_backlog_does_not_delay_the_other_tenants(
     x, y, z = [await _tenant(admin_conn, n) for n in ("x", "y", "z")]
     # X's backlog is older than anything Y or Z has: in wake_at order it would all go first.
     await _seed(admin_conn, x, 20_000, age="1 hour")
-    await _seed(admin_conn, y, 60)
-    await _seed(admin_conn, z, 60)
+    await _seed(admin_conn, y, 20)
+    await _seed(admin_conn, z, 20)
     conns = [await db.connect(RUNTIME) for _ in range(4)]
     after: list[uuid.UUID | None] = [None] * 4
 
@@ -81,18 +81,22 @@ async def test_G18_a_backlog_does_not_delay_the_other_tenants(
     started: Counter[uuid.UUID] = Counter()
     rounds = 0
     try:
-        while started[y] < 60 or started[z] < 60:
+        while started[y] < 20 or started[z] < 20:
             rounds += 1
-            # In wake_at order Y and Z would wait for X's 20,000 (500 rounds).
-            assert rounds <= 20, f"after 20 rounds of 4 claims only {dict(started)} started"
-            # X's share of a batch of 10 is a third (4) when Y and Z both still have
-            # a due task this claim can lock, a half (5) when one of them does. A
+            # The bound proved: a claim that reaches Y while Y has due rows no one
+            # holds takes at least 2 of them (shares 4, 4, 2 of a batch of 10 in the
+            # walk's order), and rows the round's other claims hold start in this
+            # round anyway - so at least 2 of Y's start each round: all 20 within 10
+            # rounds (40 claims). In wake_at order they would wait for X's 20,000.
+            assert rounds <= 10, f"after 10 rounds of 4 claims only {dict(started)} started"
+            # X's share of a batch is a third (4) when Y and Z both still have a
+            # due row this claim can lock, a half (5) when one of them does. A
             # tenant is sure to when the other three claims of the round cannot take
-            # or hold all it has left: each takes at most 5 of it (X always gives, so
-            # a batch is shared by two tenants at least). When neither is sure, a
+            # or hold all it has left: each takes at most 5 of it (X always gives,
+            # so a batch is shared by two tenants at least). When neither is sure, a
             # tenant whose last rows the other claims hold gives nothing and X may
-            # fill the batch - the workers are not left idle, and no one waits.
-            left = (60 - started[y], 60 - started[z])
+            # fill the batch: the workers are not left idle, and no one waits.
+            left = (20 - started[y], 20 - started[z])
             share = 4 if min(left) > 3 * 5 else 5 if max(left) > 3 * 5 else 10
             for batch in await asyncio.gather(*(claim(i) for i in range(4))):
                 per = Counter(t.tenant_id for t in batch)
