@@ -387,6 +387,13 @@ async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None
             return None
         if fence is None and params["lease_owner"] is not None:
             return None  # no such task to hold a lease on: the caller says NotFound
+        if params.get("units") is not None:
+            # Budgets before rate limits (the insert's trigger locks those): the order
+            # operation_reserve and a retry's re-arm lock them in.
+            await _db.fetch_many(
+                conn, _Q["routed_budget_lock"], tenant_id=tenant, task_id=params["task_id"],
+                units=params["units"],
+            )  # fmt: skip
         # No such task in this tenant (and no lease to check): the insert's
         # foreign key refuses it (TenantMismatch), as it does the one-statement form.
         row = await _db.fetch_optional(

@@ -416,6 +416,68 @@ def test_G19_stateful_model_of_reserve_complete_fail_unknown_reconcile(db: Datab
         h.close()
 
 
+# ---- lock order -------------------------------------------------------------------------
+
+
+async def budgets_lock_before_rate_limits(
+    hold: asyncpg.Connection,
+    reserver: asyncpg.Connection | asyncpg.Pool,
+    probe: asyncpg.Connection,
+    tenant: uuid.UUID,
+    waiting: str,
+) -> None:
+    """Explicit interleaving: ``hold`` locks the tenant's budget; a costed reservation
+    then waits for it (``waiting``: a query that is true once some session waits for a
+    lock). While it waits it must not hold the action's rate limit: budgets are locked
+    before rate limits everywhere (a re-armed retry locks them in that order), or a
+    reservation and a retry each hold what the other waits for. Shared with the Citus
+    suite, whose reservation is several statements."""
+    await budgets.set_budget(reserver, tenant, "tokens", 1_000)
+    await budgets.set_rate_limit(reserver, tenant, "ordered", 5, timedelta(hours=1))
+    task = await _task(reserver, tenant)
+    locked = hold.transaction()
+    await locked.start()
+    await hold.fetch("SELECT id FROM agent_budgets WHERE tenant_id = $1 FOR UPDATE", tenant)
+    reserving = asyncio.ensure_future(
+        operations.reserve(reserver, tenant, task, "k", "ordered", {}, cost={"tokens": 1})
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not await probe.fetchval(waiting):
+            assert not reserving.done(), reserving.result()  # it should be waiting
+            assert time.monotonic() < deadline, "the reservation never waited for the budget"
+            await asyncio.sleep(0.05)
+        async with probe.transaction():
+            free = await probe.fetchval(
+                "SELECT count(*) FROM (SELECT 1 FROM agent_rate_limits"
+                " WHERE tenant_id = $1 AND action = 'ordered' FOR UPDATE NOWAIT) AS l",
+                tenant,
+            )
+        assert free == 1
+    finally:
+        await locked.rollback()
+        res = await reserving
+    assert res.fresh  # control: once the budget is free the reservation goes through
+    [rl] = await budgets.list_rate_limits(reserver, tenant)
+    assert rl.used == 1
+
+
+_LOCK_WAIT = (
+    "SELECT count(*) > 0 FROM pg_stat_activity"
+    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+)
+
+
+async def test_G19_a_reservation_locks_budgets_before_rate_limits(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    probe = await db.connect()
+    try:
+        await budgets_lock_before_rate_limits(admin_conn, pool, probe, tenants.a, _LOCK_WAIT)
+    finally:
+        await probe.close()
+
+
 # ---- rate limits ------------------------------------------------------------------------
 
 

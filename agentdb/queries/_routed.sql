@@ -35,6 +35,23 @@ RETURNING b.id AS budget_id, b.unit, c.amount;
 INSERT INTO agent_budget_holds (tenant_id, operation_id, attempt, budget_id, unit, amount)
 VALUES ($1, $2, $3, $4, $5, $6);
 
+-- name: routed_budget_lock :many
+-- Lock tenant $1's budgets of units $3 that cover the tenant or task $2
+-- (G19), in id order, before a reservation inserts its operation. The
+-- insert's trigger locks the action's rate limit (agentdb_count_call), and
+-- budgets are always locked before rate limits - as operation_reserve and
+-- the re-arm of a failed operation's retry lock them - so a reservation and
+-- a re-armed retry of the same tenant never wait for each other's locks in
+-- opposite orders (a deadlock, one of them lost). One row per budget locked.
+-- guarantee: G19
+-- zero rows: no budget of those units covers the task (nothing will be held).
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 units text[]
+SELECT b.id
+FROM agent_budgets b
+WHERE b.tenant_id = $1 AND b.unit = ANY ($3::text[]) AND (b.task_id IS NULL OR b.task_id = $2)
+ORDER BY b.id
+FOR UPDATE;
+
 -- name: routed_budget_settle :execrows
 -- Move tenant $1's budgets by the holds routed_budget_settle_holds settled:
 -- spent + the settled amounts, held - the held ones (G19).

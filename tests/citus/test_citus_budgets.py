@@ -17,6 +17,7 @@ from agentdb.errors import BudgetExceeded, ConfigurationError, RateLimited
 from agentdb.models import Operation, Reservation
 from tests.citus.conftest import Cluster, Three
 from tests.citus.test_citus import NIL, _begins, _remote, _two_phase
+from tests.test_budgets import budgets_lock_before_rate_limits
 
 
 async def test_G19_costed_reserve_settle_and_refusal_commit_on_one_worker(
@@ -124,3 +125,18 @@ async def test_G19_rate_limits_are_per_tenant_on_citus(
             f"x-{uuid.uuid4().hex[:6]}",
         )
     assert raw.value.constraint_name == "agent_global_rate_limits_local_only"
+
+
+async def test_G19_a_routed_reservation_locks_budgets_before_rate_limits(
+    citus: Cluster, conn: asyncpg.Connection, three: Three
+) -> None:
+    """The routed reservation inserts its operation (whose trigger locks the rate
+    limit) in a statement of its own: it locks the budgets first."""
+    hold, probe = await asyncpg.connect(citus.dsn), await asyncpg.connect(citus.dsn)
+    try:
+        await budgets_lock_before_rate_limits(
+            hold, conn, probe, three.x, "SELECT count(*) > 0 FROM citus_lock_waits"
+        )
+    finally:
+        await hold.close()
+        await probe.close()

@@ -16,6 +16,18 @@ OUTBOX = T + "test_outbox.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     m(
+        "routed-reserve-rate-limit-first",
+        "agentdb/_routed.py",
+        '        if params.get("units") is not None:\n            # Budgets before rate limits',
+        "        if False:\n            # Budgets before rate limits",
+        (
+            T + "citus/test_citus_budgets.py::"
+            "test_G19_a_routed_reservation_locks_budgets_before_rate_limits",
+        ),
+        "routed reserve: the operation's insert locks the rate limit before the budgets",
+        citus=True,
+    ),
+    m(
         "citus-distribute-triggers-on",
         "sql/0015.citus_existing_data.sql",
         "            EXECUTE format('ALTER TABLE %s DISABLE TRIGGER %I', r.rel, r.tgname);\n",
