@@ -22,7 +22,9 @@ import asyncpg
 import pytest
 
 from agentdb import operations, tasks
+from agentdb.errors import ConfigurationError
 from agentdb.models import Operation
+from agentdb.tools.demo.fleet import Fleet, Workload
 from agentdb.tools.demo.provider import SCHEMA, TASK_TYPE
 from agentdb.tools.demo.workload import Result, count
 from tests import _procs
@@ -175,3 +177,32 @@ def test_a_demo_ended_by_a_signal_mid_run_leaves_no_process(
     assert last.startswith(f"agentdb: demo stopped by {sig.name} after "), err
     assert "while running the workload: " in last
     assert _procs.marked(mark) == []  # reaped before the demo exited
+
+
+class _Misconfigured(Fleet):
+    """A fleet whose workers cannot start: their handler does not exist."""
+
+    def worker(self) -> subprocess.Popen[bytes]:
+        return self._spawn("", "worker", "no_such_module:handler")
+
+
+def test_a_process_that_cannot_start_stops_the_run_with_its_line(
+    db: Database, tmp_path: Path
+) -> None:
+    """A worker that exits with the usage status (2) would fail the same way forever:
+    the supervisor stops with its line instead of replacing it until the timeout. A
+    SIGKILLed one (the demo's own kills, a fault point) is replaced (the control)."""
+    one = Workload(workers=1, relays=0)
+    with open(tmp_path / "processes.log", "ab") as log:
+        with _Misconfigured(db.admin_dsn, one, log, tmp_path / "faults") as fleet:
+            assert fleet.workers[0].wait(60) == 2
+            with pytest.raises(ConfigurationError) as stopped:
+                fleet.supervise()
+        assert fleet.died == 0
+        assert "cannot import handler module 'no_such_module'" in str(stopped.value), stopped
+        with Fleet(db.admin_dsn, one, log, tmp_path / "faults") as fleet:
+            first = fleet.workers[0]
+            first.kill()
+            first.wait(60)
+            fleet.supervise()
+            assert (fleet.died, fleet.workers[0] is first) == (1, False)

@@ -6,6 +6,10 @@ SIGKILL from outside at random, and replaces every one that died, whether
 killed from outside or by an armed fault point (:mod:`agentdb._faults`),
 which also logs the point it fired at.
 
+A process that exits with the command line's usage status (2: a wrong
+handler, option, DSN or schema) is not replaced: the run stops with that
+process's last line, since a new one would fail the same way.
+
 The supervisor reaps every process it started, whatever ends the run: the
 fleet is a context manager whose exit SIGTERMs what still runs, SIGKILLs
 what is still running :data:`~agentdb.tools.demo.limits.STOP_GRACE` seconds
@@ -184,12 +188,41 @@ class Fleet:
                 victim.wait(REAP_WAIT)
 
     def supervise(self) -> None:
-        """Replace every process that died (killed from outside or by a fault point)."""
-        for group, make in ((self.workers, self.worker), (self.relays, self.relay)):
+        """Replace every process that died (killed from outside or by a fault point).
+
+        Raises:
+            ConfigurationError: a process exited with the command line's usage status:
+                its handler, options, DSN or schema are wrong, so a new one would end
+                the same way. The message is that process's last line.
+        """
+        # Here, not at the top: every process boots through this module (_BOOT).
+        from agentdb.errors import ConfigurationError
+        from agentdb.tools.cli import EXIT_USAGE
+
+        for kind, group, make in (
+            ("worker", self.workers, self.worker),
+            ("relay", self.relays, self.relay),
+        ):
             for i, proc in enumerate(group):
-                if proc.poll() is not None:
-                    self.died += 1
-                    group[i] = make()
+                if proc.poll() is None:
+                    continue
+                if proc.returncode == EXIT_USAGE:
+                    raise ConfigurationError(
+                        f"a {kind} process exited with status {EXIT_USAGE} (not replaced): "
+                        f"{self._last_word()}"
+                    )
+                self.died += 1
+                group[i] = make()
+
+    def _last_word(self) -> str:
+        """The last ``agentdb:`` line the processes wrote to the log (where the CLI says
+        why it exits), or a pointer to the log when there is none."""
+        self.log.flush()
+        with open(self.log.name, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16_384))
+            lines = f.read().decode(errors="replace").splitlines()
+        said = [line for line in lines if line.startswith("agentdb: ")]
+        return said[-1].removeprefix("agentdb: ") if said else f"see {self.log.name}"
 
     def stop(self, grace: float = STOP_GRACE) -> None:
         """SIGTERM every process, SIGKILL those still running ``grace`` seconds later, reap all.
