@@ -390,10 +390,7 @@ async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None
         if params.get("units") is not None:
             # Budgets before rate limits (the insert's trigger locks those): the order
             # operation_reserve and a retry's re-arm lock them in.
-            await _db.fetch_many(
-                conn, _Q["routed_budget_lock"], tenant_id=tenant, task_id=params["task_id"],
-                units=params["units"],
-            )  # fmt: skip
+            await lock_budgets(conn, tenant, params["task_id"], params["units"])
         # No such task in this tenant (and no lease to check): the insert's
         # foreign key refuses it (TenantMismatch), as it does the one-statement form.
         row = await _db.fetch_optional(
@@ -451,6 +448,21 @@ async def settle(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
                               row["policy_version"], payload)],
         )  # fmt: skip
         return row
+
+
+async def lock_budgets(
+    conn: _db.Executor, tenant: uuid.UUID, task_id: uuid.UUID, units: Sequence[str]
+) -> None:
+    """Lock the tenant's budgets of ``units`` that cover ``task_id``, in id order (G19),
+    inside the caller's transaction: before anything locks a rate limit, and in one
+    order for every writer, so no two reservations or re-arms wait for each other.
+
+    Raises:
+        mapped database errors.
+    """
+    await _db.fetch_many(
+        conn, _Q["routed_budget_lock"], tenant_id=tenant, task_id=task_id, units=list(units)
+    )
 
 
 async def hold(

@@ -153,6 +153,7 @@ async def hold_retry(conn: _db.Executor, op: Operation, cost: Cost) -> None:
     """
     costed = cost_args(cost)
     if await schema.distributed(conn):
+        await _routed.lock_budgets(conn, op.tenant_id, op.task_id, costed["units"] or [])
         await _routed.hold(conn, op.tenant_id, op.id, op.task_id, op.attempts + 1,
                            costed["units"] or [], costed["amounts"] or [])  # fmt: skip
     else:

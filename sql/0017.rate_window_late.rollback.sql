@@ -42,6 +42,15 @@ BEGIN
 END
 $$;
 
+-- Citus: the trigger updates agent_rate_limits from inside a shard's insert (see 0014).
+DO $$
+BEGIN
+    IF agentdb_distributed() THEN
+        ALTER FUNCTION agentdb_count_call() SET citus.allow_nested_distributed_execution = on;
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION agentdb_schema_version() RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT '0016.secret_prefilter'::text $$;

@@ -13,7 +13,13 @@
 -- old window's count is gone by then, so whether it had room is unknown:
 -- the call is refused (AG011, as any call over the limit) and its retry, a
 -- new transaction, is counted where its own event will lie. The window has
--- room by then, so agentdb.budgets reports "retry at once".
+-- room by then, so agentdb.budgets reports "retry at once". (A window that
+-- starts after clock_timestamp() can only come from a clock that stepped
+-- back: such a call is counted in it, as before, rather than refused until
+-- the clock catches up.)
+--
+-- CREATE OR REPLACE drops the function's settings; on a distributed schema
+-- the one agentdb_distribute() (0014) gives it is set again here.
 
 -- G19
 CREATE OR REPLACE FUNCTION agentdb_count_call() RETURNS trigger
@@ -26,8 +32,8 @@ DECLARE
 BEGIN
     SELECT r.per, r.window_start, r.used, r.max_calls INTO lim FROM agent_rate_limits r
     WHERE r.tenant_id = NEW.tenant_id AND r.action = NEW.action FOR UPDATE;
-    IF FOUND AND now() < lim.window_start THEN
-        over := format('tenant %s: %s per %s, its window moved on while the call waited',
+    IF FOUND AND now() < lim.window_start AND clock_timestamp() >= lim.window_start THEN
+        over := format('tenant %s: %s per %s; the transaction began before the current window',
                        NEW.tenant_id, lim.max_calls, lim.per);
     ELSIF FOUND THEN
         step := agentdb_rate_step(lim.per, lim.window_start, lim.used);
@@ -42,8 +48,8 @@ BEGIN
     IF over IS NULL AND NOT agentdb_distributed() THEN
         SELECT g.per, g.window_start, g.used, g.max_calls INTO lim FROM agent_global_rate_limits g
         WHERE g.action = NEW.action FOR UPDATE;
-        IF FOUND AND now() < lim.window_start THEN
-            over := format('global: %s per %s, its window moved on while the call waited',
+        IF FOUND AND now() < lim.window_start AND clock_timestamp() >= lim.window_start THEN
+            over := format('global: %s per %s; the transaction began before the current window',
                            lim.max_calls, lim.per);
         ELSIF FOUND THEN
             step := agentdb_rate_step(lim.per, lim.window_start, lim.used);
@@ -61,6 +67,15 @@ BEGIN
             USING ERRCODE = 'AG011', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
     END IF;
     RETURN NULL;
+END
+$$;
+
+-- Citus: the trigger updates agent_rate_limits from inside a shard's insert (see 0014).
+DO $$
+BEGIN
+    IF agentdb_distributed() THEN
+        ALTER FUNCTION agentdb_count_call() SET citus.allow_nested_distributed_execution = on;
+    END IF;
 END
 $$;
 

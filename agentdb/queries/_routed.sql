@@ -40,9 +40,10 @@ VALUES ($1, $2, $3, $4, $5, $6);
 -- (G19), in id order, before a reservation inserts its operation. The
 -- insert's trigger locks the action's rate limit (agentdb_count_call), and
 -- budgets are always locked before rate limits - as operation_reserve and
--- the re-arm of a failed operation's retry lock them - so a reservation and
--- a re-armed retry of the same tenant never wait for each other's locks in
--- opposite orders (a deadlock, one of them lost). One row per budget locked.
+-- the re-arm of a failed operation's retry lock them - and, on Citus, in id
+-- order (the re-arm takes this lock too), so a reservation and a re-armed
+-- retry of the same tenant never wait for each other's locks in opposite
+-- orders (a deadlock, one of them lost). One row per budget locked.
 -- guarantee: G19
 -- zero rows: no budget of those units covers the task (nothing will be held).
 -- params: $1 tenant_id uuid, $2 task_id uuid, $3 units text[]

@@ -256,11 +256,21 @@ def _on_every_node(server: Server, step: Callable[[str], None], nodes: Sequence[
 
 
 def _drop(server: Server, nodes: list[str], name: str) -> None:
+    stmt = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+
     def drop(node: str) -> None:
         with admin(_maintenance(server, node)) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            for attempt in range(_IN_USE_RETRIES):
+                try:
+                    conn.execute(stmt)
+                    return
+                except psycopg.errors.ObjectInUse:
+                    # FORCE ends the sessions it finds, but on Citus a node's own
+                    # connections (its daemon's, the other nodes') can still be there
+                    # or back when it looks again: another try, a moment later.
+                    if attempt + 1 == _IN_USE_RETRIES:
+                        raise
+                    time.sleep(0.2 * (attempt + 1))
 
     if nodes:
         _on_every_node(server, drop, nodes)

@@ -188,15 +188,21 @@ def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Clu
         _demo(fresh.dsn)  # the positive control: the same work on the distributed tables
 
 
-_BODIES = r"""SELECT proname, md5(prosrc) FROM pg_proc
+_BODIES = r"""SELECT proname, md5(prosrc), coalesce(proconfig::text, '') FROM pg_proc
 WHERE proname LIKE 'agentdb\_%' AND prokind = 'f' ORDER BY 1, 2"""
 _LATE = (
-    "SELECT strpos(prosrc, 'moved on while the call waited') > 0 FROM pg_proc WHERE proname = %s"
+    "SELECT strpos(prosrc, 'began before the current window') > 0"
+    " AND 'citus.allow_nested_distributed_execution=on' = ANY (proconfig)"
+    " FROM pg_proc WHERE proname = %s"
 )
 
 
-def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str]], bool]]:
-    """Each node's agentdb functions (name, body hash), and whether it has 0017's count."""
+_CONFIG = "SELECT proconfig FROM pg_proc WHERE proname = %s"
+
+
+def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
+    """Each node's agentdb functions (name, body hash, settings), and whether it has
+    0017's count with the setting Citus needs for it."""
     out = []
     for url in (cluster.dsn, *cluster.workers):
         with _pg.admin(url) as conn:
@@ -210,7 +216,8 @@ def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str]], bool]]:
 def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> None:
     """An installation already on Citus upgrades: a later migration's functions (0017
     replaces the trigger function that counts rate-limited calls, which runs on the
-    shards) are the same on every worker as on the coordinator, both ways."""
+    shards) are the same on every worker as on the coordinator, settings included, both
+    ways - and without another ``--citus`` run."""
     with fresh_database(citus.dsn, "agentdb_up") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
         down = _cli("rollback", "--dsn", fresh.dsn)
@@ -218,7 +225,10 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is False  # 0017 is rolled back on the coordinator...
         assert workers == [coord] * len(workers)  # ...and on every worker
-        up = _cli("migrate", "--citus", "--dsn", fresh.dsn)
+        with _pg.admin(fresh.dsn) as conn:  # the setting 0014's distribution gave it
+            [config] = conn.execute(_CONFIG, ("agentdb_count_call",)).fetchone() or [None]
+        assert "citus.allow_nested_distributed_execution=on" in (config or []), config
+        up = _cli("migrate", "--dsn", fresh.dsn)
         assert up.returncode == 0, up.stderr
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is True

@@ -7,8 +7,8 @@ killed from outside or by an armed fault point (:mod:`agentdb._faults`),
 which also logs the point it fired at.
 
 A process that exits with the command line's usage status (2: a wrong
-handler, option, DSN or schema) is not replaced: the run stops with that
-process's last line, since a new one would fail the same way.
+handler or option) is not replaced: the run stops with that process's last
+line, since a new one would fail the same way.
 
 The supervisor reaps every process it started, whatever ends the run: the
 fleet is a context manager whose exit SIGTERMs what still runs, SIGKILLs
@@ -192,7 +192,7 @@ class Fleet:
 
         Raises:
             ConfigurationError: a process exited with the command line's usage status:
-                its handler, options, DSN or schema are wrong, so a new one would end
+                its handler or options are wrong, so a new one would end
                 the same way. The message is that process's last line.
         """
         # Here, not at the top: every process boots through this module (_BOOT).

@@ -110,7 +110,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-late-call-counted",
         COUNT,
-        "    IF FOUND AND now() < lim.window_start THEN\n        over := format('tenant",
+        "    IF FOUND AND now() < lim.window_start AND clock_timestamp() >= lim.window_start THEN\n"
+        "        over := format('tenant",
         "    IF false THEN\n        over := format('tenant",
         (
             TESTS
@@ -121,7 +122,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-global-late-call-counted",
         COUNT,
-        "        IF FOUND AND now() < lim.window_start THEN\n            over := format('global",
+        "        IF FOUND AND now() < lim.window_start AND clock_timestamp() >= lim.window_start THEN\n"
+        "            over := format('global",
         "        IF false THEN\n            over := format('global",
         (
             TESTS
