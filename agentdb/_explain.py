@@ -2,8 +2,8 @@
 
 A fenced statement that touches nothing says nothing about why. These
 helpers read the row again and name the reason - :class:`NotFound`,
-:class:`LeaseLost` or :class:`StaleVersion` - so the happy path pays no
-extra round trip.
+:class:`LeaseLost` (:class:`Cancelled` when a cancel took the lease) or
+:class:`StaleVersion` - so the happy path pays no extra round trip.
 """
 
 from __future__ import annotations
@@ -11,7 +11,15 @@ from __future__ import annotations
 import uuid
 
 from agentdb import _db
-from agentdb.errors import AgentDBError, LeaseLost, NotFound, OutboxLeaseLost, StaleVersion
+from agentdb.errors import (
+    AgentDBError,
+    Cancelled,
+    LeaseLost,
+    NotFound,
+    OutboxLeaseLost,
+    PastDeadline,
+    StaleVersion,
+)
 from agentdb.models import Lease, Operation, OutboxMessage
 
 __all__ = ["not_found", "outbox_mark", "settle", "task_write"]
@@ -40,7 +48,16 @@ async def task_write(
         or now["lease_owner"] != lease.owner
         or now["lease_token"] != lease.token
     ):
-        return LeaseLost(
+        # A cancel (G20) and the deadline sweep (G21) drop the lease in their own
+        # write: the holder is told why.
+        lost = (
+            Cancelled
+            if now["state"] == "cancelled"
+            else PastDeadline
+            if now["state"] == "dead" and now["deadline_passed"]
+            else LeaseLost
+        )
+        return lost(
             f"lease {lease.token} of {lease.owner} on task {task_id} is gone "
             f"(now: {now['state']}, owner {now['lease_owner']}, token {now['lease_token']})",
             entity="task",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -206,31 +206,54 @@ async def bury(db: _db.Executor, actor: str, batch: int) -> list[_db.Record]:
     Raises:
         mapped database errors.
     """
-    tenants = [
-        r["tenant_id"]
-        for r in await _db.fetch_many(db, _Q["routed_exhausted_tenants"], max_tenants=batch)
-    ]
+    return await _sweep(
+        db, "routed_exhausted_tenants", "routed_bury", batch,
+        lambda r: ("task.dead", actor, {"attempts": r["attempts"]}),
+    )  # fmt: skip
+
+
+async def expire_deadlines(db: _db.Executor, actor: str, batch: int) -> list[_db.Record]:
+    """Move tasks past their deadline to 'dead' with their events, tenant by tenant (G21).
+
+    Raises:
+        mapped database errors.
+    """
+    return await _sweep(
+        db, "routed_deadline_tenants", "routed_expire_deadlines", batch,
+        lambda r: ("task.deadline_passed", actor, {
+            "deadline_at": r["deadline_at"].isoformat(),
+            **({"lease_owner": r["holder"]} if r["holder"] is not None else {}),
+        }),
+    )  # fmt: skip
+
+
+async def _sweep(
+    db: _db.Executor,
+    find: str,
+    move: str,
+    batch: int,
+    event: Callable[[_db.Record], tuple[str, str, dict[str, Any]]],
+) -> list[_db.Record]:
+    """Statement ``move`` for each tenant ``find`` names, one single-shard transaction
+    per tenant, each moved row with its event (type, actor, payload from ``event``)."""
+    tenants = [r["tenant_id"] for r in await _db.fetch_many(db, _Q[find], max_tenants=batch)]
     out: list[_db.Record] = []
     for tenant in tenants:
         if len(out) >= batch:
             break
         async with _db.transaction(db) as conn:
-            rows = await _db.fetch_many(
-                conn, _Q["routed_bury"], tenant_id=tenant, batch=batch - len(out)
-            )
-            events = [
-                {
-                    "tenant_id": r["tenant_id"], "task_id": r["id"], "event_type": "task.dead",
+            rows = await _db.fetch_many(conn, _Q[move], tenant_id=tenant, batch=batch - len(out))
+            events = []
+            for r in rows:
+                event_type, actor, payload = event(r)
+                events.append({
+                    "tenant_id": r["tenant_id"], "task_id": r["id"], "event_type": event_type,
                     "actor_id": actor, "policy_version": r["workflow_version"],
                     "from_state": r["from_state"], "to_state": r["state"],
                     "task_state_version": r["state_version"],
-                    "payload": document(
-                        {"attempts": r["attempts"]}, cap=EVENT_PAYLOAD_CAP, what="event"
-                    ),
+                    "payload": document(payload, cap=EVENT_PAYLOAD_CAP, what="event"),
                     "trace_id": r["trace_id"], "span_id": r["span_id"],
-                }
-                for r in rows
-            ]  # fmt: skip
+                })  # fmt: skip
             await _db.execute_each(conn, _Q["routed_task_event"], events)
         out += rows
     return out

@@ -18,12 +18,12 @@ The tree::
     +-- InvariantViolation        Postgres refused the write (named object)
     |   +-- InvalidTransition, VersionRuleViolation, AppendOnlyViolation,
     |   |   ImmutableColumn (+ ImmutableKey), LeaseTokenRegression, MissingEvent,
-    |   |   TenantScopeMissing, ConcurrencyLimitExceeded, BudgetRuleViolation
-    |   |   (agentdb's SQLSTATEs AG001-AG011)
+    |   |   TenantScopeMissing, ConcurrencyLimitExceeded, BudgetRuleViolation,
+    |   |   TaskFinished, DeadlineExceeded (agentdb's SQLSTATEs AG001-AG013)
     |   +-- TenantMismatch, DuplicateKey, PayloadTooLarge, SecretInPayload
     |   +-- BudgetExceeded, RateLimited   a reservation refused at reserve (G19)
     +-- StaleWrite                the statement matched no row
-    |   +-- NotFound, StaleVersion, LeaseLost (+ OutboxLeaseLost)
+    |   +-- NotFound, StaleVersion, LeaseLost (+ OutboxLeaseLost, Cancelled, PastDeadline)
     +-- IdempotencyConflict       same key, different input (G4)
     +-- OperationInFlight         same key, first attempt not settled (G4)
     +-- OperationUnsettled        a crashed attempt's operation could not be reconciled (G13)
@@ -50,9 +50,11 @@ __all__ = [
     "AppendOnlyViolation",
     "BudgetExceeded",
     "BudgetRuleViolation",
+    "Cancelled",
     "ConcurrencyLimitExceeded",
     "ConfigurationError",
     "DatabaseUnavailable",
+    "DeadlineExceeded",
     "DuplicateKey",
     "IdempotencyConflict",
     "ImmutableColumn",
@@ -67,12 +69,14 @@ __all__ = [
     "OperationInFlight",
     "OperationUnsettled",
     "OutboxLeaseLost",
+    "PastDeadline",
     "PayloadTooLarge",
     "PoolerMismatch",
     "RateLimited",
     "SecretInPayload",
     "StaleVersion",
     "StaleWrite",
+    "TaskFinished",
     "TenantMismatch",
     "TenantScopeMissing",
     "TransientError",
@@ -225,6 +229,23 @@ class BudgetRuleViolation(InvariantViolation):
 
     guarantee = "G19"
     sqlstate_code = "AG010"
+
+
+class TaskFinished(InvariantViolation):
+    """G20: an operation reserved, or a failed one re-armed, for a finished task (succeeded,
+    failed, cancelled, dead) by a writer with no lease to fence it (SQLSTATE AG012)."""
+
+    guarantee = "G20"
+    sqlstate_code = "AG012"
+
+
+class DeadlineExceeded(InvariantViolation):
+    """G21: the task passed its deadline; the write would have kept it alive (a claim, a
+    finish, a step, a release, a new operation) - it only moves to dead or cancelled now
+    (SQLSTATE AG013)."""
+
+    guarantee = "G21"
+    sqlstate_code = "AG013"
 
 
 class BudgetExceeded(InvariantViolation):
@@ -405,6 +426,20 @@ class LeaseLost(StaleWrite):
     guarantee = "G12"
 
 
+class Cancelled(LeaseLost):
+    """G20: the task was cancelled (:func:`agentdb.tasks.cancel`) and its lease went with
+    it; nothing the holder tried was written. The worker then stops the handler."""
+
+    guarantee = "G20"
+
+
+class PastDeadline(LeaseLost):
+    """G21: the task passed its deadline and the sweep moved it to 'dead'; its lease went
+    with it, and nothing the holder tried was written."""
+
+    guarantee = "G21"
+
+
 class OutboxLeaseLost(LeaseLost):
     """G10: the relay's claim on an outbox message moved on (its visibility ran out and
     another relay claimed it, or it was already marked); nothing was written."""
@@ -471,24 +506,20 @@ class OperationUnsettled(AgentDBError):
         self.operation = operation
 
 
+def _declared_codes(root: type[InvariantViolation]) -> dict[str, type[InvariantViolation]]:
+    """The classes under ``root`` that declare one of agentdb's SQLSTATEs (class AG)."""
+    found: dict[str, type[InvariantViolation]] = {}
+    for cls in root.__subclasses__():
+        code = vars(cls).get("sqlstate_code")
+        if isinstance(code, str) and code.startswith("AG"):
+            found[code] = cls
+        found.update(_declared_codes(cls))
+    return found
+
+
 #: agentdb's own SQLSTATEs (class AG), raised by the guard triggers and functions.
 SQLSTATES: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
-    {
-        cls.sqlstate_code: cls
-        for cls in (
-            InvalidTransition,
-            VersionRuleViolation,
-            AppendOnlyViolation,
-            ImmutableColumn,
-            ImmutableKey,
-            LeaseTokenRegression,
-            MissingEvent,
-            TenantScopeMissing,
-            ConcurrencyLimitExceeded,
-            BudgetRuleViolation,
-            RateLimited,
-        )
-    }
+    dict(sorted(_declared_codes(InvariantViolation).items()))
 )
 
 #: SQLSTATEs after which retrying the whole transaction is safe.

@@ -1,4 +1,4 @@
-"""The guarantees G1-G19, and the catalogue that ties every schema object to one of them.
+"""The guarantees G1-G21, and the catalogue that ties every schema object to one of them.
 
 One registry, read by everything that names a guarantee: the error classes
 (``.guarantee``), the audit's verdicts, the README's tables (generated from
@@ -195,6 +195,29 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "agent_budget_holds; the trigger agent_operations_rate_limit and CHECK "
                 "agent_rate_limits_within_limit; the guards agent_budgets_guard and "
                 "agent_budget_holds_guard (AG010)",
+            ),
+            Guarantee(
+                "G20",
+                "a cancel is final",
+                "Cancelling a task takes its lease away in the same write, so the holder's "
+                "next renew, reserve, settle or finish is refused; nothing is reserved or "
+                "re-armed for a finished task, and what was reserved before stays in the "
+                "ledger to be reconciled.",
+                "tasks.cancel (one versioned write with its event, dropping the lease); no "
+                "edge out of 'cancelled' in agent_transitions; the triggers "
+                "agent_operations_for_open_task and agent_operations_for_open_task_retry "
+                "(AG012)",
+            ),
+            Guarantee(
+                "G21",
+                "a deadline is final",
+                "After a task's deadline no claim takes it, no write keeps it alive - no "
+                "finish, step or release - and no new operation starts for it; the sweep moves "
+                "it to dead with its event, dropping the lease of a worker still running it, "
+                "and a passed deadline never moves.",
+                "the trigger agent_tasks_deadline_guard (AG013) and the deadline rule of "
+                "agent_operations_for_open_task (AG013); the claim's deadline filter; the sweep "
+                "lease_expire_deadlines over agent_tasks_deadline_idx",
             ),
         )
     }
@@ -423,6 +446,10 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_global_rate_limits_within_limit",
         error="RateLimited",
     ),
+    # G21: past a deadline a task only ends.
+    *_entries("G21", "agent_tasks_deadline_guard", "agent_tasks_deadline_idx"),
+    # G20: nothing is reserved for a finished task.
+    *_entries("G20", "agent_operations_for_open_task", "agent_operations_for_open_task_retry"),
     # G13: operations that still need reconciling are found by index.
     *_entries("G13", "agent_operations_unsettled_idx"),
     # G15: row-level security and the approved write path.
@@ -495,6 +522,30 @@ RULES: Final[tuple[Rule, ...]] = (
         "AG005",
         "G12",
         "lease tokens never go back; every new grant takes a new token",
+    ),
+    Rule(
+        "agent_operations_for_open_task",
+        "AG012",
+        "G20",
+        "no operation for a finished task",
+    ),
+    Rule(
+        "agent_operations_for_open_task",
+        "AG013",
+        "G21",
+        "no operation for a task past its deadline",
+    ),
+    Rule(
+        "agent_operations_for_open_task_retry",
+        "AG012",
+        "G20",
+        "no re-arm for a finished task",
+    ),
+    Rule(
+        "agent_operations_for_open_task_retry",
+        "AG013",
+        "G21",
+        "no re-arm for a task past its deadline",
     ),
     Rule("agent_operations_version_guard", "AG002", "G7", "state_version moves by exactly +1"),
     Rule("agent_operations_version_guard", "AG004", "G2", "tenant_id, id, created_at never change"),

@@ -17,7 +17,7 @@ from agentdb._db.jsonb import TEXT_CAP
 from agentdb.errors import ConfigurationError
 from agentdb.models import Lease, Task
 
-__all__ = ["Release", "bury_exhausted", "claim", "release", "renew"]
+__all__ = ["Release", "bury_exhausted", "claim", "expire_deadlines", "release", "renew"]
 
 _Q = _db.queries(__name__)
 
@@ -162,4 +162,23 @@ async def bury_exhausted(
         rows = await _routed.bury(db, actor, batch)
     else:
         rows = await _db.fetch_many(db, _Q["lease_bury_exhausted"], actor_id=actor, batch=batch)
+    return [(r["tenant_id"], r["id"]) for r in rows]
+
+
+async def expire_deadlines(
+    db: _db.Executor, *, actor: str = "agentdb", batch: int = 100
+) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """Move unfinished tasks whose deadline passed to 'dead', each with its
+    ``task.deadline_passed`` event (G21). A running task's lease goes in the same
+    write: its holder's next write raises :class:`~agentdb.errors.PastDeadline`.
+
+    Returns the (tenant_id, task_id) pairs moved (at most ``batch``).
+
+    Raises:
+        mapped database errors.
+    """
+    if await schema.distributed(db):
+        rows = await _routed.expire_deadlines(db, actor, batch)
+    else:
+        rows = await _db.fetch_many(db, _Q["lease_expire_deadlines"], actor_id=actor, batch=batch)
     return [(r["tenant_id"], r["id"]) for r in rows]

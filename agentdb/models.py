@@ -84,6 +84,8 @@ class Task:
     lease_token: int
     lease_acquired_at: datetime | None
     lease_expires_at: datetime | None
+    #: after it, nothing keeps the task alive (G21): not claimed, not finished; swept to dead.
+    deadline_at: datetime | None
     trace_id: str | None
     span_id: str | None
     created_at: datetime

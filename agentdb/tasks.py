@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "FINISHED_STATES",
     "KEEP",
+    "cancel",
     "complete_many",
     "count_unhandled",
     "create",
@@ -47,6 +48,10 @@ DEFAULT_LEASE_TTL = timedelta(minutes=5)
 #: The states a task ends in (the claim path never picks them up again).
 FINISHED_STATES: Final = ("succeeded", "failed", "cancelled", "dead")
 _Q = _db.queries(__name__)
+# A cancel re-reads the task when another writer moved it on in between; a
+# task that keeps changing (a step per millisecond) is still cancelled within
+# a few tries, and one that never stops is reported rather than chased.
+_CANCEL_RERUNS = 20
 # task_create and operation_reserve lose a race when a concurrent insert of
 # the same key commits after their snapshot: a new statement sees it.
 _RACE_RERUNS = 3
@@ -76,8 +81,15 @@ async def create(
     span_id: str | None = None,
     actor: str = "agentdb",
     task_id: uuid.UUID | None = None,
+    deadline: datetime | None = None,
 ) -> Task:
     """Create a task (pending, or ``waiting`` until ``wake_at``) and its creation event.
+
+    With ``deadline`` (an aware datetime), the task must be over by then (G21):
+    afterwards no claim takes it and the database refuses every write that
+    would keep it alive; the sweep (:func:`agentdb.leases.expire_deadlines`,
+    run by every worker) moves it to ``dead`` with a ``task.deadline_passed``
+    event, dropping the lease of a worker still running it.
 
     With ``dedupe_key``, a retried request is answered with the task the first
     one created (``task.created`` is then false) - provided it carries the same
@@ -86,10 +98,12 @@ async def create(
     Raises:
         IdempotencyConflict: ``dedupe_key`` was already used with other params.
         PayloadTooLarge: ``params`` is over 64 KiB.
-        ConfigurationError: ``params`` is not JSON data.
+        ConfigurationError: ``params`` is not JSON data, or ``deadline`` has no time zone.
         TenantMismatch: ``tenant_id`` names no tenant.
         InvariantViolation: another CHECK refused a value (named in the error).
     """
+    if deadline is not None and deadline.utcoffset() is None:
+        raise ConfigurationError(f"deadline {deadline.isoformat()} has no time zone")
     body = document(params or {}, cap=OBJECT_CAP, what="task params")
     digest = input_hash(dict(params or {})) if dedupe_key is not None else None
     trace_id, span_id = telemetry.ids(trace_id, span_id)
@@ -99,7 +113,7 @@ async def create(
         "workflow_version": workflow_version, "state": "waiting" if waiting else "pending",
         "params": body, "dedupe_key": dedupe_key, "input_hash": digest, "wake_at": wake_at,
         "max_attempts": max_attempts, "lease_ttl": lease_ttl, "trace_id": trace_id,
-        "span_id": span_id, "actor_id": actor,
+        "span_id": span_id, "actor_id": actor, "deadline_at": deadline,
     }  # fmt: skip
     for _ in range(_RACE_RERUNS):
         if await schema.distributed(db):
@@ -265,6 +279,59 @@ async def wake(db: _db.Executor, task: Task) -> Task:
     return await transition(
         db, task.tenant_id, task.id, expected_version=task.state_version, to_state="pending"
     )
+
+
+async def cancel(
+    db: _db.Executor,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    *,
+    reason: str | None = None,
+    actor: str | None = None,
+) -> Task:
+    """Cancel a task, whatever it is doing: pending, waiting or running (G20).
+
+    One versioned write with its event (``task.cancelled``: the reason, the
+    state it left, the lease holder it took the task from). A running task's
+    lease goes in the same write, so the holder's next renew, reserve, settle
+    or finish is refused with :class:`~agentdb.errors.Cancelled` (the worker
+    then cancels the handler), and the database refuses any operation
+    reserved for it afterwards, by any writer (AG012). Operations reserved
+    before stay in the ledger as they are, to be reconciled: a cancel never
+    makes an effect disappear. ``reason`` becomes the task's ``last_error``.
+
+    Returns the task as it is now: ``cancelled`` (by this call, or an earlier
+    one: cancelling twice is harmless), or the state it finished in before
+    the cancel arrived - a cancel never undoes a finish.
+
+    Raises:
+        NotFound: no such task in this tenant.
+        TransientError: the task kept changing under every one of 20 tries.
+        PayloadTooLarge / SecretInPayload: the event was refused (G9).
+    """
+    for _ in range(_CANCEL_RERUNS):
+        task = await get(db, tenant_id, task_id)
+        if task.state in FINISHED_STATES:
+            return task
+        try:
+            return await transition(
+                db,
+                tenant_id,
+                task_id,
+                expected_version=task.state_version,
+                to_state="cancelled",
+                error=f"cancelled: {reason}" if reason else "cancelled",
+                event_type="task.cancelled",
+                actor=actor or "agentdb",
+                payload={
+                    "reason": reason,
+                    "from_state": task.state,
+                    "lease_owner": task.lease_owner,
+                },
+            )
+        except StaleVersion:
+            continue  # moved on in between (a step, a finish, a claim): look again
+    raise TransientError(f"task {task_id} kept changing while it was being cancelled")
 
 
 # Batched finishing. A worker that finishes tasks one statement at a time is

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -227,3 +229,13 @@ async def wait_until_blocked(admin: asyncpg.Connection, pid: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"backend {pid} never blocked on a lock")
+
+
+async def until(predicate: Callable[[], bool], within: float = 20.0) -> None:
+    """Until ``predicate()`` holds (polled every 50 ms), else fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not reached in time")

@@ -1,4 +1,4 @@
-"""Raw-SQL attacks on every constraint and guard trigger (G2-G19).
+"""Raw-SQL attacks on every constraint and guard trigger (G2-G21).
 
 Each case pairs a positive control (a valid write that must be accepted, so
 the attack cannot pass vacuously) with an attack that Postgres must refuse
@@ -46,6 +46,7 @@ NO_GLOBAL_LIMITS = "no-global-limits"
 
 NOW = datetime.now(UTC)
 PAST = NOW - timedelta(days=1)
+FUTURE = NOW + timedelta(days=1)
 LONG = "x" * 4001
 
 
@@ -593,6 +594,74 @@ def _calls(max_calls: int, n: int, *, retry: bool = False) -> Step:
             )
             version += 2
         return oid
+
+    return step
+
+
+def _for_task(
+    finished: str | None,
+    *,
+    retry: bool = False,
+    deadline: datetime | None = None,
+    passed_after: bool = False,
+) -> Step:
+    """A raw reservation for a fresh task of tenant a (with ``deadline``) - still open
+    (``finished`` None), or moved to ``finished`` first: a new operation, or (``retry``) a
+    failed one re-armed, after its deadline passed if ``passed_after``."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        task_id = await F.create_task(conn, ctx.a, deadline_at=deadline)
+        if not retry:
+            if finished:
+                await F.update_task(conn, ctx.a, task_id, state=finished, state_version=1)
+            return await F.create_operation(conn, ctx.a, task_id)
+        oid = await F.create_operation(conn, ctx.a, task_id)
+        await F.update_operation(conn, ctx.a, oid, state="failed", state_version=1)
+        if finished:
+            await F.update_task(conn, ctx.a, task_id, state=finished, state_version=1)
+        elif passed_after:
+            # The deadline passes after the first attempt (a deadline not yet passed moves).
+            await F.update_task(conn, ctx.a, task_id, deadline_at=PAST, state_version=1)
+        return await F.update_operation(
+            conn, ctx.a, oid, state="reserved", attempts=2, state_version=2
+        )
+
+    return step
+
+
+def _late(move: str) -> Step:
+    """A task of tenant a past its deadline (``PAST``), then one raw write to it: ``to_dead``
+    / ``to_cancelled`` / ``claim`` from pending; ``finish`` / ``finish_dead`` from running
+    (the deadline passed while it ran); ``extend`` of the passed deadline; ``extend_open`` of
+    one that has not passed."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        if move == "extend_open":
+            task_id = await F.create_task(conn, ctx.a, deadline_at=FUTURE)
+            return await F.update_task(
+                conn, ctx.a, task_id, deadline_at=FUTURE + timedelta(days=1), state_version=1
+            )
+        running = move.startswith("finish")
+        task_id = await F.create_task(conn, ctx.a, deadline_at=FUTURE if running else PAST)
+        version = 1
+        if running:
+            version = await F.claim_task(conn, ctx.a, task_id) + 1
+            # A deadline that has not passed may move: here it passes while the task runs.
+            version = await F.update_task(
+                conn, ctx.a, task_id, deadline_at=PAST, state_version=version
+            ) + 1  # fmt: skip
+        moves: dict[str, dict[str, Any]] = {
+            "to_dead": {"state": "dead"},
+            "to_cancelled": {"state": "cancelled"},
+            "claim": {"state": "running", "lease_owner": "w", "lease_token": 1,
+                      "lease_acquired_at": NOW, "lease_expires_at": NOW + timedelta(hours=1)},
+            "finish": {"state": "succeeded", "lease_owner": None, "lease_acquired_at": None,
+                       "lease_expires_at": None},
+            "finish_dead": {"state": "dead", "lease_owner": None, "lease_acquired_at": None,
+                            "lease_expires_at": None},
+            "extend": {"deadline_at": FUTURE},
+        }  # fmt: skip
+        return await F.update_task(conn, ctx.a, task_id, **moves[move], state_version=version)
 
     return step
 
@@ -1521,6 +1590,58 @@ CASES: list[Case] = [
         _calls(3, 2, retry=True),
         _calls(3, 3, retry=True),
     ),
+    # ---- G20: nothing is reserved for a finished task ----------------------------------
+    Case("agent_operations_for_open_task", "AG012", _for_task(None), _for_task("cancelled")),
+    Case(
+        "agent_operations_for_open_task",
+        "AG012",
+        _for_task(None),
+        _for_task("dead"),
+        label="dead",
+    ),
+    Case(
+        "agent_operations_for_open_task_retry",
+        "AG012",
+        _for_task(None, retry=True),
+        _for_task("cancelled", retry=True),
+    ),
+    # ---- G21: past its deadline a task only ends -----------------------------------------
+    Case("agent_tasks_deadline_guard", "AG013", _late("to_dead"), _late("claim"), label="claim"),
+    Case(
+        "agent_tasks_deadline_guard",
+        "AG013",
+        _late("finish_dead"),
+        _late("finish"),
+        label="finish",
+    ),
+    Case(
+        "agent_tasks_deadline_guard",
+        "AG013",
+        _late("extend_open"),
+        _late("extend"),
+        label="extend",
+    ),
+    Case(
+        "agent_tasks_deadline_guard",
+        "AG013",
+        _late("to_cancelled"),
+        _late("claim"),
+        label="cancel",
+    ),
+    Case(
+        "agent_operations_for_open_task",
+        "AG013",
+        _for_task(None, deadline=FUTURE),
+        _for_task(None, deadline=PAST),
+        label="deadline",
+    ),
+    Case(
+        "agent_operations_for_open_task_retry",
+        "AG013",
+        _for_task(None, retry=True, deadline=FUTURE),
+        _for_task(None, retry=True, deadline=FUTURE, passed_after=True),
+        label="deadline",
+    ),
 ]
 
 
@@ -1611,6 +1732,8 @@ _BY_SQLSTATE: dict[str, type[errors.InvariantViolation]] = {
     "AG009": errors.ConcurrencyLimitExceeded,
     "AG010": errors.BudgetRuleViolation,
     "AG011": errors.RateLimited,
+    "AG012": errors.TaskFinished,
+    "AG013": errors.DeadlineExceeded,
     "23503": errors.TenantMismatch,
     "23505": errors.DuplicateKey,
     "23514": errors.InvariantViolation,

@@ -95,6 +95,8 @@ ARTICLE_STATUSES = {
     "G17": "missing",  # no tenants table: nothing anchors a tenant's rows
     "G18": "missing",  # no tenant-leading due index, no caps
     "G19": "missing",  # no budget table, no rate limits
+    "G20": "missing",  # no trigger on agent_operations reads agent_tasks
+    "G21": "not_applicable",  # no deadline column
 }
 
 
@@ -200,7 +202,7 @@ def test_fresh_agentdb_schema_cli_exits_0_with_fail_on_partial(agentdb_dsn: str)
     result = _cli("--dsn", agentdb_dsn, "--fail-on", "partial")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
-    assert "19 guarantees: 19 enforced, 0 partial, 0 missing" in result.stdout
+    assert "21 guarantees: 21 enforced, 0 partial, 0 missing" in result.stdout
 
 
 def test_G13_evidence_is_the_unknown_state_and_the_unsettled_index(agentdb_dsn: str) -> None:
@@ -579,6 +581,8 @@ _RANK = {"missing": 0, "partial": 1, "enforced": 2}
             "(tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id) ON DELETE CASCADE",
             "G17",
         ),
+        ("DROP TRIGGER agent_operations_for_open_task ON agent_operations", "G20"),
+        ("DROP TRIGGER agent_tasks_deadline_guard ON agent_tasks", "G21"),
     ],
 )
 def test_the_suggested_fix_applies_and_restores_the_guarantee(
@@ -952,3 +956,29 @@ def test_G19_no_budgets_and_no_rate_limits_is_missing(db: Database, auditor: str
         """,
         G19="missing",
     )
+
+
+def test_G20_operations_nothing_refuses_for_a_finished_task_are_flagged(
+    db: Database, auditor: str
+) -> None:
+    report = _broken(
+        db,
+        """
+        DROP TRIGGER agent_operations_for_open_task ON agent_operations;
+        DROP TRIGGER agent_operations_for_open_task_retry ON agent_operations;
+        """,
+        G20="missing",
+    )
+    assert "no trigger on agent_operations reads agent_tasks" in report.finding("G20").reason
+    fix = report.finding("G20").fix or ""
+    assert "t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id" in fix
+    assert "'cancelled'" in fix
+    assert "FOR SHARE" in fix
+
+
+def test_G21_a_deadline_nothing_guards_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(db, "DROP TRIGGER agent_tasks_deadline_guard ON agent_tasks", G21="missing")
+    assert "no trigger on agent_tasks reads the old deadline_at" in report.finding("G21").reason
+    fix = report.finding("G21").fix or ""
+    assert "IF OLD.deadline_at <= now()" in fix
+    assert "'dead'" in fix

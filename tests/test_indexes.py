@@ -37,6 +37,11 @@ INDEX_QUERIES: dict[str, str] = {
         "SELECT id FROM agent_tasks WHERE state IN ('succeeded', 'failed', 'cancelled', 'dead')"
         " AND updated_at <= now() - interval '30 days' LIMIT 100"
     ),
+    "agent_tasks_deadline_idx": (
+        "SELECT tenant_id, id FROM agent_tasks WHERE deadline_at <= now()"
+        " AND deadline_at IS NOT NULL AND state IN ('pending', 'waiting', 'running')"
+        " ORDER BY deadline_at LIMIT 100 FOR UPDATE SKIP LOCKED"
+    ),
     "agent_tasks_due_idx": (
         "SELECT id FROM agent_tasks WHERE state IN ('pending', 'waiting')"
         " AND tenant_id = '00000000-0000-4000-8000-000000000001' AND task_type = 't'"

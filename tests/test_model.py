@@ -9,7 +9,10 @@ Postgres with a small Python reference model:
 * ``state_version`` strictly increasing, one event per version (G7, G8);
 * one operation per (tenant, key), and the answer reserve gives matches the model (G3, G4);
 * every committed outbox row is delivered at least once once the relay drains (G10);
-* a fenced-out worker never changes anything: its write raises and the rows stay as they were (G12).
+* a fenced-out worker never changes anything: its write raises and the rows stay as they were (G12);
+* a cancel is final: the holder's writes raise ``Cancelled`` (never for a lease merely taken
+  over), nothing is reserved for a finished task by any writer, and a finish is never undone
+  (G20).
 
 Hypothesis cannot run async rules, so a small facade owns an asyncio.Runner
 and the connections; each example works in a tenant of its own.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -34,7 +37,16 @@ from hypothesis.stateful import (
 )
 
 from agentdb import leases, operations, outbox, tasks
-from agentdb.errors import IdempotencyConflict, LeaseLost, OperationInFlight, StaleVersion
+from agentdb.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    IdempotencyConflict,
+    LeaseLost,
+    OperationInFlight,
+    PastDeadline,
+    StaleVersion,
+    TaskFinished,
+)
 from agentdb.models import Lease, Message, Operation, OutboxMessage
 from agentdb.relay import Relay
 from tests import factories as F
@@ -52,6 +64,7 @@ class MTask:
     owner: str | None = None
     token: int = 0
     expired: bool = False
+    late: bool = False  # its deadline has passed (G21)
 
 
 @dataclass
@@ -133,18 +146,31 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 " ORDER BY id", self.tenant))  # fmt: skip
             return [list(map(tuple, rows)), list(map(tuple, ops))]
 
-        def refused_and_unchanged(self, call: Any, *errors: type[Exception]) -> None:
+        def refused_and_unchanged(self, call: Any, *errors: type[Exception]) -> Exception:
             before = self.snapshot()
             try:
                 h.run(call)
-            except errors:
-                pass
+            except errors as exc:
+                refused = exc
             else:
                 raise AssertionError("a fenced-out write was accepted")
             assert self.snapshot() == before, "a refused write changed something"
+            return refused
+
+        def lease_refused(self, tid: uuid.UUID, call: Any, *also: type[Exception]) -> None:
+            """A holder's write refused: ``Cancelled`` exactly when the task was cancelled,
+            ``PastDeadline`` exactly when the deadline sweep ended it."""
+            refused = self.refused_and_unchanged(call, LeaseLost, *also)
+            if isinstance(refused, LeaseLost):
+                mt = self.m.tasks[tid]
+                cancelled = mt.state == "cancelled"
+                swept = mt.state == "dead" and mt.late
+                assert isinstance(refused, Cancelled) == cancelled, (refused, cancelled)
+                assert isinstance(refused, PastDeadline) == swept, (refused, swept)
 
         def pick_held(self, data: st.DataObject, w: int) -> uuid.UUID:
-            return data.draw(st.sampled_from(sorted(self.held[w])))
+            # In the order taken: a replay draws the same task whatever its random id.
+            return data.draw(st.sampled_from(list(self.held[w])))
 
         # ---- rules -------------------------------------------------------------------
 
@@ -157,7 +183,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
         def claim(self, w: int) -> None:
             claimable = {
                 tid for tid, t in self.m.tasks.items()
-                if t.state == "pending" or (t.state == "running" and t.expired)
+                if not t.late and (t.state == "pending" or (t.state == "running" and t.expired))
             }  # fmt: skip
             got = h.run(
                 leases.claim(
@@ -198,7 +224,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 self.held[w][tid] = (renewed, version)
                 self.m.tasks[tid].expired = False
             else:
-                self.refused_and_unchanged(leases.renew(h.conns[w], lease), LeaseLost)
+                self.lease_refused(tid, leases.renew(h.conns[w], lease))
 
         @rule(w=st.integers(0, WORKERS - 1), data=st.data())
         def complete(self, w: int, data: st.DataObject) -> None:
@@ -212,13 +238,15 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 lease=lease, outbox=[msg],
             )  # fmt: skip
             mt = self.m.tasks[tid]
-            if self.current(w, tid) and mt.version == version:
+            if self.current(w, tid) and mt.version == version and mt.late:
+                self.refused_and_unchanged(call, DeadlineExceeded)
+            elif self.current(w, tid) and mt.version == version:
                 h.run(call)
                 mt.state, mt.version, mt.owner = "succeeded", mt.version + 1, None
                 self.m.committed.add(msg.id)
                 del self.held[w][tid]
             else:
-                self.refused_and_unchanged(call, LeaseLost, StaleVersion)
+                self.lease_refused(tid, call, StaleVersion)
 
         @rule(w=st.integers(0, WORKERS - 1), data=st.data())
         def release(self, w: int, data: st.DataObject) -> None:
@@ -226,13 +254,15 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 return
             tid = self.pick_held(data, w)
             lease, _ = self.held[w][tid]
-            if self.current(w, tid):
+            if self.current(w, tid) and self.m.tasks[tid].late:
+                self.refused_and_unchanged(leases.release(h.conns[w], lease), DeadlineExceeded)
+            elif self.current(w, tid):
                 h.run(leases.release(h.conns[w], lease))
                 mt = self.m.tasks[tid]
                 mt.state, mt.version, mt.owner, mt.expired = "pending", mt.version + 1, None, False
                 del self.held[w][tid]
             else:
-                self.refused_and_unchanged(leases.release(h.conns[w], lease), LeaseLost)
+                self.lease_refused(tid, leases.release(h.conns[w], lease))
 
         @rule(
             w=st.integers(0, WORKERS - 1),
@@ -249,10 +279,12 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 h.conns[w], self.tenant, tid, key, "pay", INPUTS[i], lease=lease
             )
             if not self.current(w, tid):
-                self.refused_and_unchanged(call, LeaseLost)
+                self.lease_refused(tid, call)
                 return
             known = self.m.ops.get(key)
-            if known is None:
+            if known is None and self.m.tasks[tid].late:
+                self.refused_and_unchanged(call, DeadlineExceeded)  # no new effect
+            elif known is None:
                 res = h.run(call)
                 assert res.fresh
                 self.m.ops[key] = MOp(res.operation, i)
@@ -279,7 +311,70 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 known.op = h.run(call)
                 known.state = "succeeded"
             else:
-                self.refused_and_unchanged(call, LeaseLost)
+                self.lease_refused(task_id, call)
+
+        @rule(data=st.data())
+        def cancel(self, data: st.DataObject) -> None:
+            if not self.m.tasks:
+                return
+            # In creation order: a replay draws the same task whatever its random id.
+            tid = data.draw(st.sampled_from(list(self.m.tasks)))
+            mt = self.m.tasks[tid]
+            got = h.run(tasks.cancel(h.pool, self.tenant, tid, reason="model"))
+            if mt.state not in tasks.FINISHED_STATES:  # a finish is never undone
+                mt.state, mt.version, mt.owner, mt.expired = (
+                    "cancelled",
+                    mt.version + 1,
+                    None,
+                    False,
+                )
+            assert (got.state, got.state_version) == (mt.state, mt.version)
+
+        @rule(data=st.data())
+        def reserve_for_a_finished_task(self, data: st.DataObject) -> None:
+            """Without a lease, as a raw writer would: the database refuses a finished task
+            (AG012) and a late one (AG013)."""
+            over = [
+                t for t, mt in self.m.tasks.items()
+                if mt.state in tasks.FINISHED_STATES or mt.late
+            ]  # fmt: skip
+            if not over:
+                return
+            tid = data.draw(st.sampled_from(over))
+            call = operations.reserve(
+                h.pool, self.tenant, tid, f"late-{uuid.uuid4().hex[:8]}", "pay", INPUTS[0]
+            )
+            finished = self.m.tasks[tid].state in tasks.FINISHED_STATES
+            self.refused_and_unchanged(call, TaskFinished if finished else DeadlineExceeded)
+
+        @rule(data=st.data())
+        def deadline_passes(self, data: st.DataObject) -> None:
+            """An unfinished task's deadline is moved into the past (a versioned raw write)."""
+            alive = [
+                t for t, mt in self.m.tasks.items()
+                if mt.state not in tasks.FINISHED_STATES and not mt.late
+            ]  # fmt: skip
+            if not alive:
+                return
+            tid = data.draw(st.sampled_from(alive))
+            mt = self.m.tasks[tid]
+            past = datetime.now(UTC) - timedelta(hours=1)
+            h.run(F.update_task(h.admin, self.tenant, tid, deadline_at=past,
+                                state_version=mt.version + 1))  # fmt: skip
+            mt.version, mt.late = mt.version + 1, True
+
+        @rule()
+        def sweep(self) -> None:
+            got = h.run(leases.expire_deadlines(h.pool, batch=1000))
+            mine = {t for tenant, t in got if tenant == self.tenant}
+            due = {
+                t for t, mt in self.m.tasks.items()
+                if mt.late and mt.state not in tasks.FINISHED_STATES
+            }  # fmt: skip
+            assert mine == due
+            for tid in due:
+                mt = self.m.tasks[tid]
+                mt.state, mt.version, mt.owner = "dead", mt.version + 1, None
 
         @rule(w=st.integers(0, WORKERS - 1))
         def crash(self, w: int) -> None:

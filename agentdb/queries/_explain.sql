@@ -20,10 +20,12 @@ FROM agent_outbox
 WHERE tenant_id = $1 AND id = $2;
 
 -- name: explain_task :one
--- The state, version and lease of a task, to explain a zero-row write.
--- guarantee: G7, G12
+-- The state, version and lease of a task, and whether its deadline passed,
+-- to explain a zero-row write.
+-- guarantee: G7, G12, G21
 -- zero rows: no such task in this tenant.
 -- params: $1 tenant_id uuid, $2 id uuid
-SELECT state, state_version, lease_owner, lease_token, lease_expires_at
+SELECT state, state_version, lease_owner, lease_token, lease_expires_at,
+       coalesce(deadline_at <= now(), false) AS deadline_passed
 FROM agent_tasks
 WHERE tenant_id = $1 AND id = $2;

@@ -138,6 +138,7 @@ WITH caps AS MATERIALIZED (
     FROM agent_tasks t
     WHERE t.tenant_id = $1 AND t.state = 'running' AND t.lease_expires_at <= now()
       AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))
+      AND (t.deadline_at IS NULL OR t.deadline_at > now())
     ORDER BY t.lease_expires_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -146,6 +147,7 @@ WITH caps AS MATERIALIZED (
     FROM agent_tasks t
     WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()
       AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))
+      AND (t.deadline_at IS NULL OR t.deadline_at > now())
       AND (SELECT o.ok FROM open o)
       AND NOT EXISTS (SELECT 1 FROM free f WHERE f.task_type = t.task_type AND f.slots <= 0)
     ORDER BY t.wake_at
@@ -182,8 +184,20 @@ WHERE t.tenant_id = $1 AND t.id = p.id
 RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
           t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
           t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
-          t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+          t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id, t.created_at,
           t.updated_at, p.from_state, p.ord;
+
+-- name: routed_deadline_tenants :many
+-- Tenants with an unfinished task whose deadline has passed: where
+-- routed_expire_deadlines has work. A lock-free read.
+-- guarantee: G21
+-- params: $1 max_tenants int8
+SELECT DISTINCT t.tenant_id
+FROM agent_tasks t
+WHERE t.deadline_at <= now() AND t.deadline_at IS NOT NULL
+  AND t.state IN ('pending', 'waiting', 'running')
+ORDER BY t.tenant_id
+LIMIT $1;
 
 -- name: routed_due_tenants :many
 -- Tenants after $1 (in id order) with a task a worker may take now: due,
@@ -219,6 +233,31 @@ WHERE EXISTS (
            OR (k.state IN ('pending', 'waiting') AND k.wake_at <= now())))
 ORDER BY t.id
 LIMIT $1;
+
+-- name: routed_expire_deadlines :many
+-- Tenant $1's unfinished tasks whose deadline has passed, moved to 'dead'
+-- with their lease dropped (at most $2). The caller writes their events.
+-- guarantee: G21
+-- zero rows: no deadline of this tenant has passed (or another sweep holds the rows).
+-- params: $1 tenant_id uuid, $2 batch int8
+WITH victims AS MATERIALIZED (
+    SELECT t.id, t.state AS from_state, t.lease_owner AS holder,
+           'deadline passed at ' || t.deadline_at AS why
+    FROM agent_tasks t
+    WHERE t.tenant_id = $1 AND t.deadline_at <= now() AND t.deadline_at IS NOT NULL
+      AND t.state IN ('pending', 'waiting', 'running')
+    ORDER BY t.deadline_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_tasks t
+SET state = 'dead', state_version = t.state_version + 1, lease_owner = NULL,
+    lease_acquired_at = NULL, lease_expires_at = NULL,
+    last_error = v.why, updated_at = now()
+FROM victims v
+WHERE t.tenant_id = $1 AND t.id = v.id
+RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.deadline_at,
+          t.trace_id, t.span_id, v.from_state, v.holder;
 
 -- name: routed_operation_by_key :one
 -- The operation that holds tenant $1's key $2 (after routed_operation_insert
@@ -378,7 +417,7 @@ RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wak
 -- params: $1 tenant_id uuid, $2 dedupe_key text
 SELECT false AS created, id, tenant_id, task_type, workflow_version, state, state_version,
        current_step, wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
        trace_id, span_id, created_at, updated_at
 FROM agent_tasks
 WHERE tenant_id = $1 AND dedupe_key = $2;
@@ -401,17 +440,17 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 -- (routed_task_event) in the same transaction.
 -- guarantee: G3, G4
 -- zero rows: dedupe key $7 is taken in this tenant.
--- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 deadline_at timestamptz
 INSERT INTO agent_tasks (id, tenant_id, task_type, workflow_version, state, params,
                          dedupe_key, input_hash, wake_at, max_attempts, lease_ttl,
-                         trace_id, span_id)
+                         trace_id, span_id, deadline_at)
 VALUES ($2, $1, $3, $4, $5, $6, $7, $8,
         coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
-        $10, $11, $12, $13)
+        $10, $11, $12, $13, $14)
 ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
 RETURNING true AS created, id, tenant_id, task_type, workflow_version, state, state_version,
           current_step, wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-          lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+          lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
           trace_id, span_id, created_at, updated_at;
 
 -- name: routed_transition :one
@@ -445,5 +484,5 @@ WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3
 RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
           t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
           t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
-          t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+          t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id, t.created_at,
           t.updated_at, prior.state AS from_state;

@@ -159,6 +159,8 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
         WHERE t.tenant_id = p.tenant_id AND t.task_type = p.task_type
           AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()
           AND t.attempts < t.max_attempts
+          -- G21: past its deadline a task is never claimed (the sweep ends it).
+          AND (t.deadline_at IS NULL OR t.deadline_at > now())
         ORDER BY t.wake_at
         LIMIT least(s.n, (SELECT greatest(0, f.slots) FROM free f
                           WHERE f.tenant_id = p.tenant_id AND f.task_type = p.task_type))
@@ -173,6 +175,7 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
     FROM agent_tasks
     WHERE state = 'running' AND lease_expires_at <= now() AND attempts < max_attempts
       AND ($4::text[] IS NULL OR task_type = ANY ($4))
+      AND (deadline_at IS NULL OR deadline_at > now())
     ORDER BY lease_expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -200,7 +203,7 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
     RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
               t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
               t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
-              t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+              t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id, t.created_at,
               t.updated_at, p.from_state, p.ord
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
@@ -215,10 +218,48 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
 )
 SELECT id, tenant_id, task_type, workflow_version, state, state_version, current_step,
        wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
        trace_id, span_id, created_at, updated_at
 FROM claimed
 ORDER BY ord;
+
+-- name: lease_expire_deadlines :many
+-- Move unfinished tasks whose deadline has passed to 'dead', with their
+-- event (task.deadline_passed): a running one loses its lease in the same
+-- write, so its holder's next write is refused (G21). At most $2 tasks, the
+-- earliest deadlines first; rows another writer holds are left for the next
+-- sweep.
+-- guarantee: G21, G8
+-- params: $1 actor_id text, $2 batch int8
+WITH victims AS (
+    SELECT tenant_id, id, state AS from_state, lease_owner AS holder,
+           'deadline passed at ' || deadline_at AS why
+    FROM agent_tasks
+    WHERE deadline_at <= now() AND deadline_at IS NOT NULL
+      AND state IN ('pending', 'waiting', 'running')
+    ORDER BY deadline_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE agent_tasks t
+    SET state = 'dead', state_version = t.state_version + 1, lease_owner = NULL,
+        lease_acquired_at = NULL, lease_expires_at = NULL,
+        last_error = v.why, updated_at = now()
+    FROM victims v
+    WHERE t.tenant_id = v.tenant_id AND t.id = v.id
+    RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.deadline_at,
+              t.trace_id, t.span_id, v.from_state, v.holder
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                              from_state, to_state, task_state_version, payload, trace_id,
+                              span_id)
+    SELECT tenant_id, id, 'task.deadline_passed', $1, workflow_version, from_state, state,
+           state_version,
+           jsonb_strip_nulls(jsonb_build_object('deadline_at', deadline_at, 'lease_owner', holder)),
+           trace_id, span_id
+    FROM moved
+)
+SELECT tenant_id, id FROM moved;
 
 -- name: lease_release :one
 -- Give the task back: running -> pending (due at $5, default now), or

@@ -19,36 +19,36 @@ ORDER BY task_type;
 -- the caller compares input_hash and refuses a different request (G4).
 -- guarantee: G3, G4
 -- zero rows: a concurrent request committed the same dedupe key after this statement's snapshot was taken; run it again.
--- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 actor_id text
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 deadline_at timestamptz, $15 actor_id text
 WITH ins AS (
     INSERT INTO agent_tasks (id, tenant_id, task_type, workflow_version, state, params,
                              dedupe_key, input_hash, wake_at, max_attempts, lease_ttl,
-                             trace_id, span_id)
+                             trace_id, span_id, deadline_at)
     VALUES ($2, $1, $3, $4, $5, $6, $7, $8,
             coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
-            $10, $11, $12, $13)
+            $10, $11, $12, $13, $14)
     ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
     RETURNING id, tenant_id, task_type, workflow_version, state, state_version, current_step,
               wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-              lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+              lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
               trace_id, span_id, created_at, updated_at
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
                               to_state, task_state_version, trace_id, span_id)
-    SELECT tenant_id, id, 'task.created', $14, workflow_version, state, state_version,
+    SELECT tenant_id, id, 'task.created', $15, workflow_version, state, state_version,
            trace_id, span_id
     FROM ins
 )
 SELECT true AS created, id, tenant_id, task_type, workflow_version, state, state_version,
        current_step, wake_at, dedupe_key, input_hash, params, attempts, max_attempts,
-       last_error, lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       last_error, lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
        trace_id, span_id, created_at, updated_at
 FROM ins
 UNION ALL
 SELECT false, t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
        t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
        t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
-       t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+       t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id, t.created_at,
        t.updated_at
 FROM agent_tasks t
 WHERE t.tenant_id = $1 AND t.dedupe_key = $7 AND NOT EXISTS (SELECT 1 FROM ins);
@@ -86,7 +86,7 @@ WITH input AS (
               t.workflow_version, t.state, t.state_version, t.current_step, t.wake_at,
               t.dedupe_key, t.input_hash, t.params, t.attempts, t.max_attempts, t.last_error,
               t.lease_ttl, t.lease_owner, t.lease_token, t.lease_acquired_at,
-              t.lease_expires_at, t.trace_id, t.span_id, t.created_at, t.updated_at
+              t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id, t.created_at, t.updated_at
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
                               from_state, to_state, task_state_version, payload, trace_id,
@@ -102,7 +102,7 @@ WITH input AS (
 )
 SELECT ord, id, tenant_id, task_type, workflow_version, state, state_version, current_step,
        wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
        trace_id, span_id, created_at, updated_at
 FROM upd
 ORDER BY ord;
@@ -114,7 +114,7 @@ ORDER BY ord;
 -- params: $1 tenant_id uuid, $2 id uuid
 SELECT id, tenant_id, task_type, workflow_version, state, state_version, current_step,
        wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
        trace_id, span_id, created_at, updated_at
 FROM agent_tasks
 WHERE tenant_id = $1 AND id = $2;
@@ -150,7 +150,7 @@ WITH prior AS (
     RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
               t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
               t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
-              t.lease_acquired_at, t.lease_expires_at, t.trace_id, t.span_id, t.created_at,
+              t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id, t.created_at,
               t.updated_at, prior.state AS from_state
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
@@ -167,6 +167,6 @@ WITH prior AS (
 )
 SELECT id, tenant_id, task_type, workflow_version, state, state_version, current_step,
        wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
-       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
        trace_id, span_id, created_at, updated_at
 FROM upd;

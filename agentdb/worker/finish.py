@@ -28,8 +28,13 @@ the worker does when it does not simply land - one rule per case, and why:
   attempt would repeat every effect it did not reserve and be refused again,
   until the attempts run out. If even that plain Fail is refused, the lease is
   released as above.
-* **LeaseLost**: another worker took the task over; nothing more is written and
-  the late write is counted (``late_writes_refused``, G12).
+* **LeaseLost**: another worker took the task over, or the task was cancelled
+  (``Cancelled``, G20) or swept past its deadline (``PastDeadline``, G21);
+  nothing more is written and the late write is counted
+  (``late_writes_refused``, G12).
+* **DeadlineExceeded**: the task passed its deadline before the sweep ended it
+  (G21); nothing of the outcome is written, the write is counted
+  (``late_writes_refused``) and the sweep runs at once.
 * **StaleVersion / NotFound**: another writer moved the task on under our
   lease; the lease is released if we still hold it (the release is fenced by
   the lease alone), else nothing is written.
@@ -55,7 +60,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 from agentdb import _db, _faults, leases, tasks
 from agentdb._runtime import backoff
-from agentdb.errors import LeaseLost, PoolerMismatch, StaleWrite, TransientError
+from agentdb.errors import (
+    AgentDBError,
+    Cancelled,
+    DeadlineExceeded,
+    LeaseLost,
+    PoolerMismatch,
+    StaleWrite,
+    TransientError,
+)
 from agentdb.worker.job import Job
 from agentdb.worker.outcomes import Fail, Outcome, Retry, Succeed, Wait
 
@@ -129,9 +142,21 @@ class Finisher:
         task = job.task
         try:
             await self._write(job, outcome)
-        except LeaseLost:
+        except LeaseLost as exc:
             self.stats.late_writes_refused += 1
-            log.warning("task %s: late write refused - the lease was taken over (G12)", task.id)
+            if isinstance(exc, Cancelled):
+                log.info("task %s: outcome not written - the task was cancelled (G20)", task.id)
+            else:
+                log.warning("task %s: late write refused - the lease was taken over (G12)", task.id)
+        except DeadlineExceeded:
+            # G21: past its deadline nothing keeps the task alive - not this outcome,
+            # not a fallback Fail, not a release; the sweep ends it now.
+            self.stats.late_writes_refused += 1
+            log.warning("task %s: outcome not written - the task passed its deadline", task.id)
+            try:
+                await leases.expire_deadlines(self.pool, actor=job.lease.owner)
+            except (AgentDBError, OSError) as exc:  # the next maintenance sweeps it
+                log.warning("deadline sweep skipped: %s", _brief(exc))
         except PoolerMismatch as exc:
             self._on_fatal(exc, job)
         except _TRANSIENT as exc:

@@ -41,6 +41,10 @@ class Job:
         self.task = task
         self.lease: Lease = lease
         self.lease_lost = False
+        #: the lease went with a cancel of the task (G20), not to another worker.
+        self.cancelled = False
+        #: the lease went with the deadline sweep (G21).
+        self.past_deadline = False
         self._reconcilers = reconcilers
         self._on_reconciled = on_reconciled
         self._fresh: dict[uuid.UUID, Operation] = {}

@@ -36,11 +36,13 @@ from agentdb._db.pool import pooler_mode
 from agentdb._runtime import nap, owner_id, wakeups
 from agentdb.errors import (
     AgentDBError,
+    Cancelled,
     ConcurrencyLimitExceeded,
     ConfigurationError,
     IdempotencyConflict,
     LeaseLost,
     OperationUnsettled,
+    PastDeadline,
     PoolerMismatch,
     RateLimited,
     StaleWrite,
@@ -82,6 +84,10 @@ class WorkerStats:
     retried: int = 0
     waiting: int = 0
     lease_lost: int = 0
+    #: attempts stopped because the task was cancelled (G20); counted in lease_lost too.
+    cancelled: int = 0
+    #: attempts stopped because the task passed its deadline (G21); in lease_lost too.
+    past_deadline: int = 0
     late_writes_refused: int = 0
     reconciled: int = 0
     released_on_shutdown: int = 0
@@ -237,6 +243,9 @@ class Worker:
             buried = await leases.bury_exhausted(self.pool, actor=self.worker_id)
             if buried:
                 log.warning("%d task(s) used all their attempts and are now dead", len(buried))
+            late = await leases.expire_deadlines(self.pool, actor=self.worker_id)
+            if late:
+                log.warning("%d task(s) passed their deadline and are now dead", len(late))
             for task_type, n in await tasks.count_unhandled(self.pool, self.handlers):
                 log.warning(
                     "%d due task(s) of type %r have no handler in this worker; they stay pending",
@@ -297,10 +306,7 @@ class Worker:
                 outcome = self._verdict(job, await work)
             except asyncio.CancelledError:
                 if job.lease_lost:
-                    self.stats.lease_lost += 1
-                    log.warning(
-                        "task %s: lease lost, handler stopped; nothing more is written", task.id
-                    )
+                    self._lost(job, "handler stopped")
                     return
                 me = asyncio.current_task()
                 if me is not None and me.cancelling():
@@ -308,9 +314,10 @@ class Worker:
                 # Cancelled by something of its own, not by the worker: the attempt
                 # ended without a verdict.
                 outcome = Retry("CancelledError: the handler was cancelled, not by the worker")
-            except LeaseLost:
-                self.stats.lease_lost += 1
-                log.warning("task %s: lease lost mid-attempt; nothing more is written", task.id)
+            except LeaseLost as exc:
+                job.cancelled = job.cancelled or isinstance(exc, Cancelled)
+                job.past_deadline = job.past_deadline or isinstance(exc, PastDeadline)
+                self._lost(job, "mid-attempt")
                 return
             except PoolerMismatch as exc:
                 self._fatal_error(exc, job)
@@ -363,6 +370,17 @@ class Worker:
             log.error("task %s (%s): %s", job.task.id, job.task.task_type, outcome.error)
         return outcome
 
+    def _lost(self, job: Job, when: str) -> None:
+        self.stats.lease_lost += 1
+        if job.cancelled:
+            self.stats.cancelled += 1
+            log.info("task %s: cancelled (G20), %s; nothing more is written", job.task.id, when)
+        elif job.past_deadline:
+            self.stats.past_deadline += 1
+            log.warning("task %s: passed its deadline (G21), %s; it is dead", job.task.id, when)
+        else:
+            log.warning("task %s: lease lost, %s; nothing more is written", job.task.id, when)
+
     async def _heartbeat(self, job: Job, work: asyncio.Task[Any]) -> None:
         ttl = (
             job.lease.expires_at - (job.task.lease_acquired_at or datetime.now(UTC))
@@ -374,8 +392,11 @@ class Worker:
                 job.lease = await leases.renew(
                     self.pool, job.lease, lease_ttl=timedelta(seconds=ttl)
                 )
-            except StaleWrite:
+            except StaleWrite as exc:
+                # Cancelled (G20), past its deadline (G21) or taken over: it stops now.
                 job.lease_lost = True
+                job.cancelled = isinstance(exc, Cancelled)
+                job.past_deadline = isinstance(exc, PastDeadline)
                 work.cancel()
                 return
             except PoolerMismatch as exc:

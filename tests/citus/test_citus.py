@@ -215,16 +215,19 @@ def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
 
 def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> None:
     """An installation already on Citus upgrades: a later migration's functions (0017
-    replaces the trigger function that counts rate-limited calls, which runs on the
-    shards) are the same on every worker as on the coordinator, settings included, both
-    ways - and without another ``--citus`` run."""
+    replaces the trigger function that counts rate-limited calls, 0018 adds one that
+    guards finished tasks; both run on the shards) are the same on every worker as on
+    the coordinator, settings included, both ways - and without another ``--citus``
+    run; 0018's triggers reach the shards."""
     with fresh_database(citus.dsn, "agentdb_up") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
-        down = _cli("rollback", "--dsn", fresh.dsn)
+        assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
+        down = _cli("rollback", "--count", "2", "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is False  # 0017 is rolled back on the coordinator...
         assert workers == [coord] * len(workers)  # ...and on every worker
+        assert _open_task_guards(fresh) == [False] * (1 + len(fresh.workers))
         with _pg.admin(fresh.dsn) as conn:  # the setting 0014's distribution gave it
             [config] = conn.execute(_CONFIG, ("agentdb_count_call",)).fetchone() or [None]
         assert "citus.allow_nested_distributed_execution=on" in (config or []), config
@@ -233,6 +236,28 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is True
         assert workers == [coord] * len(workers)
+        assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
+        with _pg.admin(fresh.dsn) as conn:
+            [config] = conn.execute(_CONFIG, ("agentdb_guard_open_task",)).fetchone() or [None]
+        assert "citus.allow_nested_distributed_execution=on" in (config or []), config
+
+
+_GUARDED_SHARDS = """SELECT count(*) FILTER (WHERE g.tgname IS NULL), count(*)
+FROM pg_class c
+LEFT JOIN pg_trigger g ON g.tgrelid = c.oid AND g.tgname = 'agent_operations_for_open_task'
+WHERE c.relname ~ '^agent_operations(_[0-9]+)?$' AND c.relkind = 'r'"""
+
+
+def _open_task_guards(cluster: Cluster) -> list[bool]:
+    """Per node: whether every agent_operations table there (the coordinator's, each
+    worker's shards) has 0018's trigger."""
+    out = []
+    for url in (cluster.dsn, *cluster.workers):
+        with _pg.admin(url) as conn:
+            conn.execute("SET citus.override_table_visibility = off")  # see the shards
+            missing, total = conn.execute(_GUARDED_SHARDS).fetchone() or (None, 0)
+            out.append(missing == 0 and bool(total))
+    return out
 
 
 async def test_a_task_cycle_commits_on_one_worker_without_2pc(

@@ -75,7 +75,7 @@ class TableRef:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """The audit of one schema: one finding per guarantee, G1 to G19 in order."""
+    """The audit of one schema: one finding per guarantee, G1 to G21 in order."""
 
     database: str
     schema: str
@@ -261,7 +261,7 @@ JSON_SCHEMA: Final[dict[str, Any]] = {
             "required": ["guarantee", "title", "status", "reason", "evidence", "problems", "fix"],
             "additionalProperties": False,
             "properties": {
-                "guarantee": {"type": "string", "pattern": "^G([1-9]|1[0-9])$"},
+                "guarantee": {"type": "string", "pattern": "^G([1-9]|1[0-9]|2[01])$"},
                 "title": {"type": "string"},
                 "status": {"enum": list(STATUSES)},
                 "reason": {"type": "string"},

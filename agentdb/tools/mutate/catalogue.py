@@ -59,6 +59,7 @@ def all_mutants() -> tuple[Mutant, ...]:
     """Every mutant of the catalogue, in report order."""
     from agentdb.tools.mutate import (
         mutants_budgets,
+        mutants_cancel,
         mutants_code,
         mutants_production,
         mutants_routed,
@@ -72,5 +73,6 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_code.MUTANTS
         + mutants_production.MUTANTS
         + mutants_budgets.MUTANTS
+        + mutants_cancel.MUTANTS
         + mutants_routed.MUTANTS
     )

@@ -147,8 +147,9 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "worker-heartbeat-does-not-cancel",
         "agentdb/worker/loop.py",
-        "            except StaleWrite:\n                job.lease_lost = True\n                work.cancel()\n                return",
-        "            except StaleWrite:\n                job.lease_lost = True\n                return",
+        "                job.past_deadline = isinstance(exc, PastDeadline)\n"
+        "                work.cancel()\n                return",
+        "                job.past_deadline = isinstance(exc, PastDeadline)\n                return",
         (T + "test_worker.py",),
         "heartbeat: a lost lease no longer cancels the handler",
     ),

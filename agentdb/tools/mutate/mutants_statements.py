@@ -189,9 +189,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "leases-claim-not-due",
         LEASES_SQL,
         "          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()\n"
-        "          AND t.attempts < t.max_attempts\n        ORDER BY t.wake_at",
+        "          AND t.attempts < t.max_attempts\n          -- G21",
         "          AND t.state IN ('pending', 'waiting')\n"
-        "          AND t.attempts < t.max_attempts\n        ORDER BY t.wake_at",
+        "          AND t.attempts < t.max_attempts\n          -- G21",
         (FENCES, T + "test_tasks.py", T + "test_fairness.py"),
         "lease_claim: claim tasks whose wake_at is still in the future",
     ),
@@ -199,9 +199,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "leases-claim-exhausted",
         LEASES_SQL,
         "          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()\n"
-        "          AND t.attempts < t.max_attempts\n        ORDER BY t.wake_at",
-        "          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()\n"
-        "        ORDER BY t.wake_at",
+        "          AND t.attempts < t.max_attempts\n          -- G21",
+        "          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()\n          -- G21",
         (T + "test_leases.py", T + "test_worker.py", T + "test_fairness.py"),
         "lease_claim: claim a task that used up its attempts",
     ),

@@ -1,0 +1,158 @@
+"""Mutants of cancellation (G20) and deadlines (G21): the guards, the sweep, the typed
+refusals, the worker."""
+
+from __future__ import annotations
+
+from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
+
+CANCEL = "sql/0018.cancel.sql"
+TESTS = T + "test_cancel.py"
+ATTACK = ATTACKS + "::test_attack_is_refused"
+
+MUTANTS: tuple[Mutant, ...] = (
+    m(
+        "cancel-guard-lets-cancelled-through",
+        CANCEL,
+        "    IF task_state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
+        "    IF task_state IN ('succeeded', 'failed', 'dead') THEN",
+        (ATTACK, TESTS),
+        "agentdb_guard_open_task: an operation can be reserved for a cancelled task",
+    ),
+    m(
+        "cancel-guard-reads-without-lock",
+        CANCEL,
+        "    WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id\n    FOR SHARE;",
+        "    WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id;",
+        (TESTS + "::test_G20_a_raw_reservation_waits_for_a_cancel_in_progress_and_is_refused",),
+        "agentdb_guard_open_task: a reservation that read the task before a cancel committed "
+        "lands after it",
+    ),
+    m(
+        "cancel-retry-guard-dropped",
+        CANCEL,
+        "    FOR EACH ROW WHEN (OLD.state = 'failed' AND NEW.state = 'reserved')\n"
+        "    EXECUTE FUNCTION agentdb_guard_open_task();",
+        "    FOR EACH ROW WHEN (false)\n    EXECUTE FUNCTION agentdb_guard_open_task();",
+        (ATTACK,),
+        "agent_operations_for_open_task_retry: a failed operation of a cancelled task is re-armed",
+    ),
+    m(
+        "cancel-keeps-the-lease",
+        "agentdb/tasks.py",
+        '                to_state="cancelled",',
+        '                to_state="running" if task.state == "running" else "cancelled",',
+        (TESTS,),
+        "tasks.cancel: a running task keeps running under its holder's lease",
+    ),
+    m(
+        "cancel-told-as-lease-lost",
+        "agentdb/_explain.py",
+        '            Cancelled\n            if now["state"] == "cancelled"\n            else PastDeadline',
+        '            LeaseLost\n            if now["state"] == "cancelled"\n            else PastDeadline',
+        (TESTS,),
+        "the holder of a cancelled task is told its lease was taken over, not why",
+    ),
+    m(
+        "cancel-undoes-a-finish",
+        "agentdb/tasks.py",
+        "        if task.state in FINISHED_STATES:\n            return task\n        try:",
+        "        if task.state == 'cancelled':\n            return task\n        try:",
+        (TESTS,),
+        "tasks.cancel: a finished task is cancelled after the fact",
+    ),
+    m(
+        "worker-cancel-not-noticed",
+        "agentdb/worker/loop.py",
+        "                job.cancelled = isinstance(exc, Cancelled)\n",
+        "                job.cancelled = False\n",
+        (
+            TESTS
+            + "::test_G20_a_worker_stops_the_handler_of_a_cancelled_task_and_writes_nothing_more",
+        ),
+        "the worker counts a cancelled task's stopped handler as a lease taken over",
+    ),
+)
+
+DEADLINES = "sql/0019.deadlines.sql"
+LATE = T + "test_deadlines.py"
+MODEL = T + "test_model.py"
+
+MUTANTS += (
+    m(
+        "deadline-claim-takes-late",
+        "agentdb/queries/leases.sql",
+        "          -- G21: past its deadline a task is never claimed (the sweep ends it).\n"
+        "          AND (t.deadline_at IS NULL OR t.deadline_at > now())\n",
+        "",
+        (LATE, MODEL),
+        "lease_claim: a task past its deadline is offered to a worker",
+    ),
+    m(
+        "deadline-guard-lets-a-finish-through",
+        DEADLINES,
+        "    IF NEW.state NOT IN ('dead', 'cancelled') THEN",
+        "    IF NEW.state NOT IN ('dead', 'cancelled', 'succeeded') THEN",
+        (ATTACK, LATE),
+        "agentdb_guard_deadline: a task past its deadline can still succeed",
+    ),
+    m(
+        "deadline-op-guard-ignores-the-deadline",
+        DEADLINES,
+        "    IF task_deadline <= now() THEN",
+        "    IF false THEN",
+        (ATTACK, LATE, MODEL),
+        "agentdb_guard_open_task: a task past its deadline starts a new effect",
+    ),
+    m(
+        "deadline-sweep-spares-running",
+        "agentdb/queries/leases.sql",
+        "    WHERE deadline_at <= now() AND deadline_at IS NOT NULL\n"
+        "      AND state IN ('pending', 'waiting', 'running')\n",
+        "    WHERE deadline_at <= now() AND deadline_at IS NOT NULL\n"
+        "      AND state IN ('pending', 'waiting')\n",
+        (LATE, MODEL),
+        "lease_expire_deadlines: a running task past its deadline keeps its lease",
+    ),
+    m(
+        "deadline-told-as-lease-lost",
+        "agentdb/_explain.py",
+        '            if now["state"] == "dead" and now["deadline_passed"]',
+        "            if False",
+        (LATE, MODEL),
+        "the holder of a task swept past its deadline is told its lease was taken over",
+    ),
+    m(
+        "worker-late-outcome-not-swept",
+        "agentdb/worker/finish.py",
+        "                await leases.expire_deadlines(self.pool, actor=job.lease.owner)\n",
+        "                pass\n",
+        (
+            LATE
+            + "::test_G21_a_handler_that_returns_after_the_deadline_writes_nothing_and_the_task_dies",
+        ),
+        "worker: a refused late outcome leaves the task running until the next maintenance",
+    ),
+    m(
+        "routed-claim-takes-late",
+        "agentdb/queries/_routed.sql",
+        "      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))\n"
+        "      AND (t.deadline_at IS NULL OR t.deadline_at > now())\n"
+        "      AND (SELECT o.ok FROM open o)",
+        "      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))\n"
+        "      AND (SELECT o.ok FROM open o)",
+        (LATE,),
+        "routed_claim (Citus): a task past its deadline is offered to a worker",
+        citus=True,
+    ),
+    m(
+        "routed-sweep-spares-running",
+        "agentdb/queries/_routed.sql",
+        "    WHERE t.tenant_id = $1 AND t.deadline_at <= now() AND t.deadline_at IS NOT NULL\n"
+        "      AND t.state IN ('pending', 'waiting', 'running')\n",
+        "    WHERE t.tenant_id = $1 AND t.deadline_at <= now() AND t.deadline_at IS NOT NULL\n"
+        "      AND t.state IN ('pending', 'waiting')\n",
+        (LATE,),
+        "routed_expire_deadlines (Citus): a running task past its deadline keeps its lease",
+        citus=True,
+    ),
+)
