@@ -14,6 +14,7 @@ from agentdb import _db
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
+    DeadlineExceeded,
     LeaseLost,
     NotFound,
     OutboxLeaseLost,
@@ -54,7 +55,7 @@ async def task_write(
             Cancelled
             if now["state"] == "cancelled"
             else PastDeadline
-            if now["state"] == "dead" and now["deadline_passed"]
+            if now["died_late"]
             else LeaseLost
         )
         return lost(
@@ -67,6 +68,11 @@ async def task_write(
             token=lease.token,
             current_owner=now["lease_owner"],
             current_token=now["lease_token"],
+        )
+    if now["late"] and now["state"] in ("pending", "waiting", "running"):
+        return DeadlineExceeded(
+            f"task {task_id} passed its deadline; it can only be moved to dead or cancelled",
+            constraint="agent_tasks_deadline_guard",
         )
     return StaleVersion(
         f"task {task_id} is at state_version {now['state_version']}, not {expected}",

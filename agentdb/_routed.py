@@ -221,7 +221,7 @@ async def expire_deadlines(db: _db.Executor, actor: str, batch: int) -> list[_db
     return await _sweep(
         db, "routed_deadline_tenants", "routed_expire_deadlines", batch,
         lambda r: ("task.deadline_passed", actor, {
-            "deadline_at": r["deadline_at"].isoformat(),
+            "deadline_at": r["deadline"],
             **({"lease_owner": r["holder"]} if r["holder"] is not None else {}),
         }),
     )  # fmt: skip

@@ -42,7 +42,7 @@ from agentdb import __version__, _dsn
 from agentdb import _migrate_citus as _citus
 from agentdb._db.pool import pooler_mode
 from agentdb.errors import ConfigurationError, DatabaseUnavailable, MigrationError
-from agentdb.schema import migration_ids, migration_sql, migrations_dir
+from agentdb.schema import migration_ids, migration_sql, migrations_dir, split_statements
 
 __all__ = [
     "LOCK_CLASS",
@@ -388,7 +388,8 @@ def _step(s: _Session, mid: str, direction: Direction) -> bool:
             if newer:
                 raise MigrationError(f"cannot roll back {mid}: another run applied {newer[-1]}")
         try:
-            s.conn.execute(body.encode())
+            for statement in split_statements(body):
+                s.conn.execute(statement.encode())
         except psycopg.Error as exc:
             raise MigrationError(_failure(s, mid, direction, exc)) from exc
         s.conn.execute(_record(s.schema, mid, direction, f"agentdb {__version__} migrate"))

@@ -19,7 +19,14 @@ from typing import Any, cast
 from agentdb import _db
 from agentdb.errors import MigrationError
 
-__all__ = ["check", "migration_ids", "migration_sql", "migrations_dir", "required_version"]
+__all__ = [
+    "check",
+    "migration_ids",
+    "migration_sql",
+    "migrations_dir",
+    "required_version",
+    "split_statements",
+]
 
 _Q = _db.queries(__name__)
 
@@ -44,6 +51,26 @@ def migration_ids() -> list[str]:
         for p in migrations_dir().glob("*.sql")
         if not p.name.endswith(".rollback.sql")
     )
+
+
+def split_statements(body: str) -> list[str]:
+    """A migration's statements, one by one, split as yoyo splits the same files (sqlparse).
+
+    ``agentdb migrate`` sends them one at a time, in the migration's one
+    transaction: Citus forwards the text of a DDL command (CREATE TRIGGER,
+    CREATE or DROP INDEX) on a distributed table to every worker as a
+    prepared statement, which refuses a string holding several commands - so
+    a migration run on an installation already distributed would fail on its
+    first such command. Pieces that are only comments are left out (an empty
+    query is an error to psycopg).
+    """
+    import sqlparse  # only the migration runner splits: the runtime never loads it
+
+    return [
+        piece
+        for piece in sqlparse.split(body)
+        if sqlparse.format(piece, strip_comments=True).strip()
+    ]
 
 
 def migration_sql(mid: str, *, rollback: bool = False) -> str:

@@ -17,6 +17,7 @@ from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import (
     AgentDBError,
     ConfigurationError,
+    DeadlineExceeded,
     IdempotencyConflict,
     LeaseLost,
     NotFound,
@@ -89,7 +90,8 @@ async def create(
     afterwards no claim takes it and the database refuses every write that
     would keep it alive; the sweep (:func:`agentdb.leases.expire_deadlines`,
     run by every worker) moves it to ``dead`` with a ``task.deadline_passed``
-    event, dropping the lease of a worker still running it.
+    event, dropping the lease of a worker still running it. A request answered
+    from its dedupe key gets the first task as it is, deadline included.
 
     With ``dedupe_key``, a retried request is answered with the task the first
     one created (``task.created`` is then false) - provided it carries the same
@@ -274,7 +276,7 @@ async def wake(db: _db.Executor, task: Task) -> Task:
     """Make a waiting task due now (state ``pending``).
 
     Raises:
-        as :func:`transition`.
+        as :func:`transition`; :class:`~agentdb.errors.DeadlineExceeded` past its deadline.
     """
     return await transition(
         db, task.tenant_id, task.id, expected_version=task.state_version, to_state="pending"
@@ -370,7 +372,8 @@ async def finish_many(
     * :class:`LeaseLost` - the lease was taken over (another worker reclaimed
       the task after it expired) or the task left 'running': drop the work;
     * :class:`StaleVersion` - another writer moved the task on under this lease;
-    * :class:`NotFound` - no such task in its tenant.
+    * :class:`NotFound` - no such task in its tenant;
+    * :class:`DeadlineExceeded` - the task passed its deadline (G21): it only ends now.
 
     Returns:
         for each task of ``claimed``, the finished :class:`Task` or the error
@@ -425,7 +428,7 @@ async def finish_many(
                         actor=actor, payload=payload, outbox=(outbox or {}).get(task.id, ()),
                     )
                 )  # fmt: skip
-            except (StaleVersion, LeaseLost, NotFound) as exc:  # what _explain answers
+            except (StaleVersion, LeaseLost, NotFound, DeadlineExceeded) as exc:
                 results.append(exc)
         return results
     event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")

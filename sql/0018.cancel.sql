@@ -21,8 +21,10 @@
 --
 -- The triggers run AFTER the row is written, so a replayed reservation (its
 -- key already taken: ON CONFLICT DO NOTHING inserts nothing) still returns
--- the operation that holds the key, and before agent_operations_rate_limit
--- (triggers fire in name order), so a refused call is never counted.
+-- the operation that holds the key. They fire before agent_operations_rate_limit
+-- (triggers fire in name order), so a reservation for a finished task is
+-- reported as that, not as a rate limit, and takes no lock on the limit's row
+-- (either refusal undoes the whole statement, its count included).
 
 -- G20
 CREATE FUNCTION agentdb_guard_open_task() RETURNS trigger

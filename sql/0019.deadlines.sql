@@ -5,15 +5,15 @@
 --
 -- A task may carry deadline_at. Once the deadline has passed the claim path
 -- no longer takes it (agentdb/queries/leases.sql), and the database refuses
--- every state write that would keep it alive - a claim, a finish (succeeded
--- or failed), a step, a release back to pending or waiting - whoever writes
--- it (AG013); the only moves left are to 'dead' (which the sweep,
--- lease_expire_deadlines, makes with its event task.deadline_passed) and to
--- 'cancelled'. So a passed deadline never moves either (that write keeps
--- the task alive too), or a late finish could be let in by extending it. A
--- write's instant is its transaction's start, now(), as for every timestamp
--- the write records: a finish whose transaction began before the deadline
--- finished before it.
+-- every write that would keep it alive - a claim, a finish (succeeded or
+-- failed), a step, a release back to pending or waiting, a lease renewed or
+-- handed over - whoever writes it (AG013); the only moves left are to 'dead'
+-- (which the sweep, lease_expire_deadlines, makes with its event
+-- task.deadline_passed) and to 'cancelled'. So a passed deadline never
+-- moves either (that write keeps the task alive too), or a late finish could
+-- be let in by extending it. A write's instant is its transaction's start,
+-- now(), as for every timestamp the write records: a finish whose
+-- transaction began before the deadline finished before it.
 --
 -- Adding a nullable column without a default rewrites nothing; the guard
 -- runs only for unfinished rows that carry a deadline (its WHEN clause), so
@@ -51,9 +51,11 @@ BEGIN
 END
 $$;
 
--- G21: only an unfinished task with a deadline calls the function.
+-- G21: every UPDATE, not only of state: a step, a lease renewed or handed
+-- over, are writes that keep a task alive too. Only an unfinished task with
+-- a deadline calls the function.
 CREATE TRIGGER agent_tasks_deadline_guard
-    BEFORE UPDATE OF state, deadline_at ON agent_tasks
+    BEFORE UPDATE ON agent_tasks
     FOR EACH ROW WHEN (OLD.deadline_at IS NOT NULL AND OLD.state IN ('pending', 'waiting', 'running'))
     EXECUTE FUNCTION agentdb_guard_deadline();
 

@@ -19,18 +19,22 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from psycopg import sql
 
+from agentdb import tasks
 from agentdb.errors import ConfigurationError, DatabaseUnavailable
 from agentdb.guarantees import GUARANTEES
 from agentdb.tools.audit import api as audit
 from agentdb.tools.audit import catalog
 from tests import _pg
-from tests.conftest import _ROLE_LOCK, Database
+from tests import factories as F
+from tests.conftest import _ROLE_LOCK, Database, Tenants
 
 ROOT = Path(__file__).resolve().parent.parent
 AUDITOR = "agentdb_test_auditor"
@@ -976,9 +980,24 @@ def test_G20_operations_nothing_refuses_for_a_finished_task_are_flagged(
     assert "FOR SHARE" in fix
 
 
-def test_G21_a_deadline_nothing_guards_is_flagged(db: Database, auditor: str) -> None:
+async def test_G21_a_deadline_nothing_guards_is_flagged(
+    db: Database,
+    auditor: str,
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    runtime_conn: asyncpg.Connection,
+) -> None:
     report = _broken(db, "DROP TRIGGER agent_tasks_deadline_guard ON agent_tasks", G21="missing")
     assert "no trigger on agent_tasks reads the old deadline_at" in report.finding("G21").reason
     fix = report.finding("G21").fix or ""
     assert "IF OLD.deadline_at <= now()" in fix
     assert "'dead'" in fix
+    # The suggestion, applied, refuses what G21 is about - a late task kept alive - and
+    # lets a late task end (the control).
+    _apply(db.admin_dsn, fix)
+    past = datetime.now(UTC) - timedelta(hours=1)
+    ends, lives = [await tasks.create(pool, tenants.a, "x", deadline=past) for _ in range(2)]
+    conn = runtime_conn
+    await F.update_task(conn, tenants.a, ends.id, state="dead", state_version=1)
+    with pytest.raises(asyncpg.CheckViolationError, match="passed its deadline"):
+        await F.update_task(conn, tenants.a, lives.id, state="waiting", state_version=1)

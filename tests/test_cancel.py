@@ -166,7 +166,47 @@ async def test_G20_a_worker_stops_the_handler_of_a_cancelled_task_and_writes_not
     events = await _task_events(admin_conn, task.id)
     assert [e["event_type"] for e in events][-1] == "task.cancelled"  # nothing after it
     [op] = await admin_conn.fetch("SELECT state FROM agent_operations WHERE task_id = $1", task.id)
-    assert op["state"] == "reserved"  # left for reconcile, not made to disappear
+    # Stopped mid-call: whether the provider acted is not known - left for reconcile,
+    # marked so, not made to disappear (nobody will take this task over to find out).
+    assert op["state"] == "unknown"
+    assert (await tasks.get(pool, tenants.a, task.id)).state == "cancelled"
+
+
+async def test_G20_an_outcome_learned_after_the_cancel_is_still_recorded(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The handler's provider call returns after the cancel: its result is written (without
+    the lease, which went with the cancel) and the handler is told it was cancelled."""
+    reserved = asyncio.Event()
+    go_on = asyncio.Event()
+    told: list[BaseException] = []
+
+    async def handler(job: Job) -> None:
+        res = await job.reserve("w-2", "charge", {"n": 2})
+        reserved.set()
+        await go_on.wait()  # the provider answers after the cancel
+        try:
+            await job.complete(res.operation, result={"charged": 2}, provider_reference="p-2")
+        except Cancelled as exc:
+            told.append(exc)
+            raise
+
+    task = await tasks.create(pool, tenants.a, "c-late-result", lease_ttl=timedelta(minutes=5))
+    worker = Worker(pool, {"c-late-result": handler}, poll_interval=0.05)
+    runner = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        await asyncio.wait_for(reserved.wait(), 20)
+        await tasks.cancel(pool, tenants.a, task.id)
+        go_on.set()  # the heartbeat (100 s away) cannot have noticed
+        await F.until(lambda: worker.stats.cancelled == 1)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
+    assert len(told) == 1
+    [op] = await admin_conn.fetch(
+        "SELECT state, provider_reference FROM agent_operations WHERE task_id = $1", task.id
+    )
+    assert (op["state"], op["provider_reference"]) == ("succeeded", "p-2")
     assert (await tasks.get(pool, tenants.a, task.id)).state == "cancelled"
 
 

@@ -109,6 +109,8 @@ async def test_G21_a_finish_after_the_deadline_is_refused_by_the_database(
         assert refused.value.guarantee == "G21"
     with pytest.raises(DeadlineExceeded):
         await leases.release(pool, lease)
+    with pytest.raises(DeadlineExceeded):  # not even kept alive by a heartbeat
+        await leases.renew(pool, lease)
     with pytest.raises(DeadlineExceeded):  # no new effect starts for a late task
         await operations.reserve(pool, tenants.a, task.id, "d-2", "charge", {"n": 2}, lease=lease)
     assert (await tasks.get(pool, tenants.a, task.id)).state == "running"
@@ -187,3 +189,48 @@ async def test_G21_a_handler_that_returns_after_the_deadline_writes_nothing_and_
     assert (await tasks.get(pool, tenants.a, task.id)).state == "dead"
     types = [e["event_type"] for e in await _events(admin_conn, task.id)]
     assert types == ["task.created", "task.claimed", "task.deadline_passed"]
+
+
+async def test_G21_a_late_task_in_a_batched_finish_is_refused_alone(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    late = await _soon(pool, tenants.a, "d-batch")
+    await tasks.create(pool, tenants.a, "d-batch", deadline=datetime.now(UTC) + timedelta(hours=1))
+    held = await leases.claim(pool, "w", batch=10, task_types=["d-batch"])
+    assert len(held) == 2
+    await _passed(admin_conn, late.id)
+    results = await tasks.finish_many(pool, held)
+    by_id = dict(zip([t.id for t in held], results, strict=True))
+    assert isinstance(by_id[late.id], DeadlineExceeded)
+    [on_time] = [r for tid, r in by_id.items() if tid != late.id]
+    assert isinstance(on_time, Task)
+    assert on_time.state == "succeeded"  # the rest of the batch committed
+    assert (await tasks.get(pool, tenants.a, late.id)).state == "running"  # for the sweep
+
+
+async def test_G21_a_tenant_whose_due_work_is_all_late_takes_no_turn_of_the_claim(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The claim's walk over tenants skips late tasks: a claim of one task that reaches the
+    late tenant first still finds the other tenant's work (counted as a tenant with due
+    work, the late one would use the claim's only turn and give nothing)."""
+    late = await _soon(pool, tenants.a, "d-walk")
+    other = await tasks.create(pool, tenants.b, "d-walk")
+    await _passed(admin_conn, late.id)
+    # The walk starts after `after`: put the late tenant first in its order.
+    after = None if tenants.a < tenants.b else tenants.b
+    got = await leases.claim(pool, "w", batch=1, task_types=["d-walk"], after_tenant=after)
+    assert [t.id for t in got] == [other.id]
+    assert (await tasks.get(pool, tenants.a, late.id)).state == "pending"
+
+
+async def test_G21_a_late_task_under_an_expired_lease_is_not_taken_over(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Recovery of expired leases skips late tasks too: the sweep ends them instead."""
+    task = await _soon(pool, tenants.a, "d-recover")
+    assert await leases.claim(pool, "gone", task_types=["d-recover"])
+    await F.expire_lease(admin_conn, task.id)  # the holder died, before the deadline
+    await _passed(admin_conn, task.id)
+    assert await leases.claim(pool, "rescuer", task_types=["d-recover"]) == []
+    assert await leases.expire_deadlines(pool) == [(tenants.a, task.id)]

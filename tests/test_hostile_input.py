@@ -184,6 +184,11 @@ async def test_a_tenant_id_that_is_not_a_uuid_is_a_configuration_error(
 # ---- Ctrl-C at any instant ---------------------------------------------------------------
 
 
+# The installed console script, beside this interpreter (pip puts it there); the
+# suite runs in a virtualenv the project was installed into, so it must exist.
+SCRIPT = Path(sys.executable).with_name("agentdb")
+
+
 @pytest.mark.parametrize("delay", [0.05, 0.1, 0.2, 0.3, 0.45])
 def test_ctrl_c_early_in_a_command_is_one_line_never_a_traceback(
     delay: float, db: Database
@@ -195,12 +200,42 @@ def test_ctrl_c_early_in_a_command_is_one_line_never_a_traceback(
     )  # fmt: skip
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"still running 30 s after Ctrl-C at {delay}s: {err!r}") from None
     assert "Traceback" not in err, err
     # Interrupted before Python could install its handler, the process just ends (-2).
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
     if proc.returncode == 130:
         assert err.strip().splitlines()[-1] == "agentdb: interrupted", err
+
+
+def test_ctrl_c_in_the_installed_command_is_one_line(db: Database) -> None:
+    """The console script pip writes enters through agentdb.tools._entry, as ``python -m
+    agentdb`` does. (pip's own wrapper runs before any handler of ours exists, so the
+    instant is chosen after start-up: once the command has printed its first report.)"""
+    assert SCRIPT.exists(), f"{SCRIPT} is not installed"
+    proc = subprocess.Popen(
+        [str(SCRIPT), "status", "--watch", "1", "--json", "--dsn", db.admin_dsn],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the first JSON line: the command is running
+        assert first.startswith("{"), first
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "Traceback" not in err, err
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] == "agentdb: interrupted", err
 
 
 # ---- each layer on its own (the database would also refuse: these say it never gets there) --

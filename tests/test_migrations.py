@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import sqlparse
 
 from agentdb import migrate
+from agentdb.schema import split_statements
 from tests import _pg
 
 IDS = migrate.migration_ids()
@@ -138,6 +140,30 @@ def test_every_migration_has_a_rollback_and_a_linear_dependency() -> None:
         assert (folder / f"{current}.rollback.sql").is_file(), current
         depends = re.findall(r"^-- depends: (.+)$", text, flags=re.M)
         assert depends == ([] if previous is None else [previous]), current
+
+
+def test_each_migration_is_sent_one_statement_at_a_time_and_whole() -> None:
+    """What the runner sends (one statement each, for Citus) is the file, nothing lost:
+    every dollar-quoted body stays in one piece, and only comments are left out."""
+    folder = migrate.migrations_dir()
+    for path in sorted(folder.glob("*.sql")):
+        text = path.read_text()
+        pieces = split_statements(text)
+        assert pieces, path.name
+        assert all(sqlparse.format(p, strip_comments=True).strip().endswith(";") for p in pieces), (
+            path.name
+        )
+        for p in pieces:  # a body split at one of its own semicolons would end unclosed
+            assert p.count("$$") % 2 == 0, (path.name, p[:80])
+        # Nothing but comments and whitespace between the pieces.
+        rest = text
+        for p in pieces:
+            head, found, rest = rest.partition(p)
+            assert found, (path.name, p[:80])
+            assert not sqlparse.format(head, strip_comments=True).strip(), (path.name, head)
+        assert not sqlparse.format(rest, strip_comments=True).strip(), (path.name, rest)
+    several = split_statements("SELECT 1; -- one\nDO $$ BEGIN PERFORM 2; END $$;\n-- end\n")
+    assert several == ["SELECT 1; -- one", "DO $$ BEGIN PERFORM 2; END $$;"]
 
 
 _VERSION = re.compile(

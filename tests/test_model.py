@@ -206,7 +206,8 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
 
         @rule(task_id=st.data())
         def expire(self, task_id: st.DataObject) -> None:
-            running = sorted(t for t, mt in self.m.tasks.items() if mt.state == "running")
+            # (A late one cannot even be given an expired lease: G21 refuses the write.)
+            running = [t for t, mt in self.m.tasks.items() if mt.state == "running" and not mt.late]
             if not running:
                 return
             tid = task_id.draw(st.sampled_from(running))
@@ -219,7 +220,9 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 return
             tid = self.pick_held(data, w)
             lease, version = self.held[w][tid]
-            if self.current(w, tid):
+            if self.current(w, tid) and self.m.tasks[tid].late:
+                self.refused_and_unchanged(leases.renew(h.conns[w], lease), DeadlineExceeded)
+            elif self.current(w, tid):
                 renewed = h.run(leases.renew(h.conns[w], lease))
                 self.held[w][tid] = (renewed, version)
                 self.m.tasks[tid].expired = False
@@ -238,7 +241,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 lease=lease, outbox=[msg],
             )  # fmt: skip
             mt = self.m.tasks[tid]
-            if self.current(w, tid) and mt.version == version and mt.late:
+            if self.current(w, tid) and mt.late:  # whatever version it expects
                 self.refused_and_unchanged(call, DeadlineExceeded)
             elif self.current(w, tid) and mt.version == version:
                 h.run(call)

@@ -6,6 +6,7 @@ an error at best; here the suite fails first, in the change that moved it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,41 @@ def test_the_catalogue_keeps_its_size_and_unique_ids() -> None:
     ids = [m.id for m in all_mutants()]
     assert len(ids) == len(set(ids))
     assert len(ids) >= 80
+
+
+_FUNCTION = re.compile(r"CREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE) (\w+)\(", re.I)
+
+
+def _migration_number(path: str) -> int | None:
+    m = re.fullmatch(r"sql/(\d{4})\.[\w]+\.sql", path)
+    return int(m.group(1)) if m else None
+
+
+@pytest.mark.parametrize(
+    "mutant", [m for m in all_mutants() if _migration_number(m.path)], ids=lambda m: m.id
+)
+def test_no_mutant_edits_a_function_a_later_migration_replaces(mutant: Mutant) -> None:
+    """A mutant inside a function body that a later migration defines again never reaches
+    the schema: the tests would pass and report it survived (or, worse, killed by chance)."""
+    text = (ROOT / mutant.path).read_text()
+    at = text.index(mutant.find)
+    defined = list(_FUNCTION.finditer(text[:at]))
+    if not defined:
+        return  # before any function: a table, a trigger, a policy
+    opens = text.index("$$", defined[-1].end())
+    if not opens < at < text.index("$$", opens + 2):
+        return  # after that function's body: not inside one
+    name = defined[-1].group(1)
+    if re.search(rf"\b(?:CALL|SELECT|PERFORM) {name}\(", text[at:]):
+        return  # run by its own migration: what it did there stays (grants, rows)
+    number = _migration_number(mutant.path)
+    assert number is not None
+    for p in sorted((ROOT / "sql").glob("*.sql")):
+        if p.name.endswith(".rollback.sql") or int(p.name[:4]) <= number:
+            continue
+        later = p.read_text()
+        if re.search(rf"ALTER (?:FUNCTION|PROCEDURE) {name}\([^)]*\) RENAME TO", later):
+            return  # kept under another name, and still called by its successor
+        assert not re.search(rf"CREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE) {name}\(", later), (
+            f"{mutant.id} edits {name}, which {p.name} defines again: move it there"
+        )

@@ -26,6 +26,7 @@ WHERE tenant_id = $1 AND id = $2;
 -- zero rows: no such task in this tenant.
 -- params: $1 tenant_id uuid, $2 id uuid
 SELECT state, state_version, lease_owner, lease_token, lease_expires_at,
-       coalesce(deadline_at <= now(), false) AS deadline_passed
+       coalesce(deadline_at <= now(), false) AS late,
+       coalesce(state = 'dead' AND deadline_at <= updated_at, false) AS died_late
 FROM agent_tasks
 WHERE tenant_id = $1 AND id = $2;

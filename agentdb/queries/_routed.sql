@@ -201,7 +201,8 @@ LIMIT $1;
 
 -- name: routed_due_tenants :many
 -- Tenants after $1 (in id order) with a task a worker may take now: due,
--- or running under an expired lease. A lock-free read that Citus runs on
+-- or running under an expired lease, and not past its deadline (G21). A
+-- lock-free read that Citus runs on
 -- every worker at once, one index probe per tenant; the claim per tenant
 -- (routed_claim) locks. The worker walks on from the last tenant it was
 -- given, so successive claims rotate through the tenants (G18).
@@ -215,6 +216,7 @@ WHERE t.id > coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid)
       WHERE k.tenant_id = t.id AND k.attempts < k.max_attempts
         AND ((k.state IN ('pending', 'waiting') AND k.wake_at <= now())
              OR (k.state = 'running' AND k.lease_expires_at <= now()))
+        AND (k.deadline_at IS NULL OR k.deadline_at > now())
         AND ($3::text[] IS NULL OR k.task_type = ANY ($3)))
 ORDER BY t.id
 LIMIT $2;
@@ -242,7 +244,7 @@ LIMIT $1;
 -- params: $1 tenant_id uuid, $2 batch int8
 WITH victims AS MATERIALIZED (
     SELECT t.id, t.state AS from_state, t.lease_owner AS holder,
-           'deadline passed at ' || t.deadline_at AS why
+           to_char(t.deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS deadline
     FROM agent_tasks t
     WHERE t.tenant_id = $1 AND t.deadline_at <= now() AND t.deadline_at IS NOT NULL
       AND t.state IN ('pending', 'waiting', 'running')
@@ -253,10 +255,10 @@ WITH victims AS MATERIALIZED (
 UPDATE agent_tasks t
 SET state = 'dead', state_version = t.state_version + 1, lease_owner = NULL,
     lease_acquired_at = NULL, lease_expires_at = NULL,
-    last_error = v.why, updated_at = now()
+    last_error = 'deadline passed at ' || v.deadline, updated_at = now()
 FROM victims v
 WHERE t.tenant_id = $1 AND t.id = v.id
-RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.deadline_at,
+RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, v.deadline,
           t.trace_id, t.span_id, v.from_state, v.holder;
 
 -- name: routed_operation_by_key :one

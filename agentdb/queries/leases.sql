@@ -49,7 +49,9 @@ SELECT tenant_id, id FROM buried;
 -- claimer holds waits for the next claim), and agentdb_running_count counts
 -- with a fresh snapshot. Each claim takes a new lease token, counts an
 -- attempt and writes its event. Rows come back in the order the batch took
--- them. Tasks that used up their attempts are left to lease_bury_exhausted.
+-- them. Tasks that used up their attempts are left to lease_bury_exhausted,
+-- tasks past their deadline (G21: never claimed, not even counted by the walk,
+-- so they take no tenant's turn) to lease_expire_deadlines.
 -- guarantee: G18, G12, G7, G8
 -- zero rows: nothing is due that this worker may take (or all of it is locked by other claimers).
 -- params: $1 lease_owner text, $2 batch int4, $3 lease_ttl interval, $4 task_types text[], $5 after_tenant uuid
@@ -60,6 +62,7 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
     FROM ((SELECT t.tenant_id, t.task_type, t.wake_at, false AS wrapped
            FROM agent_tasks t
            WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts
+             AND (t.deadline_at IS NULL OR t.deadline_at > now())
              AND t.tenant_id > coalesce($5, '00000000-0000-0000-0000-000000000000'::uuid)
            ORDER BY t.tenant_id, t.task_type, t.wake_at
            LIMIT 1)
@@ -67,6 +70,7 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
           (SELECT t.tenant_id, t.task_type, t.wake_at, true
            FROM agent_tasks t
            WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts
+             AND (t.deadline_at IS NULL OR t.deadline_at > now())
            ORDER BY t.tenant_id, t.task_type, t.wake_at
            LIMIT 1)
           LIMIT 1) n0
@@ -91,6 +95,7 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
         (SELECT t.tenant_id, t.task_type, t.wake_at, w.wrapped AS wrapped
          FROM agent_tasks t
          WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts
+           AND (t.deadline_at IS NULL OR t.deadline_at > now())
            AND (t.tenant_id, t.task_type) > (w.tenant_id, w.task_type)
          ORDER BY t.tenant_id, t.task_type, t.wake_at
          LIMIT 1)
@@ -98,7 +103,7 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
         (SELECT t.tenant_id, t.task_type, t.wake_at, true
          FROM agent_tasks t
          WHERE NOT w.wrapped AND t.state IN ('pending', 'waiting')
-           AND t.attempts < t.max_attempts
+           AND t.attempts < t.max_attempts AND (t.deadline_at IS NULL OR t.deadline_at > now())
          ORDER BY t.tenant_id, t.task_type, t.wake_at
          LIMIT 1)
         LIMIT 1
@@ -232,8 +237,9 @@ ORDER BY ord;
 -- guarantee: G21, G8
 -- params: $1 actor_id text, $2 batch int8
 WITH victims AS (
+    -- The instant in UTC, whatever the session's TimeZone (as the Citus form writes it).
     SELECT tenant_id, id, state AS from_state, lease_owner AS holder,
-           'deadline passed at ' || deadline_at AS why
+           to_char(deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS deadline
     FROM agent_tasks
     WHERE deadline_at <= now() AND deadline_at IS NOT NULL
       AND state IN ('pending', 'waiting', 'running')
@@ -244,10 +250,10 @@ WITH victims AS (
     UPDATE agent_tasks t
     SET state = 'dead', state_version = t.state_version + 1, lease_owner = NULL,
         lease_acquired_at = NULL, lease_expires_at = NULL,
-        last_error = v.why, updated_at = now()
+        last_error = 'deadline passed at ' || v.deadline, updated_at = now()
     FROM victims v
     WHERE t.tenant_id = v.tenant_id AND t.id = v.id
-    RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.deadline_at,
+    RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, v.deadline,
               t.trace_id, t.span_id, v.from_state, v.holder
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
@@ -255,7 +261,7 @@ WITH victims AS (
                               span_id)
     SELECT tenant_id, id, 'task.deadline_passed', $1, workflow_version, from_state, state,
            state_version,
-           jsonb_strip_nulls(jsonb_build_object('deadline_at', deadline_at, 'lease_owner', holder)),
+           jsonb_strip_nulls(jsonb_build_object('deadline_at', deadline, 'lease_owner', holder)),
            trace_id, span_id
     FROM moved
 )

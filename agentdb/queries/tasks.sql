@@ -62,8 +62,9 @@ WHERE t.tenant_id = $1 AND t.dedupe_key = $7 AND NOT EXISTS (SELECT 1 FROM ins);
 -- Returns one row per element that was finished, tagged with its 1-based
 -- position in the input (ord); an element with no row was refused and
 -- nothing was written for it - not the state, not the event, not its
--- messages. The caller reads such rows again to say why.
--- guarantee: G7, G12, G8, G10
+-- messages. The caller reads such rows again to say why. An element past
+-- its deadline is one of those (G21).
+-- guarantee: G7, G12, G8, G10, G21
 -- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 lease_owners text[], $5 lease_tokens int8[], $6 to_state text, $7 last_error text, $8 event_type text, $9 actor_id text, $10 payload jsonb, $11 outbox_ords int8[], $12 outbox_ids uuid[], $13 outbox_topics text[], $14 outbox_payloads jsonb[]
 WITH input AS (
     SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.lease_owner, i.lease_token
@@ -82,6 +83,8 @@ WITH input AS (
     WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state = 'running'
       AND t.state_version = i.expected_version
       AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
+      -- G21: a late element is refused alone (its guard would refuse the batch).
+      AND (t.deadline_at IS NULL OR t.deadline_at > now())
     RETURNING i.ord, i.lease_owner AS released_by, t.id, t.tenant_id, t.task_type,
               t.workflow_version, t.state, t.state_version, t.current_step, t.wake_at,
               t.dedupe_key, t.input_hash, t.params, t.attempts, t.max_attempts, t.last_error,

@@ -65,6 +65,7 @@ from agentdb.errors import (
     Cancelled,
     DeadlineExceeded,
     LeaseLost,
+    PastDeadline,
     PoolerMismatch,
     StaleWrite,
     TransientError,
@@ -144,19 +145,31 @@ class Finisher:
             await self._write(job, outcome)
         except LeaseLost as exc:
             self.stats.late_writes_refused += 1
-            if isinstance(exc, Cancelled):
-                log.info("task %s: outcome not written - the task was cancelled (G20)", task.id)
+            if isinstance(exc, Cancelled | PastDeadline):
+                # Ended under us (G20, G21): nobody takes the task over, so what the
+                # attempt left unsettled is marked unknown, to be reconciled.
+                job.cancelled = isinstance(exc, Cancelled)
+                job.past_deadline = not job.cancelled
+                await job.abandon_fresh_operations()
+                if job.cancelled:
+                    self.stats.cancelled += 1
+                else:
+                    self.stats.past_deadline += 1
+                log.info("task %s: outcome not written - %s", task.id, exc)
             else:
                 log.warning("task %s: late write refused - the lease was taken over (G12)", task.id)
         except DeadlineExceeded:
             # G21: past its deadline nothing keeps the task alive - not this outcome,
             # not a fallback Fail, not a release; the sweep ends it now.
             self.stats.late_writes_refused += 1
+            self.stats.past_deadline += 1
             log.warning("task %s: outcome not written - the task passed its deadline", task.id)
             try:
                 await leases.expire_deadlines(self.pool, actor=job.lease.owner)
             except (AgentDBError, OSError) as exc:  # the next maintenance sweeps it
                 log.warning("deadline sweep skipped: %s", _brief(exc))
+            job.past_deadline = True
+            await job.abandon_fresh_operations()
         except PoolerMismatch as exc:
             self._on_fatal(exc, job)
         except _TRANSIENT as exc:

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentdb import _db, _faults, operations
-from agentdb.errors import AgentDBError, ConfigurationError, OperationInFlight, OperationUnsettled
+from agentdb.errors import (
+    AgentDBError,
+    Cancelled,
+    ConfigurationError,
+    OperationInFlight,
+    OperationUnsettled,
+    PastDeadline,
+)
 from agentdb.models import Lease, Operation, Reservation, Task
 from agentdb.operations import Cost
 from agentdb.worker.outcomes import ReconcileHook
@@ -144,11 +151,13 @@ class Job:
             as :func:`agentdb.operations.complete`.
         """
         _faults.point("after_call")
-        done = await operations.complete(
-            self.pool, op, result=result, provider_reference=provider_reference, lease=self.lease,
-            cost=cost,
+        done = await self._settle(
+            op,
+            lambda lease: operations.complete(
+                self.pool, op, result=result, provider_reference=provider_reference,
+                lease=lease, cost=cost,
+            ),
         )  # fmt: skip
-        self._fresh.pop(op.id, None)
         _faults.point("after_complete")
         return done
 
@@ -160,11 +169,12 @@ class Job:
         Raises:
             as :func:`agentdb.operations.fail`.
         """
-        done = await operations.fail(
-            self.pool, op, error, provider_reference=provider_reference, lease=self.lease
+        return await self._settle(
+            op,
+            lambda lease: operations.fail(
+                self.pool, op, error, provider_reference=provider_reference, lease=lease
+            ),
         )
-        self._fresh.pop(op.id, None)
-        return done
 
     async def mark_unknown(self, op: Operation, error: str | None = None) -> Operation:
         """Record that an operation's outcome is unknown (a timeout): reconcile it later.
@@ -172,12 +182,34 @@ class Job:
         Raises:
             as :func:`agentdb.operations.mark_unknown`.
         """
-        done = await operations.mark_unknown(self.pool, op, error=error, lease=self.lease)
+        return await self._settle(
+            op, lambda lease: operations.mark_unknown(self.pool, op, error=error, lease=lease)
+        )
+
+    async def _settle(
+        self, op: Operation, write: Callable[[Lease | None], Awaitable[Operation]]
+    ) -> Operation:
+        """``write`` under the job's lease; after a cancel or the deadline sweep (G20,
+        G21), once more without it, then re-raise: nobody takes such a task over, and
+        this attempt knows what the provider did - a cancel never makes an effect
+        disappear. A lease taken over by another worker stays a refusal (G12)."""
+        try:
+            done = await write(self.lease)
+        except (Cancelled, PastDeadline):
+            with contextlib.suppress(AgentDBError):  # else abandon marks it unknown
+                await write(None)
+                self._fresh.pop(op.id, None)
+            raise
         self._fresh.pop(op.id, None)
         return done
 
     async def abandon_fresh_operations(self) -> int:
-        """Mark operations this attempt reserved but did not settle as 'unknown' (best effort)."""
+        """Mark operations this attempt reserved but did not settle as 'unknown' (best effort).
+
+        After a cancel or the deadline sweep (``cancelled``, ``past_deadline``) the
+        marks are written without the lease, which went with the task.
+        """
+        lease = None if self.cancelled or self.past_deadline else self.lease
         n = 0
         for op in list(self._fresh.values()):
             with contextlib.suppress(AgentDBError):
@@ -185,7 +217,7 @@ class Job:
                     self.pool,
                     op,
                     error="attempt stopped before the outcome was recorded",
-                    lease=self.lease,
+                    lease=lease,
                 )
                 n += 1
         self._fresh.clear()

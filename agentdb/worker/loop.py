@@ -22,6 +22,7 @@ worker stops the same way and :meth:`Worker.run` raises it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -39,6 +40,7 @@ from agentdb.errors import (
     Cancelled,
     ConcurrencyLimitExceeded,
     ConfigurationError,
+    DeadlineExceeded,
     IdempotencyConflict,
     LeaseLost,
     OperationUnsettled,
@@ -243,9 +245,7 @@ class Worker:
             buried = await leases.bury_exhausted(self.pool, actor=self.worker_id)
             if buried:
                 log.warning("%d task(s) used all their attempts and are now dead", len(buried))
-            late = await leases.expire_deadlines(self.pool, actor=self.worker_id)
-            if late:
-                log.warning("%d task(s) passed their deadline and are now dead", len(late))
+            await self._sweep_deadlines()
             for task_type, n in await tasks.count_unhandled(self.pool, self.handlers):
                 log.warning(
                     "%d due task(s) of type %r have no handler in this worker; they stay pending",
@@ -306,7 +306,7 @@ class Worker:
                 outcome = self._verdict(job, await work)
             except asyncio.CancelledError:
                 if job.lease_lost:
-                    self._lost(job, "handler stopped")
+                    await self._lost(job, "handler stopped")
                     return
                 me = asyncio.current_task()
                 if me is not None and me.cancelling():
@@ -317,7 +317,7 @@ class Worker:
             except LeaseLost as exc:
                 job.cancelled = job.cancelled or isinstance(exc, Cancelled)
                 job.past_deadline = job.past_deadline or isinstance(exc, PastDeadline)
-                self._lost(job, "mid-attempt")
+                await self._lost(job, "mid-attempt")
                 return
             except PoolerMismatch as exc:
                 self._fatal_error(exc, job)
@@ -370,8 +370,18 @@ class Worker:
             log.error("task %s (%s): %s", job.task.id, job.task.task_type, outcome.error)
         return outcome
 
-    def _lost(self, job: Job, when: str) -> None:
+    async def _sweep_deadlines(self) -> None:
+        """Move the tasks past their deadline to dead (G21). Raises what the sweep raises."""
+        late = await leases.expire_deadlines(self.pool, actor=self.worker_id)
+        if late:
+            log.warning("%d task(s) passed their deadline and are now dead", len(late))
+
+    async def _lost(self, job: Job, when: str) -> None:
         self.stats.lease_lost += 1
+        if job.cancelled or job.past_deadline:
+            # Nobody takes the task over: what this attempt reserved and did not
+            # settle is marked unknown, to be reconciled - never left as if unused.
+            await job.abandon_fresh_operations()
         if job.cancelled:
             self.stats.cancelled += 1
             log.info("task %s: cancelled (G20), %s; nothing more is written", job.task.id, when)
@@ -398,6 +408,13 @@ class Worker:
                 job.cancelled = isinstance(exc, Cancelled)
                 job.past_deadline = isinstance(exc, PastDeadline)
                 work.cancel()
+                return
+            except DeadlineExceeded:
+                # G21: past its deadline the task is not renewed; it ends now.
+                job.lease_lost = job.past_deadline = True
+                work.cancel()
+                with contextlib.suppress(AgentDBError, OSError):  # else maintenance sweeps
+                    await self._sweep_deadlines()
                 return
             except PoolerMismatch as exc:
                 self._fatal_error(exc, None)  # the shutdown cancels the handler and releases

@@ -215,14 +215,16 @@ def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
 
 def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> None:
     """An installation already on Citus upgrades: a later migration's functions (0017
-    replaces the trigger function that counts rate-limited calls, 0018 adds one that
-    guards finished tasks; both run on the shards) are the same on every worker as on
-    the coordinator, settings included, both ways - and without another ``--citus``
-    run; 0018's triggers reach the shards."""
+    replaces the trigger function that counts rate-limited calls, 0018 and 0019 add the
+    guards of finished and late tasks; all run on the shards) are the same on every
+    worker as on the coordinator, settings included, both ways - and without another
+    ``--citus`` run; 0018's and 0019's triggers reach the shards (the runner sends one
+    statement at a time: Citus refuses DDL on a distributed table in a string of
+    several)."""
     with fresh_database(citus.dsn, "agentdb_up") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
         assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
-        down = _cli("rollback", "--count", "2", "--dsn", fresh.dsn)
+        down = _cli("rollback", "--count", "3", "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is False  # 0017 is rolled back on the coordinator...
@@ -244,19 +246,27 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
 
 _GUARDED_SHARDS = """SELECT count(*) FILTER (WHERE g.tgname IS NULL), count(*)
 FROM pg_class c
-LEFT JOIN pg_trigger g ON g.tgrelid = c.oid AND g.tgname = 'agent_operations_for_open_task'
-WHERE c.relname ~ '^agent_operations(_[0-9]+)?$' AND c.relkind = 'r'"""
+LEFT JOIN pg_trigger g ON g.tgrelid = c.oid
+     AND g.tgname = %(trigger)s || coalesce(substring(c.relname FROM '_[0-9]+$'), '')
+WHERE c.relname ~ ('^' || %(table)s || '(_[0-9]+)?$') AND c.relkind = 'r'"""
 
 
 def _open_task_guards(cluster: Cluster) -> list[bool]:
-    """Per node: whether every agent_operations table there (the coordinator's, each
-    worker's shards) has 0018's trigger."""
+    """Per node: whether every agent_operations and agent_tasks table there (the
+    coordinator's, each worker's shards) has 0018's and 0019's guard."""
     out = []
     for url in (cluster.dsn, *cluster.workers):
         with _pg.admin(url) as conn:
             conn.execute("SET citus.override_table_visibility = off")  # see the shards
-            missing, total = conn.execute(_GUARDED_SHARDS).fetchone() or (None, 0)
-            out.append(missing == 0 and bool(total))
+            ok = True
+            for table, trigger in (
+                ("agent_operations", "agent_operations_for_open_task"),
+                ("agent_tasks", "agent_tasks_deadline_guard"),
+            ):
+                row = conn.execute(_GUARDED_SHARDS, {"table": table, "trigger": trigger})
+                missing, total = row.fetchone() or (None, 0)
+                ok = ok and missing == 0 and bool(total)
+            out.append(ok)
     return out
 
 

@@ -102,6 +102,11 @@ def _finals(tasks: Table) -> list[str]:
     ] or ["succeeded", "failed", "cancelled", "dead"]
 
 
+# A task past its deadline may still be given up, never completed or failed by its
+# worker: what its end may be is what says it did not run to the end.
+_GIVEN_UP = frozenset({"cancelled", "canceled", "aborted", "dead", "expired", "discarded"})
+
+
 def check_g21(ctx: Context) -> Finding:
     """G21: a BEFORE UPDATE trigger on tasks that reads the old deadline and refuses."""
     t = ctx.tasks
@@ -117,23 +122,27 @@ def check_g21(ctx: Context) -> Finding:
         f.ok(*(f"trigger {g.name}" for g in guards))
     else:
         dl, col = deadline.qname, state.qname
-        listed = ", ".join("'" + s.replace("'", "''") + "'" for s in _finals(t))
+        finals = _finals(t)
+        ends = [s for s in finals if s.lower() in _GIVEN_UP] or ["cancelled", "dead"]
+        listed = ", ".join("'" + s.replace("'", "''") + "'" for s in ends)
+        over = ", ".join("'" + s.replace("'", "''") + "'" for s in finals)
         fn = fixes.name(ctx, t.name + "_guard_deadline")
         f.bad(
             f"no trigger on {t.name} reads the old {deadline.name}: a task past its deadline "
             "can still be claimed, finished or put back to wait by any writer",
             f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
             "BEGIN\n"
-            f"  IF OLD.{dl} <= now() AND (NEW.{dl} IS DISTINCT FROM OLD.{dl}\n"
-            f"      OR (NEW.{col} IS DISTINCT FROM OLD.{col} AND NEW.{col}::text NOT IN "
-            f"({listed}))) THEN\n"
+            # Every write that leaves it alive - a step, a lease, the deadline itself.
+            f"  IF OLD.{dl} <= now() AND NEW.{col}::text NOT IN ({listed}) THEN\n"
             f"    RAISE EXCEPTION '{t.name}: % passed its deadline; it can only end', OLD.{dl}\n"
             "      USING ERRCODE = 'check_violation';\n"
             "  END IF;\n"
             "  RETURN NEW;\n"
             "END $$;\n"
+            # Unfinished rows only (a finished task's deadline is history), in the WHEN
+            # clause: the function never reads the old state, so it is no state guard.
             f"CREATE TRIGGER {quote(t.name + '_deadline_guard')} BEFORE UPDATE ON {t.display} "
-            f"FOR EACH ROW EXECUTE FUNCTION {fn}();",
+            f"FOR EACH ROW WHEN (OLD.{col}::text NOT IN ({over})) EXECUTE FUNCTION {fn}();",
         )
     return f.finding(
         "G21",

@@ -6,13 +6,15 @@ from __future__ import annotations
 from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
 
 CANCEL = "sql/0018.cancel.sql"
+# 0019 replaces 0018's agentdb_guard_open_task: its body is the one that runs.
+GUARD = "sql/0019.deadlines.sql"
 TESTS = T + "test_cancel.py"
 ATTACK = ATTACKS + "::test_attack_is_refused"
 
 MUTANTS: tuple[Mutant, ...] = (
     m(
         "cancel-guard-lets-cancelled-through",
-        CANCEL,
+        GUARD,
         "    IF task_state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
         "    IF task_state IN ('succeeded', 'failed', 'dead') THEN",
         (ATTACK, TESTS),
@@ -20,7 +22,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "cancel-guard-reads-without-lock",
-        CANCEL,
+        GUARD,
         "    WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id\n    FOR SHARE;",
         "    WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id;",
         (TESTS + "::test_G20_a_raw_reservation_waits_for_a_cancel_in_progress_and_is_refused",),
@@ -88,6 +90,35 @@ MUTANTS += (
         "lease_claim: a task past its deadline is offered to a worker",
     ),
     m(
+        "deadline-recovery-takes-late",
+        "agentdb/queries/leases.sql",
+        "      AND ($4::text[] IS NULL OR task_type = ANY ($4))\n"
+        "      AND (deadline_at IS NULL OR deadline_at > now())\n",
+        "      AND ($4::text[] IS NULL OR task_type = ANY ($4))\n",
+        (LATE + "::test_G21_a_late_task_under_an_expired_lease_is_not_taken_over",),
+        "lease_claim: a late task whose holder died is taken over by another worker",
+    ),
+    m(
+        "deadline-walk-counts-late",
+        "agentdb/queries/leases.sql",
+        "           WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts\n"
+        "             AND (t.deadline_at IS NULL OR t.deadline_at > now())\n"
+        "             AND t.tenant_id > coalesce(",
+        "           WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts\n"
+        "             AND t.tenant_id > coalesce(",
+        (LATE + "::test_G21_a_tenant_whose_due_work_is_all_late_takes_no_turn_of_the_claim",),
+        "lease_claim: a tenant whose due work is all late takes a claim's turn and gives nothing",
+    ),
+    m(
+        "deadline-finish-many-refuses-the-batch",
+        "agentdb/queries/tasks.sql",
+        "      -- G21: a late element is refused alone (its guard would refuse the batch).\n"
+        "      AND (t.deadline_at IS NULL OR t.deadline_at > now())\n",
+        "",
+        (LATE + "::test_G21_a_late_task_in_a_batched_finish_is_refused_alone",),
+        "task_finish_many: one late task makes the whole batch fail",
+    ),
+    m(
         "deadline-guard-lets-a-finish-through",
         DEADLINES,
         "    IF NEW.state NOT IN ('dead', 'cancelled') THEN",
@@ -116,7 +147,7 @@ MUTANTS += (
     m(
         "deadline-told-as-lease-lost",
         "agentdb/_explain.py",
-        '            if now["state"] == "dead" and now["deadline_passed"]',
+        '            if now["died_late"]',
         "            if False",
         (LATE, MODEL),
         "the holder of a task swept past its deadline is told its lease was taken over",
