@@ -50,12 +50,15 @@ async def task_write(
         or now["lease_token"] != lease.token
     ):
         # A cancel (G20) and the deadline sweep (G21) drop the lease in their own
-        # write: the holder is told why.
+        # write and keep its token: the holder they took it from is told why (and
+        # may record what it learned). A holder taken over before that - a newer
+        # token - only lost its lease (G12).
+        ours = now["lease_token"] == lease.token
         lost = (
             Cancelled
-            if now["state"] == "cancelled"
+            if ours and now["state"] == "cancelled"
             else PastDeadline
-            if now["died_late"]
+            if ours and now["swept"]
             else LeaseLost
         )
         return lost(
@@ -69,7 +72,11 @@ async def task_write(
             current_owner=now["lease_owner"],
             current_token=now["lease_token"],
         )
-    if now["late"] and now["state"] in ("pending", "waiting", "running"):
+    if (
+        now["late"]
+        and now["state"] in ("pending", "waiting", "running")
+        and expected in (None, now["state_version"])
+    ):
         return DeadlineExceeded(
             f"task {task_id} passed its deadline; it can only be moved to dead or cancelled",
             constraint="agent_tasks_deadline_guard",

@@ -63,14 +63,21 @@ def split_statements(body: str) -> list[str]:
     a migration run on an installation already distributed would fail on its
     first such command. Pieces that are only comments are left out (an empty
     query is an error to psycopg).
+
+    Raises:
+        MigrationError: sqlparse cannot split the text (past its token or nesting limits).
     """
     import sqlparse  # only the migration runner splits: the runtime never loads it
+    from sqlparse.exceptions import SQLParseError
 
-    return [
-        piece
-        for piece in sqlparse.split(body)
-        if sqlparse.format(piece, strip_comments=True).strip()
-    ]
+    try:
+        return [
+            piece
+            for piece in sqlparse.split(body)
+            if sqlparse.format(piece, strip_comments=True).strip()
+        ]
+    except SQLParseError as exc:  # a statement past sqlparse's token or nesting limits
+        raise MigrationError(f"cannot split the migration into statements: {exc}") from exc
 
 
 def migration_sql(mid: str, *, rollback: bool = False) -> str:

@@ -314,3 +314,26 @@ async def test_G20_cancel_retries_when_the_task_moves_on_in_between(
     done = await tasks.cancel(pool, tenants.a, held.id)
     assert steps == [held.state_version + 1]
     assert (done.state, done.state_version) == ("cancelled", held.state_version + 2)
+
+
+async def test_G20_a_holder_taken_over_before_the_cancel_only_lost_its_lease(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Only the holder the cancel took the task from is told Cancelled (and may record what
+    it learned); one whose lease another worker had taken over first writes nothing (G12)."""
+    held, stale = await _claimed(pool, tenants.a, "c-takeover")
+    res = await operations.reserve(pool, tenants.a, held.id, "t-1", "charge", {"n": 1}, lease=stale)
+    await F.expire_lease(admin_conn, held.id)
+    [again] = await leases.claim(pool, "rescuer", task_types=["c-takeover"])
+    assert again.lease is not None
+    assert again.lease.token == stale.token + 1
+    await tasks.cancel(pool, tenants.a, held.id)
+    with pytest.raises(LeaseLost) as refused:
+        await operations.complete(pool, res.operation, result={"late": True}, lease=stale)
+    assert not isinstance(refused.value, Cancelled)
+    with pytest.raises(Cancelled):  # the control: the holder the cancel took it from
+        await leases.renew(pool, again.lease)
+    state = await admin_conn.fetchval(
+        "SELECT state FROM agent_operations WHERE id = $1", res.operation.id
+    )
+    assert state == "reserved"

@@ -25,8 +25,11 @@ WHERE tenant_id = $1 AND id = $2;
 -- guarantee: G7, G12, G21
 -- zero rows: no such task in this tenant.
 -- params: $1 tenant_id uuid, $2 id uuid
-SELECT state, state_version, lease_owner, lease_token, lease_expires_at,
-       coalesce(deadline_at <= now(), false) AS late,
-       coalesce(state = 'dead' AND deadline_at <= updated_at, false) AS died_late
-FROM agent_tasks
-WHERE tenant_id = $1 AND id = $2;
+SELECT t.state, t.state_version, t.lease_owner, t.lease_token, t.lease_expires_at,
+       coalesce(t.deadline_at <= now(), false) AS late,
+       t.state = 'dead' AND EXISTS (
+           SELECT 1 FROM agent_events e
+           WHERE e.tenant_id = $1 AND e.task_id = $2 AND e.event_type = 'task.deadline_passed'
+       ) AS swept
+FROM agent_tasks t
+WHERE t.tenant_id = $1 AND t.id = $2;

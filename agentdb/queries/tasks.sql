@@ -83,8 +83,9 @@ WITH input AS (
     WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state = 'running'
       AND t.state_version = i.expected_version
       AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
-      -- G21: a late element is refused alone (its guard would refuse the batch).
-      AND (t.deadline_at IS NULL OR t.deadline_at > now())
+      -- G21: a late element is refused alone (its guard would refuse the batch),
+      -- unless the batch ends it the way the guard allows.
+      AND ($6 IN ('dead', 'cancelled') OR t.deadline_at IS NULL OR t.deadline_at > now())
     RETURNING i.ord, i.lease_owner AS released_by, t.id, t.tenant_id, t.task_type,
               t.workflow_version, t.state, t.state_version, t.current_step, t.wake_at,
               t.dedupe_key, t.input_hash, t.params, t.attempts, t.max_attempts, t.last_error,

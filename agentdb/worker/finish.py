@@ -150,7 +150,7 @@ class Finisher:
                 # attempt left unsettled is marked unknown, to be reconciled.
                 job.cancelled = isinstance(exc, Cancelled)
                 job.past_deadline = not job.cancelled
-                await job.abandon_fresh_operations()
+                await abandon(job)
                 if job.cancelled:
                     self.stats.cancelled += 1
                 else:
@@ -169,7 +169,7 @@ class Finisher:
             except (AgentDBError, OSError) as exc:  # the next maintenance sweeps it
                 log.warning("deadline sweep skipped: %s", _brief(exc))
             job.past_deadline = True
-            await job.abandon_fresh_operations()
+            await abandon(job)
         except PoolerMismatch as exc:
             self._on_fatal(exc, job)
         except _TRANSIENT as exc:

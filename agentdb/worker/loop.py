@@ -381,7 +381,7 @@ class Worker:
         if job.cancelled or job.past_deadline:
             # Nobody takes the task over: what this attempt reserved and did not
             # settle is marked unknown, to be reconciled - never left as if unused.
-            await job.abandon_fresh_operations()
+            await abandon(job)
         if job.cancelled:
             self.stats.cancelled += 1
             log.info("task %s: cancelled (G20), %s; nothing more is written", job.task.id, when)
@@ -410,11 +410,12 @@ class Worker:
                 work.cancel()
                 return
             except DeadlineExceeded:
-                # G21: past its deadline the task is not renewed; it ends now.
+                # G21: past its deadline the task is not renewed; it ends now (swept
+                # first: once the handler stops, this heartbeat is cancelled).
                 job.lease_lost = job.past_deadline = True
-                work.cancel()
                 with contextlib.suppress(AgentDBError, OSError):  # else maintenance sweeps
                     await self._sweep_deadlines()
+                work.cancel()
                 return
             except PoolerMismatch as exc:
                 self._fatal_error(exc, None)  # the shutdown cancels the handler and releases

@@ -39,6 +39,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "agent_operations_for_open_task_retry: a failed operation of a cancelled task is re-armed",
     ),
     m(
+        "cancel-told-to-a-stale-holder",
+        "agentdb/_explain.py",
+        '        ours = now["lease_token"] == lease.token',
+        "        ours = True",
+        (TESTS + "::test_G20_a_holder_taken_over_before_the_cancel_only_lost_its_lease",),
+        "a holder taken over before the cancel is told Cancelled, and writes without a lease",
+    ),
+    m(
         "cancel-keeps-the-lease",
         "agentdb/tasks.py",
         '                to_state="cancelled",',
@@ -49,8 +57,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "cancel-told-as-lease-lost",
         "agentdb/_explain.py",
-        '            Cancelled\n            if now["state"] == "cancelled"\n            else PastDeadline',
-        '            LeaseLost\n            if now["state"] == "cancelled"\n            else PastDeadline',
+        '            Cancelled\n            if ours and now["state"] == "cancelled"',
+        '            LeaseLost\n            if ours and now["state"] == "cancelled"',
         (TESTS,),
         "the holder of a cancelled task is told its lease was taken over, not why",
     ),
@@ -112,8 +120,7 @@ MUTANTS += (
     m(
         "deadline-finish-many-refuses-the-batch",
         "agentdb/queries/tasks.sql",
-        "      -- G21: a late element is refused alone (its guard would refuse the batch).\n"
-        "      AND (t.deadline_at IS NULL OR t.deadline_at > now())\n",
+        "      AND ($6 IN ('dead', 'cancelled') OR t.deadline_at IS NULL OR t.deadline_at > now())\n",
         "",
         (LATE + "::test_G21_a_late_task_in_a_batched_finish_is_refused_alone",),
         "task_finish_many: one late task makes the whole batch fail",
@@ -147,7 +154,7 @@ MUTANTS += (
     m(
         "deadline-told-as-lease-lost",
         "agentdb/_explain.py",
-        '            if now["died_late"]',
+        '            if ours and now["swept"]',
         "            if False",
         (LATE, MODEL),
         "the holder of a task swept past its deadline is told its lease was taken over",
