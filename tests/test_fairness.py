@@ -122,6 +122,19 @@ async def test_G18_successive_claims_rotate_through_the_tenants(
     assert order == ts * 3  # round-robin, not the oldest tenant three times over
 
 
+async def test_G18_the_walk_comes_back_to_the_tenant_it_started_after(
+    pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    """The walk starts after the worker's last tenant, wraps, and one full turn still
+    reaches that tenant: a batch of two, after the later of two busy tenants, shares
+    itself between both rather than taking both from the first."""
+    a, b = sorted([await _tenant(admin_conn, f"w{i}") for i in range(2)])
+    for t in (a, b):
+        await _seed(admin_conn, t, 5, age="1 minute")
+    got = await leases.claim(pool, "w", batch=2, after_tenant=b)
+    assert sorted(t.tenant_id for t in got) == [a, b]
+
+
 async def test_G18_one_claim_shares_its_batch_between_the_tenants(
     pool: asyncpg.Pool, admin_conn: asyncpg.Connection
 ) -> None:
