@@ -1,10 +1,11 @@
-"""Every error agentdb raises, and the one function that maps database errors onto them.
+"""Every error agentdb raises.
 
 Database errors are recognised by SQLSTATE and constraint name only, never by
 message text (messages are localised and change between versions):
-:func:`error_for` is the whole mapping. The object names it keys on, and the
-guarantee each object enforces, live in :mod:`agentdb.guarantees`; every
-error that stands for a guarantee carries its id as ``.guarantee``.
+:func:`agentdb._db.errormap.error_for`, beside the driver, is the whole
+mapping. The object names it keys on, and the guarantee each object
+enforces, live in :mod:`agentdb.guarantees`; every error that stands for a
+guarantee carries its id as ``.guarantee``.
 
 The tree::
 
@@ -37,7 +38,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar, Final
 
-from agentdb.guarantees import CATALOGUE, CONSTRAINTS, guarantee_of
+from agentdb.guarantees import CONSTRAINTS, guarantee_of
 
 if TYPE_CHECKING:
     from agentdb.models import Operation
@@ -81,7 +82,6 @@ __all__ = [
     "TenantScopeMissing",
     "TransientError",
     "VersionRuleViolation",
-    "error_for",
 ]
 
 
@@ -533,67 +533,3 @@ RETRYABLE: Final[Mapping[str, str]] = MappingProxyType(
         "57P03": "server starting up",
     }
 )
-
-# Catalogue entries that name their error class (agentdb.guarantees.Entry.error).
-_NAMED: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
-    {
-        "PayloadTooLarge": PayloadTooLarge,
-        "SecretInPayload": SecretInPayload,
-        "BudgetExceeded": BudgetExceeded,
-        "RateLimited": RateLimited,
-    }
-)
-_ERROR_OF: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
-    {e.name: _NAMED[e.error] for e in CATALOGUE if e.error}
-)
-
-
-#: SQLSTATEs of input Postgres cannot take: a bad argument (22000), a NUL character in
-#: text (22021) or in jsonb (22P05), a document nested deeper than the server's stack
-#: allows (54001).
-_BAD_INPUT = {
-    # asyncpg raises this one itself for an argument it cannot encode (a tenant id that
-    # is not a UUID, a lone surrogate): nothing reached the server.
-    "22000": "an argument of the wrong type or encoding",
-    "22021": "character not in repertoire",
-    "22P05": "untranslatable character",
-    "54001": "statement too complex",
-}
-#: SQLSTATEs a transaction pooler causes when named prepared statements are in use.
-_POOLED = {"26000": "invalid_sql_statement_name", "42P05": "duplicate_prepared_statement"}
-
-
-def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBError | None:
-    """The agentdb error for a database error, from its SQLSTATE and constraint name.
-
-    Returns ``None`` for an error agentdb does not recognise: the caller
-    re-raises the original, because agentdb never hides what it does not
-    understand. Constraint names outside :data:`agentdb.guarantees.CATALOGUE`
-    are not agentdb's (they belong to the user's own schema) and stay unmapped.
-    """
-    if sqlstate in SQLSTATES:
-        return SQLSTATES[sqlstate](message, sqlstate=sqlstate, constraint=constraint)
-    if sqlstate in _BAD_INPUT:
-        return ConfigurationError(
-            f"Postgres cannot store this input ({_BAD_INPUT[sqlstate]}): {message}"
-        )
-    if sqlstate in _POOLED:
-        return PoolerMismatch(
-            f"a transaction-pooling proxy is in the way ({_POOLED[sqlstate]}: {message}): "
-            "set AGENTDB_POOLER=transaction or pass --pooler transaction"
-        )
-    if sqlstate in RETRYABLE or sqlstate.startswith("08"):
-        return TransientError(
-            f"{RETRYABLE.get(sqlstate, 'connection failure')}: {message}", sqlstate=sqlstate
-        )
-    if constraint is None or constraint not in CONSTRAINTS:
-        return None
-    if sqlstate == "23503":
-        return TenantMismatch(message, sqlstate=sqlstate, constraint=constraint)
-    if sqlstate == "23505":
-        return DuplicateKey(message, sqlstate=sqlstate, constraint=constraint)
-    if sqlstate == "23514" and constraint in _ERROR_OF:
-        return _ERROR_OF[constraint](message, sqlstate=sqlstate, constraint=constraint)
-    if sqlstate.startswith("23"):
-        return InvariantViolation(message, sqlstate=sqlstate, constraint=constraint)
-    return None

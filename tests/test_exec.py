@@ -9,6 +9,7 @@ import asyncpg
 import pytest
 
 from agentdb import _db, errors, leases, tasks
+from agentdb._db import errormap
 from agentdb._db.sqlfile import parse
 from agentdb.errors import NotFound, TransientError
 from agentdb.models import Lease
@@ -120,14 +121,14 @@ async def test_a_plan_invalidated_by_a_migration_is_transient(
 
 def test_error_for_maps_agentdb_objects_and_leaves_everything_else_alone() -> None:
     """Constraint names outside the catalogue belong to the user's schema: never mapped."""
-    assert errors.error_for("23505", "users_email_key", "dup") is None
-    assert errors.error_for("23514", "users_age_check", "no") is None
-    assert errors.error_for("23505", None, "dup") is None
-    assert errors.error_for("42P01", "agent_tasks_pkey", "no such table") is None
-    dup = errors.error_for("23505", "agent_tasks_dedupe_key", "dup")
+    assert errormap.error_for("23505", "users_email_key", "dup") is None
+    assert errormap.error_for("23514", "users_age_check", "no") is None
+    assert errormap.error_for("23505", None, "dup") is None
+    assert errormap.error_for("42P01", "agent_tasks_pkey", "no such table") is None
+    dup = errormap.error_for("23505", "agent_tasks_dedupe_key", "dup")
     assert isinstance(dup, errors.DuplicateKey)
     assert dup.guarantee == "G3"
     for code in ("40001", "40P01", "55P03", "57P01", "08006"):
-        transient = errors.error_for(code, None, "x")
+        transient = errormap.error_for(code, None, "x")
         assert isinstance(transient, TransientError), code
         assert transient.sqlstate == code

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentdb import _db, errors
+from agentdb._db import errormap
 from agentdb.guarantees import CATALOGUE, CONSTRAINTS, GUARANTEES, RULES, guarantee_of
 from agentdb.tools import docs
 
@@ -119,7 +120,7 @@ def test_every_statement_header_names_known_guarantees(name: str) -> None:
 def test_every_rule_maps_to_its_error_class_and_guarantee() -> None:
     for r in RULES:
         cls = errors.SQLSTATES[r.sqlstate]
-        err = errors.error_for(r.sqlstate, r.name, "x")
+        err = errormap.error_for(r.sqlstate, r.name, "x")
         assert type(err) is cls
         assert isinstance(err, errors.InvariantViolation)
         assert err.guarantee == r.guarantee, r

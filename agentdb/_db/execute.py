@@ -4,7 +4,7 @@ asyncpg prepares and caches each statement text per connection. The row count
 a header declares is checked here, not by each caller: a ``:one`` statement
 that returns two rows is a bug in the statement and raises, it is never
 silently truncated. Database errors become agentdb's typed errors through
-:func:`agentdb.errors.error_for` (SQLSTATE and constraint name, never the
+:func:`agentdb._db.errormap.error_for` (SQLSTATE and constraint name, never the
 message text).
 """
 
@@ -18,8 +18,9 @@ from typing import Any, NoReturn, TypeAlias, TypeGuard
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from agentdb._db.errormap import error_for
 from agentdb._db.sqlfile import Query
-from agentdb.errors import AgentDBError, TransientError, error_for
+from agentdb.errors import AgentDBError, TransientError
 
 __all__ = [
     "Conn",

@@ -159,7 +159,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "budget-error-unmapped",
-        "agentdb/errors.py",
+        "agentdb/_db/errormap.py",
         '        "BudgetExceeded": BudgetExceeded,\n',
         '        "BudgetExceeded": RateLimited,\n',
         (TESTS + "::test_G19_unknown_keeps_the_hold_until_reconciled",),

@@ -48,7 +48,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "errors-no-named-checks",
-        "agentdb/errors.py",
+        "agentdb/_db/errormap.py",
         '    if sqlstate == "23514" and constraint in _ERROR_OF:',
         "    if False:",
         (ATTACKS,),
@@ -56,7 +56,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "errors-maps-foreign-constraints",
-        "agentdb/errors.py",
+        "agentdb/_db/errormap.py",
         "    if constraint is None or constraint not in CONSTRAINTS:\n        return None",
         "    if constraint is None:\n        return None",
         (T + "test_exec.py",),
@@ -64,7 +64,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "errors-fk-is-duplicate",
-        "agentdb/errors.py",
+        "agentdb/_db/errormap.py",
         '    if sqlstate == "23503":\n        return TenantMismatch(',
         '    if sqlstate == "23503":\n        return DuplicateKey(',
         (ATTACKS,),

@@ -22,7 +22,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "errors-pooler-mismatch-unmapped",
-        "agentdb/errors.py",
+        "agentdb/_db/errormap.py",
         "    if sqlstate in _POOLED:",
         "    if False:",
         (BOUNCER,),
@@ -64,7 +64,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---- refused input ---------------------------------------------------------------------------
     m(
         "errors-bad-argument-unmapped",
-        "agentdb/errors.py",
+        "agentdb/_db/errormap.py",
         '    "22000": "an argument of the wrong type or encoding",\n',
         "",
         (HOSTILE,),

@@ -1,0 +1,95 @@
+"""The one mapping of database errors onto agentdb's errors: SQLSTATE and constraint name.
+
+Never message text (messages are localised and change between versions). It
+lives with the driver layer, the one place that sees asyncpg's errors; the
+classes it returns are :mod:`agentdb.errors`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from agentdb.errors import (
+    RETRYABLE,
+    SQLSTATES,
+    AgentDBError,
+    BudgetExceeded,
+    ConfigurationError,
+    DuplicateKey,
+    InvariantViolation,
+    PayloadTooLarge,
+    PoolerMismatch,
+    RateLimited,
+    SecretInPayload,
+    TenantMismatch,
+    TransientError,
+)
+from agentdb.guarantees import CATALOGUE, CONSTRAINTS
+
+__all__ = ["error_for"]
+
+# Catalogue entries that name their error class (agentdb.guarantees.Entry.error).
+_NAMED: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
+    {
+        "PayloadTooLarge": PayloadTooLarge,
+        "SecretInPayload": SecretInPayload,
+        "BudgetExceeded": BudgetExceeded,
+        "RateLimited": RateLimited,
+    }
+)
+_ERROR_OF: Final[Mapping[str, type[InvariantViolation]]] = MappingProxyType(
+    {e.name: _NAMED[e.error] for e in CATALOGUE if e.error}
+)
+
+
+#: SQLSTATEs of input Postgres cannot take: a bad argument (22000), a NUL character in
+#: text (22021) or in jsonb (22P05), a document nested deeper than the server's stack
+#: allows (54001).
+_BAD_INPUT = {
+    # asyncpg raises this one itself for an argument it cannot encode (a tenant id that
+    # is not a UUID, a lone surrogate): nothing reached the server.
+    "22000": "an argument of the wrong type or encoding",
+    "22021": "character not in repertoire",
+    "22P05": "untranslatable character",
+    "54001": "statement too complex",
+}
+#: SQLSTATEs a transaction pooler causes when named prepared statements are in use.
+_POOLED = {"26000": "invalid_sql_statement_name", "42P05": "duplicate_prepared_statement"}
+
+
+def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBError | None:
+    """The agentdb error for a database error, from its SQLSTATE and constraint name.
+
+    Returns ``None`` for an error agentdb does not recognise: the caller
+    re-raises the original, because agentdb never hides what it does not
+    understand. Constraint names outside :data:`agentdb.guarantees.CATALOGUE`
+    are not agentdb's (they belong to the user's own schema) and stay unmapped.
+    """
+    if sqlstate in SQLSTATES:
+        return SQLSTATES[sqlstate](message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate in _BAD_INPUT:
+        return ConfigurationError(
+            f"Postgres cannot store this input ({_BAD_INPUT[sqlstate]}): {message}"
+        )
+    if sqlstate in _POOLED:
+        return PoolerMismatch(
+            f"a transaction-pooling proxy is in the way ({_POOLED[sqlstate]}: {message}): "
+            "set AGENTDB_POOLER=transaction or pass --pooler transaction"
+        )
+    if sqlstate in RETRYABLE or sqlstate.startswith("08"):
+        return TransientError(
+            f"{RETRYABLE.get(sqlstate, 'connection failure')}: {message}", sqlstate=sqlstate
+        )
+    if constraint is None or constraint not in CONSTRAINTS:
+        return None
+    if sqlstate == "23503":
+        return TenantMismatch(message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate == "23505":
+        return DuplicateKey(message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate == "23514" and constraint in _ERROR_OF:
+        return _ERROR_OF[constraint](message, sqlstate=sqlstate, constraint=constraint)
+    if sqlstate.startswith("23"):
+        return InvariantViolation(message, sqlstate=sqlstate, constraint=constraint)
+    return None
