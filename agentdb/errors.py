@@ -75,6 +75,7 @@ __all__ = [
     "PoolerMismatch",
     "RateLimited",
     "SecretInPayload",
+    "SignalRuleViolation",
     "StaleVersion",
     "StaleWrite",
     "TaskFinished",
@@ -233,7 +234,8 @@ class BudgetRuleViolation(InvariantViolation):
 
 class TaskFinished(InvariantViolation):
     """G20: an operation reserved, or a failed one re-armed, for a finished task (succeeded,
-    failed, cancelled, dead) by a writer with no lease to fence it (SQLSTATE AG012)."""
+    failed, cancelled, dead) by a writer with no lease to fence it; or (G22) a signal sent
+    to one (SQLSTATE AG012)."""
 
     guarantee = "G20"
     sqlstate_code = "AG012"
@@ -246,6 +248,14 @@ class DeadlineExceeded(InvariantViolation):
 
     guarantee = "G21"
     sqlstate_code = "AG013"
+
+
+class SignalRuleViolation(InvariantViolation):
+    """G22: an approval by the task's own lease holder, or a signal cursor moved back or past
+    the task's last signal (SQLSTATE AG014)."""
+
+    guarantee = "G22"
+    sqlstate_code = "AG014"
 
 
 class BudgetExceeded(InvariantViolation):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Lease", "Message", "Operation", "OutboxMessage", "Reservation", "Task"]
+__all__ = ["Lease", "Message", "Operation", "OutboxMessage", "Reservation", "Signal", "Task"]
 
 
 _T = TypeVar("_T")
@@ -176,3 +176,31 @@ class OutboxMessage:
     @classmethod
     def from_record(cls, r: Row) -> OutboxMessage:
         return _build(cls, r, ("payload",))
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One row of ``agent_signals`` (G22): a signal, or an approval with its ``decision``.
+
+    ``seq`` is its place in the task's order (1, 2, ...), given by the
+    database. ``created`` is false when a dedupe key answered with a signal
+    recorded earlier.
+    """
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    task_id: uuid.UUID
+    seq: int
+    name: str
+    kind: str
+    decision: str | None
+    payload: dict[str, Any]
+    sender: str
+    dedupe_key: str | None
+    input_hash: str | None
+    created_at: datetime
+    created: bool = False
+
+    @classmethod
+    def from_record(cls, r: Row, *, created: bool = False) -> Signal:
+        return _build(cls, r, ("payload",), created=created)

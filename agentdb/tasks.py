@@ -1,5 +1,8 @@
 """Tasks: create, read and move them through their lifecycle (G1, G3, G4, G6, G7, G8).
 
+Signals and approvals to a task (G22) are :mod:`agentdb.signals`'s;
+:func:`signal` and :func:`approve` are here too, beside the waits they end.
+
 Every write is one statement: the state change, its audit event and any
 outbox messages commit together or not at all.
 """
@@ -27,19 +30,23 @@ from agentdb.errors import (
 from agentdb.hashing import input_hash
 from agentdb.models import Lease, Message, Task
 from agentdb.redaction import redact
+from agentdb.signals import approve, signal
 
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "DEFAULT_MAX_ATTEMPTS",
     "FINISHED_STATES",
     "KEEP",
+    "approve",
     "cancel",
     "complete_many",
     "count_unhandled",
     "create",
     "finish_many",
     "get",
+    "signal",
     "transition",
+    "wait_for_signal",
     "wait_until",
     "wake",
 ]
@@ -177,6 +184,8 @@ async def transition(
     outbox: Iterable[Message] = (),
     trace_id: str | None = None,
     span_id: str | None = None,
+    wait_signal: str | None = None,
+    signals_read: int | None = None,
 ) -> Task:
     """Move a task to ``to_state`` if it is still at ``expected_version`` - one round trip.
 
@@ -188,9 +197,13 @@ async def transition(
     ``to_state`` may equal the current state to record progress (``step``;
     ``KEEP`` leaves it, ``None`` clears it). ``error`` is cut to the 4,000
     characters the column holds. The event's actor is ``actor``, else the
-    lease owner, else ``"agentdb"``.
+    lease owner, else ``"agentdb"``. A move to 'waiting' may name the signal
+    it waits for (``wait_signal``, G22: its arrival wakes the task; any other
+    move forgets it); ``signals_read`` moves the task's signal cursor up to
+    that ``seq`` (None leaves it).
 
     Raises:
+        SignalRuleViolation: ``signals_read`` goes back, or past the last signal.
         StaleVersion: another writer moved the task on; reload it.
         LeaseLost: ``lease`` was taken over; stop working on the task.
         NotFound: no such task in this tenant.
@@ -214,6 +227,8 @@ async def transition(
         "last_error": error[:TEXT_CAP] if error is not None else None,
         "lease_owner": lease.owner if lease else None,
         "lease_token": lease.token if lease else None,
+        "wait_signal": wait_signal,
+        "signal_cursor": signals_read,
     }
     event = {
         "event_type": event_type or f"task.{to_state}",
@@ -269,6 +284,40 @@ async def wait_until(
         wake_at=wake_at,
         lease=lease,
         step=step,
+    )
+
+
+async def wait_for_signal(
+    db: _db.Executor,
+    task: Task,
+    name: str,
+    *,
+    until: datetime | None = None,
+    signals_read: int | None = None,
+    lease: Lease | None = None,
+    step: str | Literal[_Keep.KEEP] | None = KEEP,
+) -> Task:
+    """Put a task to sleep until signal ``name`` arrives (or ``until``, a timeout), G22.
+
+    The signal's own transaction wakes the task (state ``pending``, event
+    ``task.woken``); one that arrived before this wait and is still unread
+    (after ``signals_read``, else the task's cursor) makes the task due at
+    once - a signal never slips between deciding to wait and waiting.
+
+    Raises:
+        as :func:`transition`.
+    """
+    return await transition(
+        db,
+        task.tenant_id,
+        task.id,
+        expected_version=task.state_version,
+        to_state="waiting",
+        wake_at=until,
+        lease=lease,
+        step=step,
+        wait_signal=name,
+        signals_read=signals_read,
     )
 
 

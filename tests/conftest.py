@@ -149,6 +149,16 @@ async def admin_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
 
 
 @pytest.fixture
+async def other_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
+    """A second connection (the superuser's), for interleavings against another one."""
+    conn = await asyncpg.connect(db.dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
 async def runtime_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
     """A login that is a member of agentdb_runtime: what workers connect as."""
     conn = await db.connect(RUNTIME)

@@ -162,6 +162,16 @@ async def create_operation(
     return op_id
 
 
+async def signal(
+    conn: asyncpg.Connection, tenant: uuid.UUID, task_id: uuid.UUID, **overrides: Any
+) -> uuid.UUID:
+    """Insert a signal (its triggers give it its seq, write its event, wake a waiter)."""
+    row: dict[str, Any] = {"tenant_id": tenant, "task_id": task_id, "name": "go", "sender": "tests"}
+    row.update(overrides)
+    result: uuid.UUID = await insert(conn, "agent_signals", row)
+    return result
+
+
 async def update_operation(
     conn: asyncpg.Connection, tenant: uuid.UUID, op_id: uuid.UUID, **changes: Any
 ) -> int:

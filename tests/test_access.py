@@ -28,7 +28,13 @@ from tests.conftest import (
     Tenants,
 )
 
-AGENT_SCOPED = ("agent_tasks", "agent_operations", "agent_events", "agent_artifacts")
+AGENT_SCOPED = (
+    "agent_tasks",
+    "agent_operations",
+    "agent_events",
+    "agent_artifacts",
+    "agent_signals",
+)
 TENANT_TABLES = (
     "agent_tenants",
     "agent_tasks",
@@ -42,6 +48,7 @@ TENANT_TABLES = (
     "agent_budgets",
     "agent_budget_holds",
     "agent_rate_limits",
+    "agent_signals",
 )
 # Table names below come from the constants above, never from data.
 _COUNT = (
@@ -58,6 +65,7 @@ async def _seed(conn: asyncpg.Connection, tenant: uuid.UUID) -> None:
     """One row of every tenant-owned kind for ``tenant``."""
     task_id = await F.create_task(conn, tenant)
     op_id = await F.create_operation(conn, tenant, task_id)
+    await F.signal(conn, tenant, task_id)
     await F.insert(conn, "agent_outbox", {"tenant_id": tenant, "topic": "t", "task_id": task_id})
     await F.insert(
         conn, "agent_inbox", {"tenant_id": tenant, "consumer": "c", "message_id": uuid.uuid4()}
@@ -404,7 +412,8 @@ async def test_G15_owner_without_createrole_and_no_roles_then_grant(
                 "SELECT count(*) FROM pg_policy WHERE polname LIKE '%runtime_all'"
                 " OR polname LIKE '%agent_scope'"
             ).fetchone()
-        assert policies == (17,)  # 0014 adds the budget tables' runtime policies
+        # 0014 adds the budget tables' runtime policies, 0020 the signals' runtime and agent ones
+        assert policies == (19,)
 
 
 def test_cli_wrong_password_is_one_line(
@@ -440,6 +449,7 @@ POLICY_NAMES = {
     *(f"{t}_runtime_all" for t in TENANT_TABLES),
     *(f"{t}_agent_scope" for t in (*AGENT_SCOPED, "agent_tenants")),
     "agentdb_tenant_scope",
+    "agent_signals_agent_send",
 }
 
 
@@ -460,6 +470,7 @@ _TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
         "agent_budget_holds": "INSERT,SELECT,UPDATE",
         "agent_rate_limits": "INSERT,SELECT,UPDATE",
         "agent_global_rate_limits": "INSERT,SELECT,UPDATE",
+        "agent_signals": "INSERT,SELECT",
     },
     "agentdb_agent": {
         "agent_tenants": "SELECT",
@@ -468,6 +479,8 @@ _TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
         "agent_operations": "SELECT",
         "agent_events": "SELECT",
         "agent_artifacts": "SELECT",
+        # G22: plain signals to its own tenant's tasks (agent_signals_agent_send), no approvals.
+        "agent_signals": "INSERT,SELECT",
     },
     STRANGER: {"agent_tasks": "SELECT", "agent_events": "SELECT"},  # granted by the test setup
 }
@@ -481,6 +494,18 @@ _ROUTINES: dict[str, set[str]] = {
     "agentdb_delete_tenant_0012": set(),
     "agentdb_grant_roles": set(),
     "agentdb_grant_roles_0012": set(),
+    "agentdb_grant_roles_0014": set(),
+    # G22: trigger functions (definer, so an agent's signal may lock its task); called
+    # directly they refuse to run, so PUBLIC keeps EXECUTE like every trigger function.
+    "agentdb_guard_signal": {"agentdb_runtime", "agentdb_agent", STRANGER},
+    "agentdb_deliver_signal": {"agentdb_runtime", "agentdb_agent", STRANGER},
+    "agentdb_guard_signal_cursor": {"agentdb_runtime", "agentdb_agent", STRANGER},
+    "agentdb_delete_tenant_0014": set(),
+    "agentdb_distribute_0018": set(),
+    "agentdb_distribute_signals": set(),
+    "agentdb_purge_0014": set(),
+    "agentdb_purge_signals": set(),
+    "agentdb_purge_tenant_0014": set(),
     "agentdb_distribute_0013": set(),
     "agentdb_pin_search_paths": set(),
     "agentdb_purge": set(),
@@ -554,4 +579,34 @@ async def test_G15_a_role_outside_agentdb_cannot_request_a_task_even_with_a_scop
     assert (
         await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE task_type = 'triage'")
         == 0
+    )
+
+
+async def test_G22_an_agent_sends_plain_signals_to_its_own_tenant_and_never_approves(
+    db: Database, seeded: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """agent_signals_agent_send: own tenant, kind 'signal' only - an agent does not approve."""
+    await _assert_policy(admin_conn, "agent_signals", "agent_send", "agentdb_agent", "a")
+    own = await admin_conn.fetchval("SELECT id FROM agent_tasks WHERE tenant_id = $1", seeded.a)
+    other = await admin_conn.fetchval("SELECT id FROM agent_tasks WHERE tenant_id = $1", seeded.b)
+    insert = (
+        "INSERT INTO agent_signals (tenant_id, task_id, name, kind, decision, sender)"
+        " VALUES ($1, $2, $3, $4, $5, current_user) RETURNING seq"
+    )
+    conn = await db.connect(AGENT_A)
+    try:
+        # Control: a plain signal to its own tenant's task is recorded, in order.
+        assert await conn.fetchval(insert, seeded.a, own, "nudge", "signal", None) == 2
+        for tenant, task_id, kind, decision in (
+            (seeded.a, own, "approval", "approved"),  # its own approval
+            (seeded.b, other, "signal", None),  # another tenant's task
+        ):
+            # No RETURNING: its read would be refused by agent_signals_agent_scope anyway.
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(insert[: insert.index(" RETURNING")], tenant, task_id,
+                                   "approval", kind, decision)  # fmt: skip
+    finally:
+        await conn.close()
+    assert (
+        await admin_conn.fetchval("SELECT count(*) FROM agent_signals WHERE kind = 'approval'") == 0
     )

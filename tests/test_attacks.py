@@ -1,4 +1,4 @@
-"""Raw-SQL attacks on every constraint and guard trigger (G2-G21).
+"""Raw-SQL attacks on every constraint and guard trigger (G2-G22).
 
 Each case pairs a positive control (a valid write that must be accepted, so
 the attack cannot pass vacuously) with an attack that Postgres must refuse
@@ -662,6 +662,59 @@ def _late(move: str) -> Step:
             "extend": {"deadline_at": FUTURE},
         }  # fmt: skip
         return await F.update_task(conn, ctx.a, task_id, **moves[move], state_version=version)
+
+    return step
+
+
+_SIGNAL = uuid.UUID("00000000-0000-4000-8000-0000000000c1")  # one fixed signal id per test
+
+
+def _sig(
+    *,
+    task_state: str | None = None,
+    deadline: datetime | None = None,
+    held_by: str | None = None,
+    on: str = "fresh",
+    **row: Any,
+) -> Step:
+    """A raw signal (``row`` overrides its columns) to a fresh task of tenant a - open, or
+    first moved to ``task_state``, given ``deadline``, or claimed by ``held_by``; ``on="a"``
+    aims it at the context's task of tenant a (shared by both steps of a case), ``on="b"``
+    at tenant b's while the row says tenant a."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        if on == "fresh":
+            task_id = await F.create_task(conn, ctx.a, deadline_at=deadline)
+        else:
+            task_id = ctx.task_a if on == "a" else ctx.task_b
+        if task_state:
+            await F.update_task(conn, ctx.a, task_id, state=task_state, state_version=1)
+        if held_by:
+            await F.claim_task(conn, ctx.a, task_id, owner=held_by)
+        return await F.signal(conn, ctx.a, task_id, **_resolve(ctx, row))
+
+    return step
+
+
+def _cursor(moves: tuple[int, ...]) -> Step:
+    """A fresh task of tenant a with one signal, its cursor then moved to each of ``moves``."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        task_id = await F.create_task(conn, ctx.a)
+        await F.signal(conn, ctx.a, task_id)
+        for version, to in enumerate(moves, start=1):
+            await F.update_task(conn, ctx.a, task_id, signal_cursor=to, state_version=version)
+        return task_id
+
+    return step
+
+
+def _signal_changed() -> Step:
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        sid = await F.signal(conn, ctx.a, await F.create_task(conn, ctx.a))
+        return await conn.execute(
+            "UPDATE agent_signals SET payload = '{\"n\": 2}' WHERE id = $1", sid
+        )
 
     return step
 
@@ -1642,6 +1695,91 @@ CASES: list[Case] = [
         _for_task(None, retry=True, deadline=FUTURE, passed_after=True),
         label="deadline",
     ),
+    # ---- G22: signals arrive once, in order; no agent approves its own work ---------------
+    Case("agent_signals_guard", "AG012", _sig(), _sig(task_state="cancelled")),
+    Case("agent_signals_guard", "AG013", _sig(deadline=FUTURE), _sig(deadline=PAST)),
+    Case(
+        "agent_signals_guard",
+        "AG014",
+        _sig(held_by="worker-1", kind="approval", decision="approved", sender="reviewer"),
+        _sig(held_by="worker-1", kind="approval", decision="approved", sender="worker-1"),
+    ),
+    Case("agent_signals_immutable", "AG003", _sig(), _signal_changed(), role="admin"),
+    Case("agent_tasks_signal_guard", "AG014", _cursor((1,)), _cursor((1, 0)), label="back"),
+    Case("agent_tasks_signal_guard", "AG014", _cursor((1,)), _cursor((2,)), label="past"),
+    Case(
+        "agent_signals_seq_key",
+        "23505",
+        _sig(on="a", seq=1, name="first"),
+        _sig(on="a", seq=1, name="second"),
+        role="replica",
+    ),
+    Case(
+        "agent_signals_dedupe_key",
+        "23505",
+        _sig(on="a", dedupe_key="k1", input_hash=H),
+        _sig(on="a", dedupe_key="k1", input_hash=H),
+    ),
+    Case("agent_signals_pkey", "23505", _sig(on="a", id=_SIGNAL), _sig(on="a", id=_SIGNAL)),
+    Case("agent_signals_task_fkey", "23503", _sig(), _sig(on="b")),
+    Case(
+        "agent_signals_tenant_fkey",
+        "23503",
+        _sig(on="a"),
+        _sig(on="a", tenant_id=lambda c: uuid.uuid4()),
+        role="admin",
+    ),
+    Case(
+        "agent_signals_seq_valid", "23514", _sig(on="a", seq=1), _sig(on="a", seq=0), role="replica"
+    ),
+    Case("agent_signals_name_valid", "23514", _sig(name="go"), _sig(name="")),
+    Case("agent_signals_kind_valid", "23514", _sig(kind="signal"), _sig(kind="nudge")),
+    Case(
+        "agent_signals_decision_valid",
+        "23514",
+        _sig(kind="approval", decision="rejected", sender="reviewer"),
+        _sig(kind="approval", sender="reviewer"),
+    ),
+    Case(
+        "agent_signals_decision_valid",
+        "23514",
+        _sig(kind="approval", decision="approved", sender="reviewer"),
+        _sig(kind="approval", decision="maybe", sender="reviewer"),
+        label="unknown",
+    ),
+    Case("agent_signals_sender_valid", "23514", _sig(sender="ops"), _sig(sender="")),
+    Case(
+        "agent_signals_dedupe_has_hash",
+        "23514",
+        _sig(dedupe_key="k", input_hash=H),
+        _sig(dedupe_key="k"),
+    ),
+    Case(
+        "agent_signals_dedupe_key_valid",
+        "23514",
+        _sig(dedupe_key="k", input_hash=H),
+        _sig(dedupe_key="", input_hash=H),
+    ),
+    Case(
+        "agent_signals_input_hash_format",
+        "23514",
+        _sig(dedupe_key="k", input_hash=H),
+        _sig(dedupe_key="k", input_hash="nothex"),
+    ),
+    Case("agent_signals_payload_valid", "23514", _sig(payload='{"n": 1}'), _sig(payload=BIG)),
+    Case(
+        "agent_tasks_wait_signal_valid",
+        "23514",
+        task(state="waiting", wait_signal="approval"),
+        task(state="waiting", wait_signal=""),
+    ),
+    Case(
+        "agent_tasks_signal_cursor_valid",
+        "23514",
+        raw_task(signal_cursor=0),
+        raw_task(signal_cursor=-1),
+        role="replica",
+    ),
 ]
 
 
@@ -1734,6 +1872,7 @@ _BY_SQLSTATE: dict[str, type[errors.InvariantViolation]] = {
     "AG011": errors.RateLimited,
     "AG012": errors.TaskFinished,
     "AG013": errors.DeadlineExceeded,
+    "AG014": errors.SignalRuleViolation,
     "23503": errors.TenantMismatch,
     "23505": errors.DuplicateKey,
     "23514": errors.InvariantViolation,
@@ -1743,6 +1882,7 @@ _BY_NAME: dict[str, type[errors.InvariantViolation]] = {
     "agent_operations_result_valid": errors.PayloadTooLarge,
     "agent_events_payload_size": errors.PayloadTooLarge,
     "agent_outbox_payload_size": errors.PayloadTooLarge,
+    "agent_signals_payload_valid": errors.PayloadTooLarge,
     "agent_events_payload_no_secrets": errors.SecretInPayload,
     "agent_budgets_within_limit": errors.BudgetExceeded,
     "agent_rate_limits_within_limit": errors.RateLimited,

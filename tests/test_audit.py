@@ -101,6 +101,7 @@ ARTICLE_STATUSES = {
     "G19": "missing",  # no budget table, no rate limits
     "G20": "missing",  # no trigger on agent_operations reads agent_tasks
     "G21": "not_applicable",  # no deadline column
+    "G22": "not_applicable",  # no signal table
 }
 
 
@@ -206,7 +207,7 @@ def test_fresh_agentdb_schema_cli_exits_0_with_fail_on_partial(agentdb_dsn: str)
     result = _cli("--dsn", agentdb_dsn, "--fail-on", "partial")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
-    assert "21 guarantees: 21 enforced, 0 partial, 0 missing" in result.stdout
+    assert "22 guarantees: 22 enforced, 0 partial, 0 missing" in result.stdout
 
 
 def test_G13_evidence_is_the_unknown_state_and_the_unsettled_index(agentdb_dsn: str) -> None:
@@ -587,6 +588,8 @@ _RANK = {"missing": 0, "partial": 1, "enforced": 2}
         ),
         ("DROP TRIGGER agent_operations_for_open_task ON agent_operations", "G20"),
         ("DROP TRIGGER agent_tasks_deadline_guard ON agent_tasks", "G21"),
+        ("DROP TRIGGER agent_signals_guard ON agent_signals", "G22"),
+        ("ALTER TABLE agent_signals DROP CONSTRAINT agent_signals_seq_key", "G22"),
     ],
 )
 def test_the_suggested_fix_applies_and_restores_the_guarantee(
@@ -1001,3 +1004,33 @@ async def test_G21_a_deadline_nothing_guards_is_flagged(
     await F.update_task(conn, tenants.a, ends.id, state="dead", state_version=1)
     with pytest.raises(asyncpg.CheckViolationError, match="passed its deadline"):
         await F.update_task(conn, tenants.a, lives.id, state="waiting", state_version=1)
+
+
+async def test_G22_signals_nothing_checks_against_their_task_are_flagged(
+    db: Database, auditor: str, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    report = _broken(db, "DROP TRIGGER agent_signals_guard ON agent_signals", G22="missing")
+    assert "no trigger on agent_signals reads agent_tasks" in report.finding("G22").reason
+    fix = report.finding("G22").fix or ""
+    assert "FOR NO KEY UPDATE" in fix
+    assert "'cancelled'" in fix
+    # The suggestion, applied, refuses what G22 is about - a signal to a finished task -
+    # and takes one to an open task (the control). (The seq the dropped guard gave is
+    # supplied by hand here: the suggestion leaves numbering to the schema.)
+    _apply(db.admin_dsn, fix)
+    open_, over = [await tasks.create(pool, tenants.a, "x") for _ in range(2)]
+    await tasks.cancel(pool, tenants.a, over.id)
+    await F.signal(admin_conn, tenants.a, open_.id, seq=1)
+    with pytest.raises(asyncpg.CheckViolationError, match="takes no more signals"):
+        await F.signal(admin_conn, tenants.a, over.id, seq=1)
+
+
+def test_G22_signals_without_an_order_are_partial(db: Database, auditor: str) -> None:
+    report = _broken(
+        db, "ALTER TABLE agent_signals DROP CONSTRAINT agent_signals_seq_key", G22="partial"
+    )
+    assert "gives a signal its place in its task's order" in _problems(report, "G22")
+
+
+def test_G22_a_schema_without_signals_is_not_applicable(db: Database, auditor: str) -> None:
+    _broken(db, "DROP TABLE agent_signals", G22="not_applicable")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import asyncpg
@@ -22,7 +21,7 @@ from agentdb.errors import Cancelled, LeaseLost, NotFound, TaskFinished
 from agentdb.models import Lease, Task
 from agentdb.worker import Job, Worker
 from tests import factories as F
-from tests.conftest import Database, Tenants
+from tests.conftest import Tenants
 
 
 async def _task_events(admin: asyncpg.Connection, task_id: uuid.UUID) -> list[asyncpg.Record]:
@@ -208,15 +207,6 @@ async def test_G20_an_outcome_learned_after_the_cancel_is_still_recorded(
     )
     assert (op["state"], op["provider_reference"]) == ("succeeded", "p-2")
     assert (await tasks.get(pool, tenants.a, task.id)).state == "cancelled"
-
-
-@pytest.fixture
-async def other_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(db.dsn)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def test_G20_a_completion_that_locks_first_wins_over_a_cancel(

@@ -12,7 +12,10 @@ Postgres with a small Python reference model:
 * a fenced-out worker never changes anything: its write raises and the rows stay as they were (G12);
 * a cancel is final: the holder's writes raise ``Cancelled`` (never for a lease merely taken
   over), nothing is reserved for a finished task by any writer, and a finish is never undone
-  (G20).
+  (G20);
+* a signal is recorded once (a replayed key answers with it), in the task's order, with one
+  event; it wakes the task waiting for its name, even one that began waiting after it
+  arrived; a holder reads each signal once; a finished or late task takes none (G22).
 
 Hypothesis cannot run async rules, so a small facade owns an asyncio.Runner
 and the connections; each example works in a tenant of its own.
@@ -36,7 +39,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from agentdb import leases, operations, outbox, tasks
+from agentdb import leases, operations, outbox, signals, tasks
 from agentdb.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -55,6 +58,7 @@ from tests.conftest import RUNTIME, Database
 WORKERS = 2
 KEYS = ("k1", "k2", "k3")
 INPUTS = ({"amount": 1}, {"amount": 2})
+SIGNALS = ("approval", "note")
 
 
 @dataclass
@@ -65,6 +69,11 @@ class MTask:
     token: int = 0
     expired: bool = False
     late: bool = False  # its deadline has passed (G21)
+    signals: list[str] = field(default_factory=list)  # names, in seq order (G22)
+    keys: dict[str, int] = field(default_factory=dict)  # dedupe key -> seq
+    cursor: int = 0
+    wait_for: str | None = None
+    due: bool = False  # waiting, but due at once (its signal had arrived)
 
 
 @dataclass
@@ -183,7 +192,8 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
         def claim(self, w: int) -> None:
             claimable = {
                 tid for tid, t in self.m.tasks.items()
-                if not t.late and (t.state == "pending" or (t.state == "running" and t.expired))
+                if not t.late and (t.state == "pending" or (t.state == "waiting" and t.due)
+                                   or (t.state == "running" and t.expired))
             }  # fmt: skip
             got = h.run(
                 leases.claim(
@@ -200,6 +210,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             mt.state, mt.version, mt.owner, mt.token, mt.expired = (
                 "running", mt.version + 1, f"w{w}", mt.token + 1, False,
             )  # fmt: skip
+            mt.wait_for, mt.due = None, False
             assert (task.state_version, task.lease_token) == (mt.version, mt.token)
             assert task.lease is not None
             self.held[w][task.id] = (task.lease, task.state_version)
@@ -379,6 +390,63 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 mt = self.m.tasks[tid]
                 mt.state, mt.version, mt.owner = "dead", mt.version + 1, None
 
+        @rule(data=st.data(), name=st.sampled_from(SIGNALS), replay=st.booleans())
+        def signal(self, data: st.DataObject, name: str, replay: bool) -> None:
+            """A signal from outside, with a dedupe key - or a replay of an earlier one."""
+            if not self.m.tasks:
+                return
+            tid = data.draw(st.sampled_from(list(self.m.tasks)))
+            mt = self.m.tasks[tid]
+            if replay and mt.keys:
+                key = data.draw(st.sampled_from(list(mt.keys)))
+                got = h.run(signals.signal(h.pool, self.tenant, tid, mt.signals[mt.keys[key] - 1],
+                                           dedupe_key=key))  # fmt: skip
+                assert (got.created, got.seq) == (False, mt.keys[key])  # whatever the task does
+                return
+            key = f"s{len(mt.keys)}"
+            call = signals.signal(h.pool, self.tenant, tid, name, dedupe_key=key)
+            if mt.state in tasks.FINISHED_STATES or mt.late:
+                finished = mt.state in tasks.FINISHED_STATES
+                self.refused_and_unchanged(call, TaskFinished if finished else DeadlineExceeded)
+                return
+            got = h.run(call)
+            mt.signals.append(name)
+            mt.keys[key] = got.seq
+            assert (got.created, got.seq) == (True, len(mt.signals))
+            if mt.state == "waiting" and mt.wait_for == name:
+                mt.state, mt.version, mt.wait_for, mt.due = "pending", mt.version + 1, None, False
+
+        @rule(w=st.integers(0, WORKERS - 1), data=st.data(), name=st.sampled_from(SIGNALS),
+              read=st.booleans())  # fmt: skip
+        def wait_for_signal(self, w: int, data: st.DataObject, name: str, read: bool) -> None:
+            """The holder reads its unread signals (or not) and waits for one named ``name``."""
+            if not self.held[w]:
+                return
+            tid = self.pick_held(data, w)
+            lease, version = self.held[w][tid]
+            mt = self.m.tasks[tid]
+            if not self.current(w, tid) or mt.version != version:
+                return  # fenced-out writes are the other rules' business
+            upto = None
+            if read:
+                unread = h.run(signals.unread(h.conns[w], self.tenant, tid))
+                assert [(s.seq, s.name) for s in unread] == [
+                    (n, mt.signals[n - 1]) for n in range(mt.cursor + 1, len(mt.signals) + 1)
+                ], "a signal read twice, or one not there to read"
+                upto = unread[-1].seq if unread else None
+            call = tasks.transition(
+                h.conns[w], self.tenant, tid, expected_version=version, to_state="waiting",
+                lease=lease, wait_signal=name, signals_read=upto,
+            )  # fmt: skip
+            if mt.late:
+                self.refused_and_unchanged(call, DeadlineExceeded)
+                return
+            h.run(call)
+            mt.cursor = upto or mt.cursor
+            mt.state, mt.version, mt.owner, mt.expired = "waiting", mt.version + 1, None, False
+            mt.wait_for, mt.due = name, name in mt.signals[mt.cursor :]
+            del self.held[w][tid]
+
         @rule(w=st.integers(0, WORKERS - 1))
         def crash(self, w: int) -> None:
             """The worker process dies and restarts; what it believed it held is now stale."""
@@ -429,6 +497,20 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 assert (r["n"], r["lo"], r["hi"]) == (r["state_version"] + 1, 0, r["state_version"])
 
         @invariant()
+        def signals_match_the_model(self) -> None:
+            rows = h.run(h.admin.fetch(
+                "SELECT t.id, t.signal_cursor, coalesce(array_agg(s.name ORDER BY s.seq)"
+                " FILTER (WHERE s.seq IS NOT NULL), '{}') AS names,"
+                " (SELECT count(*) FROM agent_events e WHERE e.tenant_id = t.tenant_id"
+                "  AND e.task_id = t.id AND e.event_type = 'task.signalled') AS events"
+                " FROM agent_tasks t LEFT JOIN agent_signals s"
+                " ON s.tenant_id = t.tenant_id AND s.task_id = t.id"
+                " WHERE t.tenant_id = $1 GROUP BY t.tenant_id, t.id", self.tenant))  # fmt: skip
+            assert {r["id"]: (r["signal_cursor"], list(r["names"]), r["events"]) for r in rows} == {
+                tid: (t.cursor, t.signals, len(t.signals)) for tid, t in self.m.tasks.items()
+            }, "a signal lost, doubled, unaudited or read out of turn"
+
+        @invariant()
         def one_operation_per_key(self) -> None:
             n = h.run(
                 h.admin.fetchval(
@@ -459,7 +541,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
     )
 
 
-def test_G3_G4_G7_G8_G10_G12_stateful_model_of_two_workers(db: Database) -> None:
+def test_G3_G4_G7_G8_G10_G12_G22_stateful_model_of_two_workers(db: Database) -> None:
     h = Harness(db)
     try:
         run_machine(h, max_examples=200)

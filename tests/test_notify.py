@@ -9,7 +9,7 @@ import asyncpg
 from agentdb import outbox, tasks
 from tests.conftest import Database, Tenants
 
-NOTIFY_NAMES = {"agent_tasks_notify", "agent_outbox_notify"}
+NOTIFY_NAMES = {"agent_tasks_notify", "agent_outbox_notify", "agent_signals_notify"}
 
 
 async def _heard(db: Database, channel: str, act: object) -> list[str]:
@@ -32,6 +32,17 @@ async def test_G12_a_new_task_notifies_workers(
 ) -> None:
     async def act() -> None:
         await tasks.create(pool, tenants.a, "t")
+
+    assert await _heard(db, "agentdb_tasks", act) == ["agentdb_tasks"]
+
+
+async def test_G22_a_signal_notifies_workers(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool
+) -> None:
+    task = await tasks.create(pool, tenants.a, "t", waiting=True)
+
+    async def act() -> None:
+        await tasks.signal(pool, tenants.a, task.id, "go")
 
     assert await _heard(db, "agentdb_tasks", act) == ["agentdb_tasks"]
 

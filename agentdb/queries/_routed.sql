@@ -460,9 +460,9 @@ RETURNING true AS created, id, tenant_id, task_type, workflow_version, state, st
 -- it is still at $3 and, for a lease holder, under the caller's lease. The
 -- caller writes the event (routed_task_event) and the outbox messages
 -- (routed_outbox_message) in the same transaction.
--- guarantee: G7, G12
+-- guarantee: G7, G12, G22
 -- zero rows: the task is gone, another writer moved state_version on, or the caller's lease was taken over; reload before deciding anything.
--- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 wait_signal text, $12 signal_cursor int8
 -- Citus refuses now() inside CASE or COALESCE: "now" is read once in prior.
 WITH prior AS MATERIALIZED (
     SELECT state, now() AS at FROM agent_tasks WHERE tenant_id = $1 AND id = $2
@@ -479,6 +479,8 @@ SET state = $4,
     lease_owner = CASE WHEN $4 = 'running' THEN t.lease_owner END,
     lease_acquired_at = CASE WHEN $4 = 'running' THEN t.lease_acquired_at END,
     lease_expires_at = CASE WHEN $4 = 'running' THEN t.lease_expires_at END,
+    wait_signal = CASE WHEN $4 = 'waiting' THEN $11 END,
+    signal_cursor = coalesce($12, t.signal_cursor),
     updated_at = now()
 FROM prior
 WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3

@@ -128,10 +128,13 @@ WHERE tenant_id = $1 AND id = $2;
 -- it is still at the expected state_version and, for a lease holder, still
 -- under the caller's lease; write the event and any outbox messages in the
 -- same statement. Leaving 'running' drops the lease; moving to pending or
--- waiting sets wake_at (now / infinity unless given).
--- guarantee: G7, G12, G8, G10
+-- waiting sets wake_at (now / infinity unless given); a wait may name the
+-- signal it waits for ($19; any other move clears it) and move the task's
+-- signal cursor past what it read ($20; the database refuses a cursor that
+-- goes back or past the last signal, G22).
+-- guarantee: G7, G12, G8, G10, G22
 -- zero rows: the task is gone, another writer moved state_version on, or the caller's lease was taken over; reload before deciding anything.
--- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 event_type text, $12 actor_id text, $13 payload jsonb, $14 outbox_ids uuid[], $15 outbox_topics text[], $16 outbox_payloads jsonb[], $17 trace_id text, $18 span_id text
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 event_type text, $12 actor_id text, $13 payload jsonb, $14 outbox_ids uuid[], $15 outbox_topics text[], $16 outbox_payloads jsonb[], $17 trace_id text, $18 span_id text, $19 wait_signal text, $20 signal_cursor int8
 WITH prior AS (
     SELECT state FROM agent_tasks WHERE tenant_id = $1 AND id = $2
 ), upd AS (
@@ -147,6 +150,8 @@ WITH prior AS (
         lease_owner = CASE WHEN $4 = 'running' THEN t.lease_owner END,
         lease_acquired_at = CASE WHEN $4 = 'running' THEN t.lease_acquired_at END,
         lease_expires_at = CASE WHEN $4 = 'running' THEN t.lease_expires_at END,
+        wait_signal = CASE WHEN $4 = 'waiting' THEN $19 END,
+        signal_cursor = coalesce($20, t.signal_cursor),
         updated_at = now()
     FROM prior
     WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3

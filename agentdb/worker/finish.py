@@ -214,7 +214,13 @@ class Finisher:
             step = tasks.KEEP if outcome.step is None else outcome.step
             await self.persist(
                 job,
-                lambda: finish(to_state="waiting", wake_at=outcome.until, step=step),
+                lambda: finish(
+                    to_state="waiting",
+                    wake_at=outcome.until,
+                    step=step,
+                    wait_signal=outcome.signal,
+                    signals_read=job.signals_read,
+                ),
                 lands_in=("waiting",),
             )
             self.stats.waiting += 1

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from agentdb import _db, _faults, operations
+from agentdb import _db, _faults, operations, signals
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
@@ -16,7 +16,7 @@ from agentdb.errors import (
     OperationUnsettled,
     PastDeadline,
 )
-from agentdb.models import Lease, Operation, Reservation, Task
+from agentdb.models import Lease, Operation, Reservation, Signal, Task
 from agentdb.operations import Cost
 from agentdb.worker.outcomes import ReconcileHook
 
@@ -55,6 +55,21 @@ class Job:
         self._reconcilers = reconcilers
         self._on_reconciled = on_reconciled
         self._fresh: dict[uuid.UUID, Operation] = {}
+        #: the last signal ``seq`` this attempt read (None: it read none).
+        self.signals_read: int | None = None
+
+    async def signals(self) -> list[Signal]:
+        """The signals and approvals the task has not read yet, in order (G22).
+
+        They count as read once the attempt ends in a ``Wait`` (which moves the
+        task's cursor past them); an attempt that ends otherwise - a retry, a
+        crash - leaves them unread for the next one, and a finished task reads
+        nothing more. Calling it again returns what arrived since, too.
+        """
+        found = await signals.unread(self.pool, self.task.tenant_id, self.task.id)
+        if found:
+            self.signals_read = max(self.signals_read or 0, found[-1].seq)
+        return found
 
     async def reserve(
         self, idempotency_key: str, action: str, input: Any, *, cost: Cost | None = None

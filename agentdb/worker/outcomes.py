@@ -83,11 +83,22 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Sleep: the task lands in 'waiting' until ``until`` with event ``task.waiting``
-    (``step`` recorded when given); the next claim after that resumes it."""
+    """Sleep: the task lands in 'waiting' until ``until``, or until signal ``signal`` arrives
+    (G22; ``until`` is then a timeout), with event ``task.waiting`` (``step`` recorded when
+    given); the next claim after that resumes it. The signals the handler read
+    (``job.signals()``) count as read from then on.
 
-    until: datetime
+    Raises:
+        ConfigurationError: neither ``until`` nor ``signal`` is given.
+    """
+
+    until: datetime | None = None
     step: str | None = None
+    signal: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.until is None and self.signal is None:
+            raise ConfigurationError("Wait needs until= (a time), signal= (a signal name) or both")
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,14 +80,14 @@ def test_migrate_citus_distributes_once_and_reruns_as_a_noop(citus: Cluster) -> 
         ).fetchall()
         triggers = conn.execute(
             "SELECT tgname FROM pg_trigger WHERE tgname IN"
-            " ('agent_tasks_notify', 'agent_outbox_notify')"
+            " ('agent_tasks_notify', 'agent_outbox_notify', 'agent_signals_notify')"
         ).fetchall()
     hashed = {r[0] for r in rows if r[1] == "h"}
     reference = {r[0] for r in rows if r[1] == "n"}
     assert hashed == {
         "agent_tenants", "agent_tasks", "agent_operations", "agent_events", "agent_outbox",
         "agent_inbox", "agent_artifacts", "agent_credential_refs", "agent_concurrency_limits",
-        "agent_budgets", "agent_budget_holds", "agent_rate_limits",
+        "agent_budgets", "agent_budget_holds", "agent_rate_limits", "agent_signals",
     }  # fmt: skip
     assert reference == {"agent_principals", "agent_transitions", "agent_semconv_pins"}
     assert len({r[2] for r in rows if r[1] == "h"}) == 1  # one colocation group
@@ -167,7 +167,7 @@ def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Clu
             assert conn.execute(_COUNTS).fetchone() == before
             assert conn.execute(
                 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'agent_%'"
-            ).fetchone() == (15,)
+            ).fetchone() == (16,)
             off, total = conn.execute(_DISABLED).fetchone() or (None, None)
             assert (off, total is not None and total > 0) == (0, True)
             tenant, task = conn.execute(
@@ -216,15 +216,15 @@ def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
 def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> None:
     """An installation already on Citus upgrades: a later migration's functions (0017
     replaces the trigger function that counts rate-limited calls, 0018 and 0019 add the
-    guards of finished and late tasks; all run on the shards) are the same on every
-    worker as on the coordinator, settings included, both ways - and without another
-    ``--citus`` run; 0018's and 0019's triggers reach the shards (the runner sends one
-    statement at a time: Citus refuses DDL on a distributed table in a string of
-    several)."""
+    guards of finished and late tasks, 0020 the signals; all run on the shards) are the
+    same on every worker as on the coordinator, settings included, both ways - and
+    without another ``--citus`` run; 0018's, 0019's and 0020's triggers reach the shards
+    (the runner sends one statement at a time: Citus refuses DDL on a distributed table
+    in a string of several), and 0020's new table is distributed beside the others."""
     with fresh_database(citus.dsn, "agentdb_up") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
         assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
-        down = _cli("rollback", "--count", "3", "--dsn", fresh.dsn)
+        down = _cli("rollback", "--count", "4", "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is False  # 0017 is rolled back on the coordinator...
@@ -240,8 +240,15 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
         assert workers == [coord] * len(workers)
         assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
         with _pg.admin(fresh.dsn) as conn:
-            [config] = conn.execute(_CONFIG, ("agentdb_guard_open_task",)).fetchone() or [None]
-        assert "citus.allow_nested_distributed_execution=on" in (config or []), config
+            for fn in ("agentdb_guard_open_task", "agentdb_guard_signal", "agentdb_deliver_signal",
+                       "agentdb_guard_signal_cursor"):  # fmt: skip
+                [config] = conn.execute(_CONFIG, (fn,)).fetchone() or [None]
+                assert "citus.allow_nested_distributed_execution=on" in (config or []), fn
+            distributed = conn.execute(
+                "SELECT count(*) FROM pg_dist_partition"
+                " WHERE logicalrelid = 'agent_signals'::regclass"
+            ).fetchone()
+        assert distributed == (1,)
 
 
 _GUARDED_SHARDS = """SELECT count(*) FILTER (WHERE g.tgname IS NULL), count(*)
@@ -253,7 +260,7 @@ WHERE c.relname ~ ('^' || %(table)s || '(_[0-9]+)?$') AND c.relkind = 'r'"""
 
 def _open_task_guards(cluster: Cluster) -> list[bool]:
     """Per node: whether every agent_operations and agent_tasks table there (the
-    coordinator's, each worker's shards) has 0018's and 0019's guard."""
+    coordinator's, each worker's shards) has 0018's, 0019's and 0020's guard."""
     out = []
     for url in (cluster.dsn, *cluster.workers):
         with _pg.admin(url) as conn:
@@ -262,6 +269,7 @@ def _open_task_guards(cluster: Cluster) -> list[bool]:
             for table, trigger in (
                 ("agent_operations", "agent_operations_for_open_task"),
                 ("agent_tasks", "agent_tasks_deadline_guard"),
+                ("agent_tasks", "agent_tasks_signal_guard"),
             ):
                 row = conn.execute(_GUARDED_SHARDS, {"table": table, "trigger": trigger})
                 missing, total = row.fetchone() or (None, 0)

@@ -1,4 +1,4 @@
-"""Checks G20-G21: a cancel and a deadline end a task for every writer.
+"""Checks G20-G21: a cancel and a deadline end a task for every writer (G22 shares helpers).
 
 G20: a finished (cancelled) task takes no new operation, whoever writes it.
 
@@ -25,13 +25,13 @@ from agentdb.tools.audit.detect import Context
 from agentdb.tools.audit.report import Finding
 from agentdb.tools.audit.verdicts import Findings, not_applicable
 
-__all__ = ["check_g20", "check_g21"]
+__all__ = ["check_g20", "check_g21", "finals", "link_to_tasks"]
 
 _DEADLINE = re.compile(r"^(deadline|deadline_at|timeout_at|due_by|finish_by)$")
 
 
-def _link(ops: Table, tasks: Table) -> list[tuple[str, str]]:
-    """(operation column, task column) pairs that tie an operation to its task."""
+def link_to_tasks(ops: Table, tasks: Table) -> list[tuple[str, str]]:
+    """(column, task column) pairs that tie a row of ``ops`` (operation, signal) to its task."""
     for fk in ops.of("f"):
         if fk.ref_oid == tasks.oid and fk.ref_oid != ops.oid:
             return list(zip(fk.columns, fk.ref_columns, strict=True))
@@ -41,10 +41,10 @@ def _link(ops: Table, tasks: Table) -> list[tuple[str, str]]:
 
 
 def _fix(ctx: Context, ops: Table, tasks: Table, link: list[tuple[str, str]], col: str) -> str:
-    finals = _finals(tasks)
+    ended = finals(tasks)
     fn = fixes.name(ctx, ops.name + "_guard_open_task")
     match = " AND ".join(f"t.{tasks.q(tc)} = NEW.{ops.q(oc)}" for oc, tc in link)
-    listed = ", ".join("'" + s.replace("'", "''") + "'" for s in finals)
+    listed = ", ".join("'" + s.replace("'", "''") + "'" for s in ended)
     # Suggested text shown to a DBA; the audit never executes it (S608).
     return (
         f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"  # noqa: S608
@@ -73,7 +73,7 @@ def check_g20(ctx: Context) -> Finding:
     state = columns.state(tasks)
     if state is None:
         return not_applicable("G20", f"{tasks.name} has no state column: a task never finishes")
-    link = _link(ops, tasks)
+    link = link_to_tasks(ops, tasks)
     if not link:
         return not_applicable("G20", f"{ops.name} does not name its task: nothing to refuse by")
     f = Findings()
@@ -94,7 +94,8 @@ def check_g20(ctx: Context) -> Finding:
     )
 
 
-def _finals(tasks: Table) -> list[str]:
+def finals(tasks: Table) -> list[str]:
+    """The task table's final states (declared, else agentdb's)."""
     return [
         s
         for s in fixes.state_values(tasks, columns.state(tasks), "tasks")
@@ -122,10 +123,10 @@ def check_g21(ctx: Context) -> Finding:
         f.ok(*(f"trigger {g.name}" for g in guards))
     else:
         dl, col = deadline.qname, state.qname
-        finals = _finals(t)
-        ends = [s for s in finals if s.lower() in _GIVEN_UP] or ["cancelled", "dead"]
+        ended = finals(t)
+        ends = [s for s in ended if s.lower() in _GIVEN_UP] or ["cancelled", "dead"]
         listed = ", ".join("'" + s.replace("'", "''") + "'" for s in ends)
-        over = ", ".join("'" + s.replace("'", "''") + "'" for s in finals)
+        over = ", ".join("'" + s.replace("'", "''") + "'" for s in ended)
         fn = fixes.name(ctx, t.name + "_guard_deadline")
         f.bad(
             f"no trigger on {t.name} reads the old {deadline.name}: a task past its deadline "

@@ -119,6 +119,8 @@ async def _transition_raw(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
                 "outbox_payloads": [],
                 "trace_id": None,
                 "span_id": None,
+                "wait_signal": None,
+                "signal_cursor": None,
             }
         )
         rows = await conn.fetch(q.sql, *args)

@@ -64,6 +64,7 @@ def all_mutants() -> tuple[Mutant, ...]:
         mutants_production,
         mutants_routed,
         mutants_schema,
+        mutants_signals,
         mutants_statements,
     )
 
@@ -74,5 +75,6 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_production.MUTANTS
         + mutants_budgets.MUTANTS
         + mutants_cancel.MUTANTS
+        + mutants_signals.MUTANTS
         + mutants_routed.MUTANTS
     )

@@ -40,7 +40,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "errors-no-secret-mapping",
-        "agentdb/guarantees.py",
+        "agentdb/catalogue.py",
         '*_entries("G9", "agent_events_payload_no_secrets", error="SecretInPayload")',
         '*_entries("G9", "agent_events_payload_no_secrets")',
         (ATTACKS,),

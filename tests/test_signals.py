@@ -1,0 +1,288 @@
+"""Signals and approvals (G22): recorded once, in order, waking their task, read once.
+
+The raw-SQL attacks on the triggers, keys and CHECKs are in tests/test_attacks.py
+and the agent role's policy in tests/test_access.py; here the runtime and the
+races: concurrent senders on separate connections, a signal against the wait
+that would miss it (both orders, interleaved by lock waits observed in the
+server), and a worker whose handler waits for an approval and reads each
+signal once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from agentdb import leases, retention, signals, tasks, tenancy
+from agentdb.errors import (
+    ConfigurationError,
+    DeadlineExceeded,
+    IdempotencyConflict,
+    NotFound,
+    SignalRuleViolation,
+    TaskFinished,
+)
+from agentdb.models import Lease, Signal, Task
+from agentdb.worker import Job, Succeed, Wait, Worker
+from tests import factories as F
+from tests.conftest import Database, Tenants
+
+#: Schema objects shown at work here rather than by a refusal (tests/test_catalogue.py).
+BEHAVIOUR_NAMES = {"agent_signals_deliver"}
+
+
+async def _claimed(pool: asyncpg.Pool, tenant: uuid.UUID, task_type: str) -> tuple[Task, Lease]:
+    task = await tasks.create(pool, tenant, task_type)
+    [held] = await leases.claim(pool, "holder", task_types=[task_type])
+    assert held.id == task.id
+    assert held.lease is not None
+    return held, held.lease
+
+
+async def _events(
+    admin: asyncpg.Connection, task_id: uuid.UUID
+) -> list[tuple[str, str, dict[str, object]]]:
+    rows = await admin.fetch(
+        "SELECT event_type, actor_id, payload FROM agent_events WHERE task_id = $1 ORDER BY id",
+        task_id,
+    )
+    return [(r["event_type"], r["actor_id"], json.loads(r["payload"])) for r in rows]
+
+
+def _due(task: Task) -> bool:
+    return task.wake_at is not None and task.wake_at <= datetime.now(UTC)
+
+
+async def test_G22_a_signal_is_recorded_once_per_key_with_its_event(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.a, "s-once")
+    first = await tasks.signal(pool, tenants.a, task.id, "note", {"n": 1}, dedupe_key="k1",
+                               sender="ops")  # fmt: skip
+    again = await tasks.signal(pool, tenants.a, task.id, "note", {"n": 1}, dedupe_key="k1",
+                               sender="ops")  # fmt: skip
+    assert (first.created, again.created, again.id, again.seq) == (True, False, first.id, 1)
+    with pytest.raises(IdempotencyConflict):
+        await tasks.signal(pool, tenants.a, task.id, "note", {"n": 2}, dedupe_key="k1",
+                           sender="ops")  # fmt: skip
+    unkeyed = await tasks.signal(pool, tenants.a, task.id, "note", {"n": 1})
+    assert unkeyed.seq == 2
+    assert [(e[0], e[1], e[2].get("seq")) for e in await _events(admin_conn, task.id)] == [
+        ("task.created", "agentdb", None),
+        ("task.signalled", "ops", 1),
+        ("task.signalled", "agentdb", 2),
+    ]
+    assert [s.seq for s in await signals.received(pool, tenants.a, task.id)] == [1, 2]
+
+
+async def test_G22_a_replayed_key_is_answered_even_after_the_task_finished(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await tasks.create(pool, tenants.a, "s-replay")
+    first = await signals.approve(pool, tenants.a, task.id, approver="alice", dedupe_key="r")
+    await tasks.cancel(pool, tenants.a, task.id)
+    again = await signals.approve(pool, tenants.a, task.id, approver="alice", dedupe_key="r")
+    assert (again.id, again.created, again.decision) == (first.id, False, "approved")
+    with pytest.raises(TaskFinished):  # a new signal is refused: the task is over
+        await signals.approve(pool, tenants.a, task.id, approver="alice", dedupe_key="r2")
+
+
+async def test_G22_concurrent_senders_get_one_place_each_in_the_tasks_order(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await tasks.create(pool, tenants.a, "s-order")
+    conns = [await asyncpg.connect(db.dsn) for _ in range(6)]
+    try:
+        sent = await asyncio.gather(
+            *(tasks.signal(c, tenants.a, task.id, f"n{i}") for i, c in enumerate(conns))
+        )
+    finally:
+        for c in conns:
+            await c.close()
+    assert sorted(s.seq for s in sent) == [1, 2, 3, 4, 5, 6]
+    history = await signals.received(pool, tenants.a, task.id)
+    assert [s.seq for s in history] == [1, 2, 3, 4, 5, 6]
+    assert {s.id for s in history} == {s.id for s in sent}
+
+
+async def test_G22_a_waiting_task_is_woken_by_its_signal_and_not_by_another(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    held, lease = await _claimed(pool, tenants.a, "s-wake")
+    waiting = await tasks.wait_for_signal(pool, held, "approval", lease=lease)
+    assert (waiting.state, waiting.wake_at) == ("waiting", datetime.max)
+    await tasks.signal(pool, tenants.a, held.id, "note")
+    assert (await tasks.get(pool, tenants.a, held.id)).state == "waiting"  # not its name
+    assert await leases.claim(pool, "w", task_types=["s-wake"]) == []
+    approval = await signals.approve(pool, tenants.a, held.id, approver="alice", comment="ok")
+    woken = await tasks.get(pool, tenants.a, held.id)
+    assert (woken.state, woken.state_version) == ("pending", waiting.state_version + 1)
+    assert (await _events(admin_conn, held.id))[-2:] == [
+        ("task.approved", "alice", {"signal": "approval", "seq": 2, "signal_id": str(approval.id),
+                                    "kind": "approval", "decision": "approved"}),
+        ("task.woken", "alice", {"signal": "approval", "seq": 2}),
+    ]  # fmt: skip
+    [again] = await leases.claim(pool, "w", task_types=["s-wake"])
+    assert again.id == held.id
+    unread = await signals.unread(pool, tenants.a, held.id)
+    assert [(s.name, s.kind, s.payload) for s in unread] == [
+        ("note", "signal", {}), ("approval", "approval", {"comment": "ok"}),
+    ]  # fmt: skip
+
+
+async def test_G22_a_signal_sent_before_the_wait_makes_the_wait_due_at_once(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    held, lease = await _claimed(pool, tenants.a, "s-early")
+    await signals.approve(pool, tenants.a, held.id, approver="alice")  # while it runs
+    waiting = await tasks.wait_for_signal(pool, held, "approval", lease=lease)
+    assert (waiting.state, _due(waiting)) == ("waiting", True)
+    [again] = await leases.claim(pool, "w", task_types=["s-early"])
+    assert again.id == held.id
+    # Read (cursor past it), the same approval no longer ends a new wait: it sleeps.
+    rerun = again.lease
+    assert rerun is not None
+    slept = await tasks.wait_for_signal(pool, again, "approval", lease=rerun, signals_read=1)
+    assert slept.wake_at == datetime.max
+
+
+async def test_G22_a_signal_committing_while_the_wait_waits_for_its_lock_wakes_it(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    runtime_conn: asyncpg.Connection,
+    other_conn: asyncpg.Connection,
+) -> None:
+    held, lease = await _claimed(pool, tenants.a, "s-race-1")
+    async with runtime_conn.transaction():
+        await signals.approve(runtime_conn, tenants.a, held.id, approver="alice")
+        wait = asyncio.create_task(tasks.wait_for_signal(other_conn, held, "approval", lease=lease))
+        await F.wait_until_blocked(admin_conn, other_conn.get_server_pid())
+    waited = await asyncio.wait_for(wait, 20)
+    # Due at once, not lost.
+    assert (waited.state, _due(waited)) == ("waiting", True)
+
+
+async def test_G22_a_wait_committing_while_the_signal_waits_for_its_lock_is_woken(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    runtime_conn: asyncpg.Connection,
+    other_conn: asyncpg.Connection,
+) -> None:
+    held, lease = await _claimed(pool, tenants.a, "s-race-2")
+    async with runtime_conn.transaction():
+        await tasks.wait_for_signal(runtime_conn, held, "approval", lease=lease)
+        send = asyncio.create_task(
+            signals.approve(other_conn, tenants.a, held.id, approver="alice")
+        )
+        await F.wait_until_blocked(admin_conn, other_conn.get_server_pid())
+    await asyncio.wait_for(send, 20)
+    woken = await tasks.get(pool, tenants.a, held.id)
+    assert woken.state == "pending"
+    assert [e[0] for e in await _events(admin_conn, held.id)][-3:] == [
+        "task.waiting", "task.approved", "task.woken",
+    ]  # fmt: skip
+
+
+async def test_G22_the_database_refuses_what_a_task_may_not_be_sent(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    done = await tasks.create(pool, tenants.a, "s-refused")
+    await tasks.cancel(pool, tenants.a, done.id)
+    with pytest.raises(TaskFinished):
+        await tasks.signal(pool, tenants.a, done.id, "note")
+    late = await tasks.create(pool, tenants.a, "s-refused",
+                              deadline=datetime.now(UTC) - timedelta(seconds=1))  # fmt: skip
+    with pytest.raises(DeadlineExceeded):
+        await tasks.signal(pool, tenants.a, late.id, "note")
+    held, _ = await _claimed(pool, tenants.a, "s-self")
+    with pytest.raises(SignalRuleViolation) as self_approval:
+        await signals.approve(pool, tenants.a, held.id, approver="holder")
+    assert self_approval.value.guarantee == "G22"
+    await signals.approve(pool, tenants.a, held.id, approver="reviewer")  # control
+    with pytest.raises(NotFound):  # another tenant's task: not there, for this tenant
+        await signals.approve(pool, tenants.b, held.id, approver="reviewer")
+    with pytest.raises(ConfigurationError):
+        await signals.approve(pool, tenants.a, held.id, approver="reviewer", decision="maybe")
+    with pytest.raises(ConfigurationError):
+        Wait()
+
+
+async def test_G22_the_cursor_only_moves_forward_to_a_signal_that_exists(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    held, lease = await _claimed(pool, tenants.a, "s-cursor")
+    await tasks.signal(pool, tenants.a, held.id, "note")
+    with pytest.raises(SignalRuleViolation):
+        await tasks.wait_for_signal(pool, held, "go", lease=lease, signals_read=2)
+    waiting = await tasks.wait_for_signal(pool, held, "go", lease=lease, signals_read=1)
+    assert await signals.unread(pool, tenants.a, held.id) == []
+    with pytest.raises(SignalRuleViolation):
+        await tasks.transition(pool, tenants.a, held.id, expected_version=waiting.state_version,
+                               to_state="pending", signals_read=0)  # fmt: skip
+
+
+async def test_G22_a_worker_handler_waits_for_approval_and_reads_each_signal_once(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    runs: list[list[tuple[int, str]]] = []
+    waiting = asyncio.Event()
+
+    async def handler(job: Job) -> Wait | Succeed:
+        seen = await job.signals()
+        runs.append([(s.seq, s.name) for s in seen])
+        if not any(s.kind == "approval" and s.decision == "approved" for s in seen):
+            waiting.set()
+            return Wait(signal="approval")
+        return Succeed(payload={"approved_by": seen[-1].sender})
+
+    task = await tasks.create(pool, tenants.a, "s-worker")
+    worker = Worker(pool, {"s-worker": handler}, poll_interval=0.05)
+    runner = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        await asyncio.wait_for(waiting.wait(), 20)
+        await F.until(lambda: worker.stats.waiting == 1)
+        await tasks.signal(pool, tenants.a, task.id, "note", {"text": "looks fine"})
+        waiting.clear()
+        # The note is not what it waits for; a rejection is, and it reads both, once.
+        await signals.approve(pool, tenants.a, task.id, approver="bob", decision="rejected")
+        await asyncio.wait_for(waiting.wait(), 20)
+        await F.until(lambda: worker.stats.waiting == 2)
+        await signals.approve(pool, tenants.a, task.id, approver="alice")
+        await F.until(lambda: worker.stats.succeeded == 1)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
+    assert runs == [[], [(1, "note"), (2, "approval")], [(3, "approval")]]
+    done = await tasks.get(pool, tenants.a, task.id)
+    assert done.state == "succeeded"
+
+
+async def test_G22_a_tenants_signals_go_with_its_deletion_and_a_purged_task(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    task = await tasks.create(pool, tenants.b, "s-gone")
+    sent: Signal = await tasks.signal(pool, tenants.b, task.id, "note")
+    dry = await tenancy.delete_tenant(admin_conn, tenants.b, dry_run=True)
+    assert [(s.object, s.affected) for s in dry.steps if s.step == 19] == [("agent_signals", 1)]
+    await tenancy.delete_tenant(admin_conn, tenants.b, dry_run=False)
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_signals WHERE id = $1",
+                                     sent.id) == 0  # fmt: skip
+    # A purged task takes its signals with it, once its events have gone.
+    old = await tasks.create(pool, tenants.a, "s-purge")
+    await tasks.signal(pool, tenants.a, old.id, "note")
+    await tasks.cancel(pool, tenants.a, old.id)
+    async with admin_conn.transaction():  # its events past retention, the task long over
+        await admin_conn.execute("SET LOCAL session_replication_role = replica")
+        await admin_conn.execute("DELETE FROM agent_events WHERE task_id = $1", old.id)
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET updated_at = now() - interval '400 days' WHERE id = $1", old.id
+        )
+    await retention.purge(admin_conn, classes=("tasks",))
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", old.id) == 0
