@@ -10,7 +10,7 @@ append-only audit trail and reliable outbox delivery live in the schema under
 * :mod:`agentdb.outbox`, :mod:`agentdb.inbox` - delivery at least once, processing once
 * :mod:`agentdb.tenancy` - tenants and per-transaction tenant scope
 * :mod:`agentdb.errors` - everything raised, mapped by SQLSTATE and constraint name
-* :mod:`agentdb.guarantees` - G1-G22 and the schema objects that enforce each
+* :mod:`agentdb.guarantees` - G1-G23 and the schema objects that enforce each
 * :func:`create_pool` - the pool factory every worker, relay and tool connects through
 
 The processes are :mod:`agentdb.worker` and :mod:`agentdb.relay`; schema

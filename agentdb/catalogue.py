@@ -271,6 +271,17 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_tasks_wait_signal_valid",
         "agent_tasks_signal_cursor_valid",
     ),
+    # G23: children in their parent's tenant, once per key; the parent woken exactly once.
+    *_entries(
+        "G23",
+        "agent_tasks_child_key",
+        "agent_tasks_child_guard",
+        "agent_tasks_fan_in",
+        "agent_tasks_children_guard",
+    ),
+    *_entries("G2", "agent_tasks_parent_fkey"),
+    *_entries("G5", "agent_tasks_child_key_valid", "agent_tasks_wait_children_valid"),
+    *_entries("G17", "agent_tasks_keep_parent"),
     # G21: past a deadline a task only ends.
     *_entries("G21", "agent_tasks_deadline_guard", "agent_tasks_deadline_idx"),
     # G20: nothing is reserved for a finished task.
@@ -373,6 +384,7 @@ RULES: Final[tuple[Rule, ...]] = (
         "no re-arm for a task past its deadline",
     ),
     Rule("agent_signals_guard", "AG012", "G20", "no signal to a finished task"),
+    Rule("agent_tasks_child_guard", "AG012", "G20", "no new child for a finished task"),
     Rule("agent_signals_guard", "AG013", "G21", "no signal to a task past its deadline"),
     Rule("agent_signals_guard", "AG014", "G22", "no approval by the task's own lease holder"),
     Rule("agent_operations_version_guard", "AG002", "G7", "state_version moves by exactly +1"),

@@ -1,4 +1,4 @@
-"""The guarantees G1-G22, and (re-exported from :mod:`agentdb.catalogue`) the catalogue
+"""The guarantees G1-G23, and (re-exported from :mod:`agentdb.catalogue`) the catalogue
 that ties every schema object to one of them.
 
 One registry, read by everything that names a guarantee: the error classes
@@ -233,6 +233,17 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "AG014); agent_signals_deliver (events, wake-up); agent_tasks_signal_guard "
                 "(the cursor, AG014; a wait for a signal already there); agent_signals_immutable "
                 "(AG003); the policies agent_signals_agent_send and agent_signals_task_fkey",
+            ),
+            Guarantee(
+                "G23",
+                "a parent is woken once by its children",
+                "A child task is in its parent's tenant and created once per key, never for a "
+                "finished parent; a parent waiting for its children (all, or a quorum) is woken "
+                "exactly once, when the last of them finishes - however many finish at once, "
+                "and even if the wait began after they did.",
+                "agent_tasks_parent_fkey (tenant_id, parent_id), agent_tasks_child_key, the "
+                "trigger agent_tasks_child_guard (AG012); agent_tasks_fan_in (the parent row "
+                "locked, then its finished children counted); agent_tasks_children_guard",
             ),
         )
     }

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "FINISHED_STATES",
     "KEEP",
+    "Step",
     "approve",
     "cancel",
     "complete_many",
@@ -71,6 +72,8 @@ class _Keep(enum.Enum):
 
 #: ``step=KEEP`` (the default) leaves ``current_step`` as it is.
 KEEP: Final = _Keep.KEEP
+#: What a ``step=`` argument takes: a step name, ``None`` (clear it) or :data:`KEEP`.
+Step = str | Literal[_Keep.KEEP] | None
 
 
 async def create(
@@ -90,8 +93,15 @@ async def create(
     actor: str = "agentdb",
     task_id: uuid.UUID | None = None,
     deadline: datetime | None = None,
+    parent: uuid.UUID | None = None,
+    child_key: str | None = None,
 ) -> Task:
     """Create a task (pending, or ``waiting`` until ``wake_at``) and its creation event.
+
+    With ``parent`` and ``child_key``, a child of task ``parent`` (same tenant,
+    G23; see :mod:`agentdb.children`): a retried creation of the same key
+    answers with the first child, as a dedupe key does (the key is the
+    child's dedupe key, so the two are not given together).
 
     With ``deadline`` (an aware datetime), the task must be over by then (G21):
     afterwards no claim takes it and the database refuses every write that
@@ -107,12 +117,18 @@ async def create(
     Raises:
         IdempotencyConflict: ``dedupe_key`` was already used with other params.
         PayloadTooLarge: ``params`` is over 64 KiB.
-        ConfigurationError: ``params`` is not JSON data, or ``deadline`` has no time zone.
-        TenantMismatch: ``tenant_id`` names no tenant.
+        ConfigurationError: ``params`` is not JSON data, ``deadline`` has no time zone, or
+            ``child_key`` comes without ``parent`` or with ``dedupe_key``.
+        TenantMismatch: ``tenant_id`` names no tenant, or ``parent`` no task of it.
+        TaskFinished: ``parent`` has finished; it takes no new child.
         InvariantViolation: another CHECK refused a value (named in the error).
     """
     if deadline is not None and deadline.utcoffset() is None:
         raise ConfigurationError(f"deadline {deadline.isoformat()} has no time zone")
+    if child_key is not None:
+        if parent is None or dedupe_key is not None:
+            raise ConfigurationError("child_key needs parent= and stands in for dedupe_key")
+        dedupe_key = f"child/{parent}/{child_key}"
     body = document(params or {}, cap=OBJECT_CAP, what="task params")
     digest = input_hash(dict(params or {})) if dedupe_key is not None else None
     trace_id, span_id = telemetry.ids(trace_id, span_id)
@@ -122,7 +138,8 @@ async def create(
         "workflow_version": workflow_version, "state": "waiting" if waiting else "pending",
         "params": body, "dedupe_key": dedupe_key, "input_hash": digest, "wake_at": wake_at,
         "max_attempts": max_attempts, "lease_ttl": lease_ttl, "trace_id": trace_id,
-        "span_id": span_id, "actor_id": actor, "deadline_at": deadline,
+        "span_id": span_id, "actor_id": actor, "deadline_at": deadline, "parent_id": parent,
+        "child_key": child_key,
     }  # fmt: skip
     for _ in range(_RACE_RERUNS):
         if await schema.distributed(db):
@@ -186,6 +203,7 @@ async def transition(
     span_id: str | None = None,
     wait_signal: str | None = None,
     signals_read: int | None = None,
+    wait_children: int | None = None,
 ) -> Task:
     """Move a task to ``to_state`` if it is still at ``expected_version`` - one round trip.
 
@@ -200,7 +218,8 @@ async def transition(
     lease owner, else ``"agentdb"``. A move to 'waiting' may name the signal
     it waits for (``wait_signal``, G22: its arrival wakes the task; any other
     move forgets it); ``signals_read`` moves the task's signal cursor up to
-    that ``seq`` (None leaves it).
+    that ``seq`` (None leaves it). A move to 'waiting' with ``wait_children``
+    waits for that many of the task's children to finish (G23).
 
     Raises:
         SignalRuleViolation: ``signals_read`` goes back, or past the last signal.
@@ -229,6 +248,7 @@ async def transition(
         "lease_token": lease.token if lease else None,
         "wait_signal": wait_signal,
         "signal_cursor": signals_read,
+        "wait_children": wait_children,
     }
     event = {
         "event_type": event_type or f"task.{to_state}",

@@ -241,6 +241,23 @@ async def wait_until_blocked(admin: asyncpg.Connection, pid: int) -> None:
     raise AssertionError(f"backend {pid} never blocked on a lock")
 
 
+async def wait_until_n_blocked(admin: asyncpg.Connection, pids: list[int], n: int) -> None:
+    """Until ``n`` of the backends ``pids`` wait on a lock (on Citus: on a worker, on their
+    behalf), observed in the server - not slept for."""
+    query = (
+        "SELECT count(DISTINCT waiting_gpid % 10000000000) FROM citus_lock_waits"
+        " WHERE waiting_gpid % 10000000000 = ANY ($1::int8[])"
+        if ON_CITUS
+        else "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY ($1::int[])"
+        " AND wait_event_type = 'Lock'"
+    )
+    for _ in range(2000):
+        if await admin.fetchval(query, pids) >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{n} of backends {pids} never blocked on a lock")
+
+
 async def until(predicate: Callable[[], bool], within: float = 20.0) -> None:
     """Until ``predicate()`` holds (polled every 50 ms), else fail after ``within`` seconds."""
     deadline = time.monotonic() + within

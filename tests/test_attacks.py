@@ -1,4 +1,4 @@
-"""Raw-SQL attacks on every constraint and guard trigger (G2-G22).
+"""Raw-SQL attacks on every constraint and guard trigger (G2-G23).
 
 Each case pairs a positive control (a valid write that must be accepted, so
 the attack cannot pass vacuously) with an attack that Postgres must refuse
@@ -715,6 +715,29 @@ def _signal_changed() -> Step:
         return await conn.execute(
             "UPDATE agent_signals SET payload = '{\"n\": 2}' WHERE id = $1", sid
         )
+
+    return step
+
+
+def _child(*, parent_state: str | None = None, parent_of: str = "a", **row: Any) -> Step:
+    """A raw child (``row`` overrides its columns) of tenant a under a fresh parent of tenant
+    ``parent_of``, first moved to ``parent_state`` if given."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        parent = await F.create_task(conn, getattr(ctx, parent_of))
+        if parent_state:
+            await F.update_task(conn, getattr(ctx, parent_of), parent, state=parent_state,
+                                state_version=1)  # fmt: skip
+        return await F.create_task(conn, ctx.a, parent_id=parent, **_resolve(ctx, row))
+
+    return step
+
+
+def _sibling(key: str) -> Step:
+    """A child with ``key`` of the context's task of tenant a (shared by both steps)."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        return await F.create_task(conn, ctx.a, parent_id=ctx.task_a, child_key=key)
 
     return step
 
@@ -1728,6 +1751,8 @@ CASES: list[Case] = [
         _sig(on="a"),
         _sig(on="a", tenant_id=lambda c: uuid.uuid4()),
         role="admin",
+        # On a worker the task's foreign key is checked first: both name no row there.
+        citus="23503",
     ),
     Case(
         "agent_signals_seq_valid", "23514", _sig(on="a", seq=1), _sig(on="a", seq=0), role="replica"
@@ -1779,6 +1804,24 @@ CASES: list[Case] = [
         raw_task(signal_cursor=0),
         raw_task(signal_cursor=-1),
         role="replica",
+    ),
+    # ---- G23: children in their parent's tenant, once per key --------------------------
+    Case("agent_tasks_child_guard", "AG012", _child(), _child(parent_state="cancelled")),
+    Case("agent_tasks_parent_fkey", "23503", _child(), _child(parent_of="b")),
+    Case("agent_tasks_child_key", "23505", _sibling("k1"), _sibling("k1")),
+    Case("agent_tasks_child_key_valid", "23514", _child(child_key="k"), _child(child_key="")),
+    Case(
+        "agent_tasks_child_key_valid",
+        "23514",
+        _child(child_key="k"),
+        task(child_key="k"),
+        label="no-parent",
+    ),
+    Case(
+        "agent_tasks_wait_children_valid",
+        "23514",
+        task(state="waiting", wait_children=1),
+        task(state="waiting", wait_children=0),
     ),
 ]
 

@@ -102,6 +102,7 @@ ARTICLE_STATUSES = {
     "G20": "missing",  # no trigger on agent_operations reads agent_tasks
     "G21": "not_applicable",  # no deadline column
     "G22": "not_applicable",  # no signal table
+    "G23": "not_applicable",  # no parent reference
 }
 
 
@@ -207,7 +208,7 @@ def test_fresh_agentdb_schema_cli_exits_0_with_fail_on_partial(agentdb_dsn: str)
     result = _cli("--dsn", agentdb_dsn, "--fail-on", "partial")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
-    assert "22 guarantees: 22 enforced, 0 partial, 0 missing" in result.stdout
+    assert "23 guarantees: 23 enforced, 0 partial, 0 missing" in result.stdout
 
 
 def test_G13_evidence_is_the_unknown_state_and_the_unsettled_index(agentdb_dsn: str) -> None:
@@ -318,6 +319,12 @@ def test_G2_fk_on_task_id_alone_is_flagged(db: Database, auditor: str) -> None:
             FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id);
         ALTER TABLE agent_operations ADD CONSTRAINT agent_operations_task_fkey
             FOREIGN KEY (task_id) REFERENCES agent_tasks (id);
+        ALTER TABLE agent_signals ADD CONSTRAINT agent_signals_task_fkey
+            FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id);
+        ALTER TABLE agent_budgets ADD CONSTRAINT agent_budgets_task_fkey
+            FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id);
+        ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_parent_fkey
+            FOREIGN KEY (tenant_id, parent_id) REFERENCES agent_tasks (tenant_id, id);
         """,
         G2="partial",
     )
@@ -590,6 +597,8 @@ _RANK = {"missing": 0, "partial": 1, "enforced": 2}
         ("DROP TRIGGER agent_tasks_deadline_guard ON agent_tasks", "G21"),
         ("DROP TRIGGER agent_signals_guard ON agent_signals", "G22"),
         ("ALTER TABLE agent_signals DROP CONSTRAINT agent_signals_seq_key", "G22"),
+        ("DROP TRIGGER agent_tasks_fan_in ON agent_tasks", "G23"),
+        ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_parent_fkey", "G23"),
     ],
 )
 def test_the_suggested_fix_applies_and_restores_the_guarantee(
@@ -1034,3 +1043,20 @@ def test_G22_signals_without_an_order_are_partial(db: Database, auditor: str) ->
 
 def test_G22_a_schema_without_signals_is_not_applicable(db: Database, auditor: str) -> None:
     _broken(db, "DROP TABLE agent_signals", G22="not_applicable")
+
+
+def test_G23_a_fan_in_left_to_the_workers_is_flagged(db: Database, auditor: str) -> None:
+    report = _broken(db, "DROP TRIGGER agent_tasks_fan_in ON agent_tasks", G23="missing")
+    assert (
+        "no trigger on agent_tasks reads parent_id after an update" in report.finding("G23").reason
+    )
+    fix = report.finding("G23").fix or ""
+    assert "FOR UPDATE" in fix
+    assert "AFTER UPDATE OF state" in fix
+
+
+def test_G23_a_parent_reference_without_the_tenant_is_partial(db: Database, auditor: str) -> None:
+    report = _broken(
+        db, "ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_parent_fkey", G23="partial"
+    )
+    assert "a child can name another tenant's task" in _problems(report, "G23")

@@ -15,7 +15,14 @@ import asyncpg
 
 from agentdb.errors import CONSTRAINTS, SQLSTATES
 from agentdb.guarantees import GUARANTEES
-from tests import test_access, test_attacks, test_indexes, test_notify, test_signals
+from tests import (
+    test_access,
+    test_attacks,
+    test_children,
+    test_indexes,
+    test_notify,
+    test_signals,
+)
 
 # Objects Postgres names for us; everything agentdb names itself is below.
 _SCHEMA_NAMES = """
@@ -72,6 +79,7 @@ def test_every_constraint_is_attacked() -> None:
         | set(test_indexes.INDEX_QUERIES)
         | test_notify.NOTIFY_NAMES
         | test_signals.BEHAVIOUR_NAMES
+        | test_children.BEHAVIOUR_NAMES
     )
     assert covered == set(CONSTRAINTS)
 

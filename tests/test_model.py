@@ -15,7 +15,10 @@ Postgres with a small Python reference model:
   (G20);
 * a signal is recorded once (a replayed key answers with it), in the task's order, with one
   event; it wakes the task waiting for its name, even one that began waiting after it
-  arrived; a holder reads each signal once; a finished or late task takes none (G22).
+  arrived; a holder reads each signal once; a finished or late task takes none (G22);
+* a child is created once per key; its parent, waiting for all (or some) of its children,
+  is woken exactly once, when the last of them finishes - by a finish, a cancel or the
+  deadline sweep - or is due at once if they had finished before it waited (G23).
 
 Hypothesis cannot run async rules, so a small facade owns an asyncio.Runner
 and the connections; each example works in a tenant of its own.
@@ -39,7 +42,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from agentdb import leases, operations, outbox, signals, tasks
+from agentdb import children, leases, operations, outbox, signals, tasks
 from agentdb.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -73,7 +76,11 @@ class MTask:
     keys: dict[str, int] = field(default_factory=dict)  # dedupe key -> seq
     cursor: int = 0
     wait_for: str | None = None
-    due: bool = False  # waiting, but due at once (its signal had arrived)
+    due: bool = False  # waiting, but due at once (its signal, or its children, had arrived)
+    parent: uuid.UUID | None = None  # G23
+    kids: list[uuid.UUID] = field(default_factory=list)
+    wait_children: int | None = None
+    wakes: int = 0  # task.children_done events
 
 
 @dataclass
@@ -177,6 +184,18 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 assert isinstance(refused, Cancelled) == cancelled, (refused, cancelled)
                 assert isinstance(refused, PastDeadline) == swept, (refused, swept)
 
+        def finished(self, tid: uuid.UUID) -> None:
+            """The database's fan-in after task ``tid`` finished (G23)."""
+            parent = self.m.tasks[tid].parent
+            if parent is None:
+                return
+            pt = self.m.tasks[parent]
+            done = sum(self.m.tasks[k].state in tasks.FINISHED_STATES for k in pt.kids)
+            waits = pt.state == "waiting" and pt.wait_children is not None and not pt.late
+            if waits and done >= (pt.wait_children or 0):
+                pt.state, pt.version, pt.wait_children = "pending", pt.version + 1, None
+                pt.due, pt.wakes = False, pt.wakes + 1
+
         def pick_held(self, data: st.DataObject, w: int) -> uuid.UUID:
             # In the order taken: a replay draws the same task whatever its random id.
             return data.draw(st.sampled_from(list(self.held[w])))
@@ -210,7 +229,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             mt.state, mt.version, mt.owner, mt.token, mt.expired = (
                 "running", mt.version + 1, f"w{w}", mt.token + 1, False,
             )  # fmt: skip
-            mt.wait_for, mt.due = None, False
+            mt.wait_for, mt.due, mt.wait_children = None, False, None
             assert (task.state_version, task.lease_token) == (mt.version, mt.token)
             assert task.lease is not None
             self.held[w][task.id] = (task.lease, task.state_version)
@@ -257,6 +276,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             elif self.current(w, tid) and mt.version == version:
                 h.run(call)
                 mt.state, mt.version, mt.owner = "succeeded", mt.version + 1, None
+                self.finished(tid)
                 self.m.committed.add(msg.id)
                 del self.held[w][tid]
             else:
@@ -342,6 +362,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                     None,
                     False,
                 )
+                self.finished(tid)
             assert (got.state, got.state_version) == (mt.state, mt.version)
 
         @rule(data=st.data())
@@ -389,6 +410,8 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             for tid in due:
                 mt = self.m.tasks[tid]
                 mt.state, mt.version, mt.owner = "dead", mt.version + 1, None
+            for tid in sorted(due, key=list(self.m.tasks).index):
+                self.finished(tid)
 
         @rule(data=st.data(), name=st.sampled_from(SIGNALS), replay=st.booleans())
         def signal(self, data: st.DataObject, name: str, replay: bool) -> None:
@@ -445,6 +468,52 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             mt.cursor = upto or mt.cursor
             mt.state, mt.version, mt.owner, mt.expired = "waiting", mt.version + 1, None, False
             mt.wait_for, mt.due = name, name in mt.signals[mt.cursor :]
+            mt.wait_children = None
+            del self.held[w][tid]
+
+        @rule(w=st.integers(0, WORKERS - 1), data=st.data(), replay=st.booleans())
+        def spawn(self, w: int, data: st.DataObject, replay: bool) -> None:
+            """The holder creates a child (or, ``replay``, one it created before)."""
+            if not self.held[w]:
+                return
+            tid = self.pick_held(data, w)
+            mt = self.m.tasks[tid]
+            if not self.current(w, tid):
+                return
+            parent = h.run(tasks.get(h.pool, self.tenant, tid))
+            if replay and mt.kids:
+                i = data.draw(st.integers(0, len(mt.kids) - 1))
+                got = h.run(children.spawn(h.pool, parent, self.kind, f"c{i}", max_attempts=1000))
+                assert (got.created, got.id) == (False, mt.kids[i])
+                return
+            got = h.run(children.spawn(h.pool, parent, self.kind, f"c{len(mt.kids)}",
+                                       max_attempts=1000))  # fmt: skip
+            assert got.created
+            mt.kids.append(got.id)
+            self.m.tasks[got.id] = MTask(parent=tid)
+
+        @rule(w=st.integers(0, WORKERS - 1), data=st.data(), quorum=st.booleans())
+        def wait_for_children(self, w: int, data: st.DataObject, quorum: bool) -> None:
+            """The holder waits for all its children, or (``quorum``) for one of them."""
+            if not self.held[w]:
+                return
+            tid = self.pick_held(data, w)
+            lease, version = self.held[w][tid]
+            mt = self.m.tasks[tid]
+            if not self.current(w, tid) or mt.version != version or not mt.kids:
+                return
+            want = 1 if quorum else len(mt.kids)
+            call = tasks.transition(
+                h.conns[w], self.tenant, tid, expected_version=version, to_state="waiting",
+                lease=lease, wait_children=want,
+            )  # fmt: skip
+            if mt.late:
+                self.refused_and_unchanged(call, DeadlineExceeded)
+                return
+            h.run(call)
+            done = sum(self.m.tasks[k].state in tasks.FINISHED_STATES for k in mt.kids)
+            mt.state, mt.version, mt.owner, mt.expired = "waiting", mt.version + 1, None, False
+            mt.wait_children, mt.wait_for, mt.due = want, None, done >= want
             del self.held[w][tid]
 
         @rule(w=st.integers(0, WORKERS - 1))
@@ -511,6 +580,17 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             }, "a signal lost, doubled, unaudited or read out of turn"
 
         @invariant()
+        def each_parent_woken_once_per_wait(self) -> None:
+            rows = h.run(h.admin.fetch(
+                "SELECT t.id, t.parent_id, (SELECT count(*) FROM agent_events e"
+                " WHERE e.tenant_id = t.tenant_id AND e.task_id = t.id"
+                " AND e.event_type = 'task.children_done') AS wakes"
+                " FROM agent_tasks t WHERE t.tenant_id = $1", self.tenant))  # fmt: skip
+            assert {r["id"]: (r["parent_id"], r["wakes"]) for r in rows} == {
+                tid: (t.parent, t.wakes) for tid, t in self.m.tasks.items()
+            }, "a parent woken twice, or not at all, or a child under the wrong parent"
+
+        @invariant()
         def one_operation_per_key(self) -> None:
             n = h.run(
                 h.admin.fetchval(
@@ -541,7 +621,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
     )
 
 
-def test_G3_G4_G7_G8_G10_G12_G22_stateful_model_of_two_workers(db: Database) -> None:
+def test_G3_G4_G7_G8_G10_G12_G22_G23_stateful_model_of_two_workers(db: Database) -> None:
     h = Harness(db)
     try:
         run_machine(h, max_examples=200)

@@ -279,7 +279,7 @@ async def test_G22_a_tenants_signals_go_with_its_deletion_and_a_purged_task(
     await tasks.signal(pool, tenants.a, old.id, "note")
     await tasks.cancel(pool, tenants.a, old.id)
     async with admin_conn.transaction():  # its events past retention, the task long over
-        await admin_conn.execute("SET LOCAL session_replication_role = replica")
+        await F.replica_mode(admin_conn)
         await admin_conn.execute("DELETE FROM agent_events WHERE task_id = $1", old.id)
         await admin_conn.execute(
             "UPDATE agent_tasks SET updated_at = now() - interval '400 days' WHERE id = $1", old.id

@@ -442,13 +442,13 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
 -- (routed_task_event) in the same transaction.
 -- guarantee: G3, G4
 -- zero rows: dedupe key $7 is taken in this tenant.
--- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 deadline_at timestamptz
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 deadline_at timestamptz, $15 parent_id uuid, $16 child_key text
 INSERT INTO agent_tasks (id, tenant_id, task_type, workflow_version, state, params,
                          dedupe_key, input_hash, wake_at, max_attempts, lease_ttl,
-                         trace_id, span_id, deadline_at)
+                         trace_id, span_id, deadline_at, parent_id, child_key)
 VALUES ($2, $1, $3, $4, $5, $6, $7, $8,
         coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
-        $10, $11, $12, $13, $14)
+        $10, $11, $12, $13, $14, $15, $16)
 ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
 RETURNING true AS created, id, tenant_id, task_type, workflow_version, state, state_version,
           current_step, wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
@@ -460,9 +460,9 @@ RETURNING true AS created, id, tenant_id, task_type, workflow_version, state, st
 -- it is still at $3 and, for a lease holder, under the caller's lease. The
 -- caller writes the event (routed_task_event) and the outbox messages
 -- (routed_outbox_message) in the same transaction.
--- guarantee: G7, G12, G22
+-- guarantee: G7, G12, G22, G23
 -- zero rows: the task is gone, another writer moved state_version on, or the caller's lease was taken over; reload before deciding anything.
--- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 wait_signal text, $12 signal_cursor int8
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 wait_signal text, $12 signal_cursor int8, $13 wait_children int4
 -- Citus refuses now() inside CASE or COALESCE: "now" is read once in prior.
 WITH prior AS MATERIALIZED (
     SELECT state, now() AS at FROM agent_tasks WHERE tenant_id = $1 AND id = $2
@@ -481,6 +481,7 @@ SET state = $4,
     lease_expires_at = CASE WHEN $4 = 'running' THEN t.lease_expires_at END,
     wait_signal = CASE WHEN $4 = 'waiting' THEN $11 END,
     signal_cursor = coalesce($12, t.signal_cursor),
+    wait_children = CASE WHEN $4 = 'waiting' THEN $13::int4 END,
     updated_at = now()
 FROM prior
 WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3

@@ -19,14 +19,14 @@ ORDER BY task_type;
 -- the caller compares input_hash and refuses a different request (G4).
 -- guarantee: G3, G4
 -- zero rows: a concurrent request committed the same dedupe key after this statement's snapshot was taken; run it again.
--- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 deadline_at timestamptz, $15 actor_id text
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 deadline_at timestamptz, $15 parent_id uuid, $16 child_key text, $17 actor_id text
 WITH ins AS (
     INSERT INTO agent_tasks (id, tenant_id, task_type, workflow_version, state, params,
                              dedupe_key, input_hash, wake_at, max_attempts, lease_ttl,
-                             trace_id, span_id, deadline_at)
+                             trace_id, span_id, deadline_at, parent_id, child_key)
     VALUES ($2, $1, $3, $4, $5, $6, $7, $8,
             coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
-            $10, $11, $12, $13, $14)
+            $10, $11, $12, $13, $14, $15, $16)
     ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
     RETURNING id, tenant_id, task_type, workflow_version, state, state_version, current_step,
               wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
@@ -35,7 +35,7 @@ WITH ins AS (
 ), ev AS (
     INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
                               to_state, task_state_version, trace_id, span_id)
-    SELECT tenant_id, id, 'task.created', $15, workflow_version, state, state_version,
+    SELECT tenant_id, id, 'task.created', $17, workflow_version, state, state_version,
            trace_id, span_id
     FROM ins
 )
@@ -131,10 +131,11 @@ WHERE tenant_id = $1 AND id = $2;
 -- waiting sets wake_at (now / infinity unless given); a wait may name the
 -- signal it waits for ($19; any other move clears it) and move the task's
 -- signal cursor past what it read ($20; the database refuses a cursor that
--- goes back or past the last signal, G22).
--- guarantee: G7, G12, G8, G10, G22
+-- goes back or past the last signal, G22), or wait for $21 of its children
+-- to finish (G23: the last of them wakes it).
+-- guarantee: G7, G12, G8, G10, G22, G23
 -- zero rows: the task is gone, another writer moved state_version on, or the caller's lease was taken over; reload before deciding anything.
--- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 event_type text, $12 actor_id text, $13 payload jsonb, $14 outbox_ids uuid[], $15 outbox_topics text[], $16 outbox_payloads jsonb[], $17 trace_id text, $18 span_id text, $19 wait_signal text, $20 signal_cursor int8
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 event_type text, $12 actor_id text, $13 payload jsonb, $14 outbox_ids uuid[], $15 outbox_topics text[], $16 outbox_payloads jsonb[], $17 trace_id text, $18 span_id text, $19 wait_signal text, $20 signal_cursor int8, $21 wait_children int4
 WITH prior AS (
     SELECT state FROM agent_tasks WHERE tenant_id = $1 AND id = $2
 ), upd AS (
@@ -152,6 +153,7 @@ WITH prior AS (
         lease_expires_at = CASE WHEN $4 = 'running' THEN t.lease_expires_at END,
         wait_signal = CASE WHEN $4 = 'waiting' THEN $19 END,
         signal_cursor = coalesce($20, t.signal_cursor),
+        wait_children = CASE WHEN $4 = 'waiting' THEN $21::int4 END,
         updated_at = now()
     FROM prior
     WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
-from agentdb import _db, _faults, leases, tasks
+from agentdb import _db, _faults, children, leases, tasks
 from agentdb._runtime import backoff
 from agentdb.errors import (
     AgentDBError,
@@ -212,6 +212,7 @@ class Finisher:
             self.stats.failed += 1
         elif isinstance(outcome, Wait):
             step = tasks.KEEP if outcome.step is None else outcome.step
+            want = await self._children_wanted(job, outcome)
             await self.persist(
                 job,
                 lambda: finish(
@@ -220,12 +221,24 @@ class Finisher:
                     step=step,
                     wait_signal=outcome.signal,
                     signals_read=job.signals_read,
+                    wait_children=want,
                 ),
                 lands_in=("waiting",),
             )
             self.stats.waiting += 1
         else:
             await self._retry(job, outcome)
+
+    async def _children_wanted(self, job: Job, outcome: Wait) -> int | None:
+        """How many children a ``Wait(children=...)`` waits for (G23); None for no children.
+
+        Raises:
+            ConfigurationError: the task has no children, or fewer than asked for.
+        """
+        if outcome.children is False:
+            return None
+        finished = None if outcome.children is True else int(outcome.children)
+        return await children.wanted(self.pool, job.task, finished)
 
     async def _retry(self, job: Job, outcome: Retry) -> None:
         task = job.task

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from agentdb import _db, _faults, operations, signals
+from agentdb import _db, _faults, children, operations, signals
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
@@ -57,6 +57,21 @@ class Job:
         self._fresh: dict[uuid.UUID, Operation] = {}
         #: the last signal ``seq`` this attempt read (None: it read none).
         self.signals_read: int | None = None
+
+    async def spawn(
+        self, task_type: str, key: str, params: Mapping[str, Any] | None = None, **create: Any
+    ) -> Task:
+        """Create child ``key`` of this task, once per key (:func:`agentdb.children.spawn`,
+        G23); a retried attempt that spawns the same keys gets the same children.
+
+        Raises:
+            as :func:`agentdb.children.spawn`.
+        """
+        return await children.spawn(self.pool, self.task, task_type, key, params=params, **create)
+
+    async def children(self) -> list[children.Child]:
+        """This task's children, with the results of those that finished (G23)."""
+        return await children.children(self.pool, self.task.tenant_id, self.task.id)
 
     async def signals(self) -> list[Signal]:
         """The signals and approvals the task has not read yet, in order (G22).

@@ -83,22 +83,29 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Sleep: the task lands in 'waiting' until ``until``, or until signal ``signal`` arrives
-    (G22; ``until`` is then a timeout), with event ``task.waiting`` (``step`` recorded when
+    """Sleep: the task lands in 'waiting' until ``until``; or until signal ``signal`` arrives
+    (G22); or until its children have finished (G23: ``children=True`` all it has, an int
+    that many) - ``until`` is then a timeout. Event ``task.waiting`` (``step`` recorded when
     given); the next claim after that resumes it. The signals the handler read
     (``job.signals()``) count as read from then on.
 
     Raises:
-        ConfigurationError: neither ``until`` nor ``signal`` is given.
+        ConfigurationError: none of ``until``, ``signal``, ``children`` is given, or both
+            ``signal`` and ``children`` are.
     """
 
     until: datetime | None = None
     step: str | None = None
     signal: str | None = None
+    children: bool | int = False
 
     def __post_init__(self) -> None:
-        if self.until is None and self.signal is None:
-            raise ConfigurationError("Wait needs until= (a time), signal= (a signal name) or both")
+        if self.signal is not None and self.children is not False:
+            raise ConfigurationError("Wait waits for a signal or for children, not both")
+        if self.until is None and self.signal is None and self.children is False:
+            raise ConfigurationError(
+                "Wait needs until= (a time), signal= (a signal name) or children= (all: True)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

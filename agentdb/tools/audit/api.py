@@ -1,4 +1,4 @@
-"""Which of the guarantees G1-G22 does an existing schema enforce?
+"""Which of the guarantees G1-G23 does an existing schema enforce?
 
 :func:`audit` reads the live catalog of one schema (``pg_catalog`` only,
 inside a READ ONLY transaction, so a role with no table privileges can run
@@ -30,6 +30,7 @@ from agentdb.tools.audit import catalog
 from agentdb.tools.audit.catalog import AuditError
 from agentdb.tools.audit.checks_access import check_g14, check_g15, check_g16, check_g17
 from agentdb.tools.audit.checks_budgets import check_g19
+from agentdb.tools.audit.checks_children import check_g23
 from agentdb.tools.audit.checks_citus import citus_notes
 from agentdb.tools.audit.checks_control import check_g20, check_g21
 from agentdb.tools.audit.checks_delivery import check_g10, check_g11, check_g12, check_g13
@@ -64,7 +65,7 @@ __all__ = [
 # Not API: the tests open the audit's connection to prove it cannot write.
 _read_only = catalog.read_only
 
-#: One check per guarantee, in the order the report lists them (G1 to G22).
+#: One check per guarantee, in the order the report lists them (G1 to G23).
 CHECKS: Final[tuple[Callable[[Context], Finding], ...]] = (
     check_g1,
     check_g2,
@@ -88,13 +89,14 @@ CHECKS: Final[tuple[Callable[[Context], Finding], ...]] = (
     check_g20,
     check_g21,
     check_g22,
+    check_g23,
 )
 
 
 def audit(
     dsn: str, *, schema: str | None = None, mapping: Mapping[str, str] | None = None
 ) -> Report:
-    """Audit one schema of the database at ``dsn`` against G1-G22.
+    """Audit one schema of the database at ``dsn`` against G1-G23.
 
     ``schema`` defaults to the first schema on the connecting role's
     search_path. ``mapping`` assigns tables to roles (keys :data:`MAP_KEYS`;

@@ -109,6 +109,7 @@ class Trigger:
     columns: tuple[str, ...]  # UPDATE OF columns; empty for any column
     function: str
     source: str
+    conditional: bool = False  # a WHEN clause: it fires for some rows only
 
     # pg_trigger.tgtype bits (include/catalog/pg_trigger.h).
     @property
@@ -423,13 +424,16 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
                 Index(name, unique, primary, tuple(cols), exprs, pred, backs, valid)
             )
     _partition_indexes(tables, _rows(conn, q.PARTITION_INDEXES, nsp))
-    for rel_oid, name, tgtype, enabled, cols, function, source in _rows(conn, q.TRIGGERS, nsp):
+    for rel_oid, name, tgtype, enabled, cols, function, source, when in _rows(
+        conn, q.TRIGGERS, nsp
+    ):
         if rel_oid in tables:
             # 'O' fires in normal sessions, 'A' always; 'D' is disabled and 'R'
             # fires only on replicas - neither protects anything here.
             tables[rel_oid].triggers.append(
-                Trigger(name, tgtype, enabled in ("O", "A"), tuple(cols), function, source or "")
-            )
+                Trigger(name, tgtype, enabled in ("O", "A"), tuple(cols), function, source or "",
+                        bool(when))
+            )  # fmt: skip
     for rel_oid, name, event, instead in _rows(conn, q.RULES, nsp):
         if rel_oid in tables:
             tables[rel_oid].rules.append(Rule(name, event, instead))

@@ -142,7 +142,7 @@ TRIGGERS: Final[LiteralString] = """
 SELECT t.tgrelid, t.tgname::text, t.tgtype::int, t.tgenabled::text,
        ARRAY(SELECT a.attname::text FROM unnest(t.tgattr::int2[]) AS k (num)
              JOIN pg_attribute a ON a.attrelid = t.tgrelid AND a.attnum = k.num),
-       p.proname::text, p.prosrc
+       p.proname::text, p.prosrc, t.tgqual IS NOT NULL
 FROM pg_trigger t
 JOIN pg_class c ON c.oid = t.tgrelid
 JOIN pg_proc p ON p.oid = t.tgfoid

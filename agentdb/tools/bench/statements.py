@@ -121,6 +121,7 @@ async def _transition_raw(conn: _db.Conn, s: Slot, n: int, tag: str) -> None:
                 "span_id": None,
                 "wait_signal": None,
                 "signal_cursor": None,
+                "wait_children": None,
             }
         )
         rows = await conn.fetch(q.sql, *args)

@@ -1,11 +1,14 @@
-"""Mutants of signals and approvals (G22): the order, the wake-up, the cursor, the refusals,
-the agent's policy, the worker's read."""
+"""Mutants of signals and approvals (G22) - the order, the wake-up, the cursor, the refusals,
+the agent's policy, the worker's read - and of child tasks (G23): the fan-in, its lock,
+the late wait, the refusals, retention."""
 
 from __future__ import annotations
 
 from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
 
 SIGNALS = "sql/0020.signals.sql"
+CHILDREN = "sql/0021.children.sql"
+KIDS = T + "test_children.py"
 TESTS = T + "test_signals.py"
 MODEL = T + "test_model.py"
 ATTACK = ATTACKS + "::test_attack_is_refused"
@@ -157,5 +160,74 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if False:",
         (TESTS + "::test_G22_a_signal_is_recorded_once_per_key_with_its_event",),
         "signals.signal: a different payload under a used key is answered, not refused (G4)",
+    ),
+    m(
+        "fan-in-without-lock",
+        CHILDREN,
+        "    WHERE p.tenant_id = NEW.tenant_id AND p.id = NEW.parent_id\n    FOR UPDATE;",
+        "    WHERE p.tenant_id = NEW.tenant_id AND p.id = NEW.parent_id;",
+        (KIDS + "::test_G23_the_last_of_many_concurrent_finishes_wakes_the_parent_once",),
+        "agentdb_fan_in: children finishing at once count without taking turns - none sees "
+        "the last finish, the parent sleeps on",
+    ),
+    m(
+        "fan-in-wakes-early",
+        CHILDREN,
+        "       OR agentdb_children_done(NEW.tenant_id, NEW.parent_id) < parent.wait_children THEN",
+        "       OR agentdb_children_done(NEW.tenant_id, NEW.parent_id) < 1 THEN",
+        (KIDS,),
+        "agentdb_fan_in: the first finished child wakes the parent",
+    ),
+    m(
+        "fan-in-wakes-twice",
+        CHILDREN,
+        "    SET state = 'pending', state_version = p.state_version + 1, wake_at = now(),\n"
+        "        wait_children = NULL, updated_at = now()",
+        "    SET state = 'waiting', state_version = p.state_version + 1, wake_at = now(),\n"
+        "        updated_at = now()",
+        (KIDS,),
+        "agentdb_fan_in: the wake leaves the parent waiting for children, so each later "
+        "finish wakes it again",
+    ),
+    m(
+        "fan-in-never",
+        CHILDREN,
+        "    AFTER UPDATE OF state ON agent_tasks\n    FOR EACH ROW WHEN (NEW.parent_id IS NOT NULL",
+        "    AFTER UPDATE OF state ON agent_tasks\n    FOR EACH ROW WHEN (false AND NEW.parent_id IS NOT NULL",
+        (KIDS,),
+        "agent_tasks_fan_in: no child's finish wakes its parent",
+    ),
+    m(
+        "children-late-wait-lost",
+        CHILDREN,
+        "    IF NEW.wake_at > now() AND agentdb_children_done(NEW.tenant_id, NEW.id) >= NEW.wait_children THEN",
+        "    IF false THEN",
+        (KIDS + "::test_G23_a_wait_that_begins_after_the_children_finished_is_due_at_once",),
+        "agentdb_guard_children_wait: a wait for children that already finished sleeps for ever",
+    ),
+    m(
+        "child-of-a-finished-parent",
+        CHILDREN,
+        "    IF parent_state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
+        "    IF parent_state IN ('succeeded', 'failed', 'dead') THEN",
+        (ATTACK, KIDS),
+        "agentdb_guard_child: a cancelled parent takes new children",
+    ),
+    m(
+        "purge-takes-a-parent",
+        CHILDREN,
+        "                 AND NOT EXISTS (SELECT 1 FROM agent_tasks c\n"
+        "                                 WHERE c.tenant_id = k.tenant_id AND c.parent_id = k.id)",
+        "",
+        (KIDS + "::test_G23_retention_keeps_a_parent_while_its_children_stay",),
+        "agentdb_purge_tasks: the purge picks a parent whose child stays, and fails on it",
+    ),
+    m(
+        "worker-waits-for-no-children",
+        "agentdb/worker/finish.py",
+        "                    wait_children=want,",
+        "                    wait_children=None,",
+        (KIDS + "::test_G23_a_worker_fans_out_and_is_woken_by_the_last_child",),
+        "the worker's Wait(children=...) sleeps without waiting for its children",
     ),
 )
