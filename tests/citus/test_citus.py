@@ -216,15 +216,15 @@ def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
 def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> None:
     """An installation already on Citus upgrades: a later migration's functions (0017
     replaces the trigger function that counts rate-limited calls, 0018 and 0019 add the
-    guards of finished and late tasks, 0020 the signals; all run on the shards) are the
-    same on every worker as on the coordinator, settings included, both ways - and
+    guards of finished and late tasks, 0020 the signals, 0021 the fan-in; all run on the
+    shards) are the same on every worker as on the coordinator, settings included, both ways - and
     without another ``--citus`` run; 0018's, 0019's and 0020's triggers reach the shards
     (the runner sends one statement at a time: Citus refuses DDL on a distributed table
     in a string of several), and 0020's new table is distributed beside the others."""
     with fresh_database(citus.dsn, "agentdb_up") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
         assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
-        down = _cli("rollback", "--count", "4", "--dsn", fresh.dsn)
+        down = _cli("rollback", "--count", "5", "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is False  # 0017 is rolled back on the coordinator...
@@ -241,7 +241,8 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
         assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
         with _pg.admin(fresh.dsn) as conn:
             for fn in ("agentdb_guard_open_task", "agentdb_guard_signal", "agentdb_deliver_signal",
-                       "agentdb_guard_signal_cursor"):  # fmt: skip
+                       "agentdb_guard_signal_cursor", "agentdb_fan_in", "agentdb_guard_child",
+                       "agentdb_guard_children_wait", "agentdb_keep_parent"):  # fmt: skip
                 [config] = conn.execute(_CONFIG, (fn,)).fetchone() or [None]
                 assert "citus.allow_nested_distributed_execution=on" in (config or []), fn
             distributed = conn.execute(
