@@ -27,6 +27,7 @@ MEANING = {
     "during_call": "provider: request received, effect not yet recorded",
     "after_call": "worker: the provider succeeded, outcome not yet recorded",
     "after_complete": "worker: operation recorded, task not finished",
+    "before_group_commit": "worker: successes queued for one group commit, none written",
     "after_transition": "worker: task finished and outbox row committed, not yet published",
     "after_relay_claim": "relay: rows claimed, nothing published",
     "after_publish": "relay: published, not yet marked delivered",

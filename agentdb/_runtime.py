@@ -84,10 +84,12 @@ async def wakeups(
 
 
 async def nap(wake: asyncio.Event, poll_interval: float) -> None:
-    """Wait for a wake-up or one poll interval (jittered so processes drift apart).
+    """Wait for a wake-up or at most one poll interval.
 
+    Jittered downwards only (80-100 %), so processes drift apart and a task
+    found by polling alone waits no longer than the interval promises.
     The caller clears ``wake`` *before* it looks for work, not here: a NOTIFY
     that arrives while it looks then cuts this nap short instead of being lost.
     """
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(wake.wait(), poll_interval * random.uniform(0.8, 1.2))
+        await asyncio.wait_for(wake.wait(), poll_interval * random.uniform(0.8, 1.0))

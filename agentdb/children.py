@@ -56,6 +56,7 @@ async def spawn(
 
     Raises:
         TaskFinished: the parent has finished.
+        DeadlineExceeded: the parent passed its deadline.
         IdempotencyConflict: ``key`` created a child with other params.
         as :func:`agentdb.tasks.create` otherwise.
     """

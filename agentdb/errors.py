@@ -20,7 +20,8 @@ The tree::
     |   +-- InvalidTransition, VersionRuleViolation, AppendOnlyViolation,
     |   |   ImmutableColumn (+ ImmutableKey), LeaseTokenRegression, MissingEvent,
     |   |   TenantScopeMissing, ConcurrencyLimitExceeded, BudgetRuleViolation,
-    |   |   TaskFinished, DeadlineExceeded (agentdb's SQLSTATEs AG001-AG013)
+    |   |   TaskFinished, DeadlineExceeded, SignalRuleViolation,
+    |   |   ReadCommittedRequired, ScheduleRuleViolation (agentdb's SQLSTATEs AG001-AG017)
     |   +-- TenantMismatch, DuplicateKey, PayloadTooLarge, SecretInPayload
     |   +-- BudgetExceeded, RateLimited   a reservation refused at reserve (G19)
     +-- StaleWrite                the statement matched no row
@@ -57,6 +58,7 @@ __all__ = [
     "DatabaseUnavailable",
     "DeadlineExceeded",
     "DuplicateKey",
+    "FanInIsolationViolation",
     "IdempotencyConflict",
     "ImmutableColumn",
     "ImmutableKey",
@@ -74,7 +76,10 @@ __all__ = [
     "PayloadTooLarge",
     "PoolerMismatch",
     "RateLimited",
+    "ReadCommittedRequired",
+    "ScheduleRuleViolation",
     "SecretInPayload",
+    "SignalIsolationViolation",
     "SignalRuleViolation",
     "StaleVersion",
     "StaleWrite",
@@ -256,6 +261,35 @@ class SignalRuleViolation(InvariantViolation):
 
     guarantee = "G22"
     sqlstate_code = "AG014"
+
+
+class ReadCommittedRequired(InvariantViolation):
+    """A wake-up rule ran at REPEATABLE READ or SERIALIZABLE: its snapshot cannot see what
+    committed before the row lock it takes. Run it at READ COMMITTED, the default."""
+
+
+class SignalIsolationViolation(ReadCommittedRequired):
+    """G22: a signal, or a wait for one that would sleep, outside READ COMMITTED
+    (SQLSTATE AG015)."""
+
+    guarantee = "G22"
+    sqlstate_code = "AG015"
+
+
+class FanInIsolationViolation(ReadCommittedRequired):
+    """G23: a child's finish that counts its waiting parent's children, or a wait for
+    children that would sleep, outside READ COMMITTED (SQLSTATE AG016)."""
+
+    guarantee = "G23"
+    sqlstate_code = "AG016"
+
+
+class ScheduleRuleViolation(InvariantViolation):
+    """G24: a scheduled task whose tick is not a due tick of a schedule of its tenant, or a
+    change to a task's schedule or tick (SQLSTATE AG017)."""
+
+    guarantee = "G24"
+    sqlstate_code = "AG017"
 
 
 class BudgetExceeded(InvariantViolation):

@@ -230,9 +230,11 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "even one that began waiting a moment later; a task reads each signal once; "
                 "no signal reaches a finished task, and no agent approves its own work.",
                 "agent_signals_seq_key with the task lock of agent_signals_guard (AG012, "
-                "AG014); agent_signals_deliver (events, wake-up); agent_tasks_signal_guard "
-                "(the cursor, AG014; a wait for a signal already there); agent_signals_immutable "
-                "(AG003); the policies agent_signals_agent_send and agent_signals_task_fkey",
+                "AG014, AG015 outside READ COMMITTED), after agent_signals_access (the task "
+                "looked for as the sender); agent_signals_deliver (events, wake-up); "
+                "agent_tasks_signal_guard (the cursor, AG014; a wait for a signal already "
+                "there; AG015); agent_signals_immutable (AG003); the policies "
+                "agent_signals_agent_send and agent_signals_task_fkey",
             ),
             Guarantee(
                 "G23",
@@ -241,9 +243,23 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "finished parent; a parent waiting for its children (all, or a quorum) is woken "
                 "exactly once, when the last of them finishes - however many finish at once, "
                 "and even if the wait began after they did.",
-                "agent_tasks_parent_fkey (tenant_id, parent_id), agent_tasks_child_key, the "
-                "trigger agent_tasks_child_guard (AG012); agent_tasks_fan_in (the parent row "
-                "locked, then its finished children counted); agent_tasks_children_guard",
+                "agent_tasks_parent_fkey (tenant_id, parent_id), agent_tasks_child_key, "
+                "agent_tasks_child_dedupe_reserved, the trigger agent_tasks_child_guard "
+                "(AG012, AG013); agent_tasks_fan_in (the parent row locked, then its finished "
+                "children counted; AG016 outside READ COMMITTED); agent_tasks_children_guard "
+                "(AG016)",
+            ),
+            Guarantee(
+                "G24",
+                "a schedule fires once per tick",
+                "A schedule creates at most one task per tick of its rule, however many "
+                "schedulers fire it at once; a tick is one of the rule's and already due; after "
+                "downtime its catch-up policy decides what fires, and a paused schedule fires "
+                "nothing.",
+                "agent_tasks_schedule_tick_key (tenant_id, schedule_id, schedule_tick); the "
+                "trigger agent_tasks_schedule_guard (AG017: a due tick of a schedule of the "
+                "task's tenant) and agent_tasks_schedule_fixed; agentdb_fire_schedule (the "
+                "schedule row locked, SKIP LOCKED); agent_schedules_next_tick_valid",
             ),
         )
     }

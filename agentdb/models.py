@@ -204,3 +204,35 @@ class Signal:
     @classmethod
     def from_record(cls, r: Row, *, created: bool = False) -> Signal:
         return _build(cls, r, ("payload",), created=created)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One row of ``agent_schedules`` (G24): a task to create on each tick of a rule.
+
+    ``every`` (an interval) or ``cron`` (five fields, UTC) is the rule;
+    ``next_tick_at`` the first tick not fired yet. ``created`` is false when
+    :func:`agentdb.schedules.create` answered with the schedule of that name.
+    """
+
+    id: uuid.UUID
+    tenant_id: uuid.UUID
+    name: str
+    task_type: str
+    workflow_version: str
+    params: dict[str, Any]
+    every: timedelta | None
+    cron: str | None
+    anchor: datetime
+    catch_up: str
+    task_deadline: timedelta | None
+    paused: bool
+    next_tick_at: datetime
+    last_tick_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    created: bool = False
+
+    @classmethod
+    def from_record(cls, r: Row, *, created: bool = False) -> Schedule:
+        return _build(cls, r, ("params",), created=created)

@@ -8,6 +8,7 @@ events             audit events past ``retain_until`` (deleted)            per r
 outbox_delivered   delivered outbox rows                                   7 days
 inbox              consumer inbox rows                                     30 days
 operations         settled operations no event or artifact refers to       30 days
+signals            signals of finished tasks whose events are gone         as tasks
 tasks              finished tasks with nothing left referring to them      30 days
 =================  =====================================================  ==========
 
@@ -34,13 +35,23 @@ __all__ = ["CLASSES", "DEFAULT_AGES", "PurgeReport", "purge"]
 _Q = _db.queries(__name__)
 #: In dependency order: payloads and events first, so operations and tasks
 #: whose audit trail expired can go in the same run.
-CLASSES = ("event_payloads", "events", "outbox_delivered", "inbox", "operations", "tasks")
+CLASSES = (
+    "event_payloads",
+    "events",
+    "outbox_delivered",
+    "inbox",
+    "operations",
+    "signals",
+    "tasks",
+)
 DEFAULT_AGES: Mapping[str, timedelta] = {
     "event_payloads": timedelta(0),
     "events": timedelta(0),
     "outbox_delivered": timedelta(days=7),
     "inbox": timedelta(days=30),
     "operations": timedelta(days=30),
+    # A task's signals go with it: at its age (unless given their own), just before it.
+    "signals": timedelta(days=30),
     "tasks": timedelta(days=30),
 }
 
@@ -78,6 +89,8 @@ async def purge(
     if not 1 <= batch <= 100000:
         raise ConfigurationError("batch must be between 1 and 100000")
     wanted = {**DEFAULT_AGES, **(ages or {})}
+    if "signals" not in (ages or {}):
+        wanted["signals"] = wanted["tasks"]  # a task's signals go at its age, just before it
     report = PurgeReport()
     started = time.perf_counter()
 

@@ -11,7 +11,8 @@ again, and none is skipped.
 
 The database refuses a signal to a finished task (:class:`TaskFinished`) or
 to one past its deadline (:class:`DeadlineExceeded`), an approval by the
-task's own lease holder (:class:`SignalRuleViolation`) and any approval from
+task's past or present lease holder (:class:`SignalRuleViolation`), any
+signal outside READ COMMITTED (:class:`SignalIsolationViolation`), any approval from
 the ``agentdb_agent`` role (row-level security), and a signal to another
 tenant's task (:class:`NotFound` here, the composite foreign key beneath).
 """
@@ -60,6 +61,7 @@ async def signal(
         DeadlineExceeded: the task passed its deadline.
         IdempotencyConflict: ``dedupe_key`` recorded a different signal.
         PayloadTooLarge / ConfigurationError: ``payload`` is over 64 KiB / not JSON data.
+        SignalIsolationViolation: run in a REPEATABLE READ or SERIALIZABLE transaction.
         InvariantViolation: a name or sender out of bounds (the CHECK is named).
     """
     return await _send(db, tenant_id, task_id, name, payload, "signal", None, sender, dedupe_key)
@@ -80,13 +82,15 @@ async def approve(
 
     An approval is a signal (delivered, ordered and deduplicated the same way)
     with the approver as sender, in the audit trail as ``task.approved`` or
-    ``task.rejected``. The database refuses it from the task's own lease
-    holder, and from the ``agentdb_agent`` role altogether: an agent does not
-    approve its own work.
+    ``task.rejected``. The database refuses it from anyone who holds or held
+    the task's lease (``approver`` against its claim events), and from the
+    ``agentdb_agent`` role altogether: an agent does not approve its own work.
+    ``approver`` is what the caller says: two services that connect as one
+    role are told apart only by what they pass here.
 
     Raises:
         ConfigurationError: ``decision`` is not one of :data:`DECISIONS`.
-        SignalRuleViolation: ``approver`` holds the task's lease.
+        SignalRuleViolation: ``approver`` holds or held the task's lease.
         as :func:`signal` otherwise.
     """
     if decision not in DECISIONS:

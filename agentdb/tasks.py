@@ -121,7 +121,9 @@ async def create(
             ``child_key`` comes without ``parent`` or with ``dedupe_key``.
         TenantMismatch: ``tenant_id`` names no tenant, or ``parent`` no task of it.
         TaskFinished: ``parent`` has finished; it takes no new child.
-        InvariantViolation: another CHECK refused a value (named in the error).
+        DeadlineExceeded: ``parent`` passed its deadline; it takes no new child.
+        InvariantViolation: another CHECK refused a value (named in the error), such as a
+            ``dedupe_key`` starting ``child/`` (reserved for child keys).
     """
     if deadline is not None and deadline.utcoffset() is None:
         raise ConfigurationError(f"deadline {deadline.isoformat()} has no time zone")
@@ -421,6 +423,7 @@ async def finish_many(
     actor: str | None = None,
     payload: Mapping[str, Any] | None = None,
     outbox: Mapping[uuid.UUID, Iterable[Message]] | None = None,
+    payloads: Mapping[uuid.UUID, Mapping[str, Any]] | None = None,
 ) -> list[Task | AgentDBError]:
     """Finish many claimed tasks in one statement; return one result per task, in input order.
 
@@ -429,8 +432,9 @@ async def finish_many(
     carries and still under the lease (owner + token) it was claimed with. For
     every task finished, its event (``event_type``, default
     ``task.<to_state>``, actor ``actor`` else the lease owner, ``payload``
-    redacted and shared by the batch) and its ``outbox[task.id]`` messages are
-    written in the same statement; the lease is dropped.
+    redacted; ``payloads[task.id]`` if given, else ``payload``, shared by the
+    batch) and its ``outbox[task.id]`` messages are written in the same
+    statement; the lease is dropped.
 
     A refused task is not finished and nothing is written for it - no state
     change, no event, none of its outbox messages. Its slot in the result
@@ -451,7 +455,7 @@ async def finish_many(
     Raises:
         ConfigurationError: a task holds no lease (it was not claimed), a task
             appears twice, ``to_state`` is not a finished state, or ``outbox``
-            names a task that is not in ``claimed``.
+            or ``payloads`` names a task that is not in ``claimed``.
         InvalidTransition, PayloadTooLarge, SecretInPayload: the statement was
             refused as a whole; nothing was written for any task.
     """
@@ -485,6 +489,9 @@ async def finish_many(
             ids.append(m.id)
             topics.append(m.topic)
             bodies.append(document(m.payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}"))
+    own: dict[uuid.UUID, Mapping[str, Any]] = dict(payloads or {})
+    if stray := own.keys() - position.keys():
+        raise ConfigurationError(f"payloads names task {min(stray)}, which is not in the batch")
     if await schema.distributed(db):
         # Citus would commit a many-tenant statement with two-phase commit: one by one.
         results: list[Task | AgentDBError] = []
@@ -494,13 +501,20 @@ async def finish_many(
                     await transition(
                         db, task.tenant_id, task.id, expected_version=task.state_version,
                         to_state=to_state, error=error, lease=lease, event_type=event_type,
-                        actor=actor, payload=payload, outbox=(outbox or {}).get(task.id, ()),
+                        actor=actor, payload=own.get(task.id, payload),
+                        outbox=(outbox or {}).get(task.id, ()),
                     )
                 )  # fmt: skip
             except (StaleVersion, LeaseLost, NotFound, DeadlineExceeded) as exc:
                 results.append(exc)
         return results
     event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
+    event_bodies = [
+        document(redact(own[t.id]), cap=EVENT_PAYLOAD_CAP, what="event payload")
+        if t.id in own
+        else None
+        for t in batch
+    ]
     q = _Q["task_finish_many"]
     rows = await _db.fetch_many(
         db,
@@ -519,6 +533,7 @@ async def finish_many(
         outbox_ids=ids,
         outbox_topics=topics,
         outbox_payloads=bodies,
+        payloads=event_bodies,
     )
     done = {n: Task.from_record(r) for n, r in _db.by_ord(rows, q, len(batch)).items()}
     results = []

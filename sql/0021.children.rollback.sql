@@ -1,4 +1,14 @@
 -- Back to 0020: no children. A child's row stays, as a plain task.
+-- A task waiting for its children would sleep on with nothing left to wake it
+-- (its wait is 'infinity'): it is woken at the end, with its event, to run
+-- and decide again; one past its deadline is left to the sweep, which ends
+-- it. Who they are is noted first, while wait_children says so; the wake-up comes
+-- after the ALTER TABLEs, which (on Citus, on every shard) refuse to run
+-- while its deferred event check is pending.
+CREATE TEMP TABLE agentdb_waking ON COMMIT DROP AS
+    SELECT k.tenant_id, k.id FROM agent_tasks k
+    WHERE k.state = 'waiting' AND k.wait_children IS NOT NULL
+      AND (k.deadline_at IS NULL OR k.deadline_at > now());
 DROP PROCEDURE agentdb_distribute(integer);
 DROP PROCEDURE agentdb_distribute_children();
 ALTER PROCEDURE agentdb_distribute_0020(integer) RENAME TO agentdb_distribute;
@@ -19,6 +29,18 @@ DROP FUNCTION agentdb_children_done(uuid, uuid);
 ALTER TABLE agent_tasks DROP COLUMN wait_children;
 ALTER TABLE agent_tasks DROP COLUMN child_key;
 ALTER TABLE agent_tasks DROP COLUMN parent_id;
+
+WITH woken AS (
+    UPDATE agent_tasks k
+    SET state = 'pending', state_version = k.state_version + 1, wake_at = now(), updated_at = now()
+    FROM agentdb_waking w
+    WHERE k.tenant_id = w.tenant_id AND k.id = w.id AND k.state = 'waiting'
+    RETURNING k.tenant_id, k.id, k.state_version, k.workflow_version, k.trace_id, k.span_id)
+INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                          from_state, to_state, task_state_version, payload, trace_id, span_id)
+SELECT w.tenant_id, w.id, 'task.woken', 'agentdb', w.workflow_version, 'waiting', 'pending',
+       w.state_version, jsonb_build_object('rollback', '0021.children'), w.trace_id, w.span_id
+FROM woken w;
 
 CREATE OR REPLACE FUNCTION agentdb_schema_version() RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE

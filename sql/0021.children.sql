@@ -236,7 +236,7 @@ BEGIN
 END
 $$;
 
--- G23, G20: only a child's insert calls it.
+-- G23, G20, G21 (0022 adds its deadline rule): only a child's insert calls it.
 CREATE TRIGGER agent_tasks_child_guard
     BEFORE INSERT ON agent_tasks
     FOR EACH ROW WHEN (NEW.parent_id IS NOT NULL)

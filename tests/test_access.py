@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import psycopg
@@ -49,6 +50,7 @@ TENANT_TABLES = (
     "agent_budget_holds",
     "agent_rate_limits",
     "agent_signals",
+    "agent_schedules",
 )
 # Table names below come from the constants above, never from data.
 _COUNT = (
@@ -104,6 +106,12 @@ async def _seed(conn: asyncpg.Connection, tenant: uuid.UUID) -> None:
     await conn.execute(
         "INSERT INTO agent_rate_limits (tenant_id, action, max_calls, per)"
         " VALUES ($1, 'chat', 5, interval '1 minute')",
+        tenant,
+    )
+    await conn.execute(
+        "INSERT INTO agent_schedules (tenant_id, name, task_type, every, anchor, next_tick_at)"
+        " VALUES ($1, 'hourly', 'report', interval '1 hour', date_trunc('hour', now()),"
+        " date_trunc('hour', now()) + interval '1 hour')",
         tenant,
     )
 
@@ -412,8 +420,9 @@ async def test_G15_owner_without_createrole_and_no_roles_then_grant(
                 "SELECT count(*) FROM pg_policy WHERE polname LIKE '%runtime_all'"
                 " OR polname LIKE '%agent_scope'"
             ).fetchone()
-        # 0014 adds the budget tables' runtime policies, 0020 the signals' runtime and agent ones
-        assert policies == (19,)
+        # 0014 adds the budget tables' runtime policies, 0020 the signals' runtime and agent
+        # ones, 0023 the schedules' runtime one
+        assert policies == (20,)
 
 
 def test_cli_wrong_password_is_one_line(
@@ -471,6 +480,7 @@ _TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
         "agent_rate_limits": "INSERT,SELECT,UPDATE",
         "agent_global_rate_limits": "INSERT,SELECT,UPDATE",
         "agent_signals": "INSERT,SELECT",
+        "agent_schedules": "INSERT,SELECT,UPDATE",
     },
     "agentdb_agent": {
         "agent_tenants": "SELECT",
@@ -509,6 +519,12 @@ _ROUTINES: dict[str, set[str]] = {
     "agentdb_purge_0020": set(),
     "agentdb_purge_tasks": set(),
     "agentdb_purge_tenant_0020": set(),
+    "agentdb_purge_0021": set(),
+    "agentdb_purge_tenant_0021": set(),
+    "agentdb_purge_task_signals": set(),
+    # G24: the runtime fires schedules.
+    "agentdb_fire_schedule": {"agentdb_runtime"},
+    "agentdb_delete_tenant_0020": set(),
     "agentdb_distribute_0013": set(),
     "agentdb_pin_search_paths": set(),
     "agentdb_purge": set(),
@@ -600,12 +616,14 @@ async def test_G22_an_agent_sends_plain_signals_to_its_own_tenant_and_never_appr
     try:
         # Control: a plain signal to its own tenant's task is recorded, in order.
         assert await conn.fetchval(insert, seeded.a, own, "nudge", "signal", None) == 2
-        for tenant, task_id, kind, decision in (
-            (seeded.a, own, "approval", "approved"),  # its own approval
-            (seeded.b, other, "signal", None),  # another tenant's task
+        for tenant, task_id, kind, decision, refusal in (
+            # its own approval: the policy
+            (seeded.a, own, "approval", "approved", asyncpg.InsufficientPrivilegeError),
+            # another tenant's task: one it cannot see, as if there were none (0022)
+            (seeded.b, other, "signal", None, asyncpg.ForeignKeyViolationError),
         ):
             # No RETURNING: its read would be refused by agent_signals_agent_scope anyway.
-            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            with pytest.raises(refusal):
                 await conn.execute(insert[: insert.index(" RETURNING")], tenant, task_id,
                                    "approval", kind, decision)  # fmt: skip
     finally:
@@ -613,3 +631,33 @@ async def test_G22_an_agent_sends_plain_signals_to_its_own_tenant_and_never_appr
     assert (
         await admin_conn.fetchval("SELECT count(*) FROM agent_signals WHERE kind = 'approval'") == 0
     )
+
+
+async def test_G22_an_agent_learns_nothing_of_another_tenants_task_by_signalling_it(
+    db: Database, seeded: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """agent_signals_access: a task the sender cannot see is refused as if it did not exist
+    (23503) - not locked and reported finished (AG012) or late (AG013) by the owner's guard."""
+    other = await admin_conn.fetchval("SELECT id FROM agent_tasks WHERE tenant_id = $1", seeded.b)
+    finished = await F.create_task(admin_conn, seeded.b)
+    await F.update_task(admin_conn, seeded.b, finished, state="cancelled", state_version=1)
+    past = datetime.now(UTC) - timedelta(days=1)
+    late = await F.create_task(admin_conn, seeded.b, deadline_at=past)
+    own_finished = await F.create_task(admin_conn, seeded.a)
+    await F.update_task(admin_conn, seeded.a, own_finished, state="cancelled", state_version=1)
+    insert = (
+        "INSERT INTO agent_signals (tenant_id, task_id, name, sender) VALUES ($1, $2, 'go', 'a')"
+    )
+    conn = await db.connect(AGENT_A)
+    try:
+        for task_id in (other, finished, late):
+            with pytest.raises(asyncpg.PostgresError) as refused:
+                await conn.execute(insert, seeded.b, task_id)
+            assert refused.value.sqlstate == "23503", (task_id, refused.value)
+        # Control: its own tenant's finished task is one it may know about.
+        with pytest.raises(asyncpg.PostgresError) as told:
+            await conn.execute(insert, seeded.a, own_finished)
+        assert told.value.sqlstate == "AG012", told.value
+    finally:
+        await conn.close()
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_signals WHERE sender = 'a'") == 0

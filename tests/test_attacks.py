@@ -1,4 +1,4 @@
-"""Raw-SQL attacks on every constraint and guard trigger (G2-G23).
+"""Raw-SQL attacks on every constraint and guard trigger (G2-G24).
 
 Each case pairs a positive control (a valid write that must be accepted, so
 the attack cannot pass vacuously) with an attack that Postgres must refuse
@@ -738,6 +738,119 @@ def _sibling(key: str) -> Step:
 
     async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
         return await F.create_task(conn, ctx.a, parent_id=ctx.task_a, child_key=key)
+
+    return step
+
+
+RC, RR = "read_committed", "repeatable_read"
+INFINITY = datetime.max.replace(tzinfo=UTC)
+
+
+def _sig_at(isolation: str) -> Step:
+    """A signal to a fresh task of tenant a, sent in a transaction at ``isolation``."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        task_id = await F.create_task(conn, ctx.a)
+        async with conn.transaction(isolation=isolation):  # type: ignore[arg-type]
+            return await F.signal(conn, ctx.a, task_id)
+
+    return step
+
+
+def _wait_at(isolation: str, *, on: str) -> Step:
+    """A fresh task of tenant a set to wait, at ``isolation``, for what it does not have:
+    ``on="signal"`` a signal named go (none sent), ``on="children"`` its one open child."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        task_id = await F.create_task(conn, ctx.a)
+        wait: dict[str, Any] = {"wait_signal": "go"}
+        if on == "children":
+            await F.create_task(conn, ctx.a, parent_id=task_id, child_key="c1")
+            wait = {"wait_children": 1}
+        async with conn.transaction(isolation=isolation):  # type: ignore[arg-type]
+            return await F.update_task(conn, ctx.a, task_id, state="waiting", wake_at=INFINITY,
+                                       state_version=1, **wait)  # fmt: skip
+
+    return step
+
+
+def _fan_in_at(isolation: str) -> Step:
+    """A parent of tenant a waiting for its one child, which then finishes (cancelled) in a
+    transaction at ``isolation``."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        parent = await F.create_task(conn, ctx.a)
+        child = await F.create_task(conn, ctx.a, parent_id=parent, child_key="c1")
+        await F.update_task(conn, ctx.a, parent, state="waiting", wake_at=INFINITY,
+                            wait_children=1, state_version=1)  # fmt: skip
+        async with conn.transaction(isolation=isolation):  # type: ignore[arg-type]
+            return await F.update_task(conn, ctx.a, child, state="cancelled", state_version=1)
+
+    return step
+
+
+def _late_parent(deadline: datetime) -> Step:
+    """A child of a fresh parent of tenant a whose deadline is ``deadline``."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        parent = await F.create_task(conn, ctx.a, deadline_at=deadline)
+        return await F.create_task(conn, ctx.a, parent_id=parent, child_key="c1")
+
+    return step
+
+
+def _child_key(key: str) -> Callable[[Ctx], str]:
+    """The dedupe key the child ``key`` of the context's task of tenant a has."""
+    return lambda c: f"child/{c.task_a}/{key}"
+
+
+def _keyed_child(key: str) -> Step:
+    """The child ``key`` of the context's task of tenant a, with its own dedupe key."""
+    return task(
+        parent_id=lambda c: c.task_a, child_key=key, dedupe_key=_child_key(key), input_hash=H
+    )
+
+
+HOUR = datetime(2026, 1, 1, tzinfo=UTC)  # a past hour: the schedules' anchor
+_SCHEDULE = uuid.UUID("00000000-0000-4000-8000-0000000000d1")  # one fixed schedule per test
+
+
+def _schedule(**row: Any) -> Step:
+    """A raw hourly schedule of tenant a from HOUR (``row`` overrides its columns)."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        base = {"tenant_id": ctx.a, "name": f"s-{uuid.uuid4().hex[:8]}", "task_type": "report",
+                "every": timedelta(hours=1), "anchor": HOUR, "next_tick_at": HOUR}  # fmt: skip
+        return await F.insert(conn, "agent_schedules", {**base, **_resolve(ctx, row)})
+
+    return step
+
+
+def _ticked(offset: timedelta, *, of: str = "a", shared: bool = False) -> Step:
+    """A task of tenant a for tick HOUR + ``offset`` of a fresh hourly schedule of tenant
+    ``of`` - or, ``shared``, of the test's one schedule (made by the first step)."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        tenant = getattr(ctx, of)
+        sid = _SCHEDULE if shared else uuid.uuid4()
+        await conn.execute(
+            "INSERT INTO agent_schedules (tenant_id, id, name, task_type, every, anchor,"
+            " next_tick_at) VALUES ($1, $2, $3, 'report', interval '1 hour', $4, $4)"
+            " ON CONFLICT DO NOTHING",
+            tenant, sid, f"s-{sid}", HOUR,
+        )  # fmt: skip
+        return await F.create_task(conn, ctx.a, schedule_id=sid, schedule_tick=HOUR + offset)
+
+    return step
+
+
+def _retick(column: str) -> Step:
+    """A task for tick HOUR of a fresh schedule, then a versioned write to ``column``."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        task_id = await _ticked(timedelta(0))(conn, ctx)
+        value = HOUR + timedelta(hours=1) if column == "schedule_tick" else "step-2"
+        return await F.update_task(conn, ctx.a, task_id, state_version=1, **{column: value})
 
     return step
 
@@ -1805,8 +1918,43 @@ CASES: list[Case] = [
         raw_task(signal_cursor=-1),
         role="replica",
     ),
+    Case("agent_signals_guard", "AG015", _sig_at(RC), _sig_at(RR), label="isolation"),
+    Case(
+        "agent_tasks_signal_guard",
+        "AG015",
+        _wait_at(RC, on="signal"),
+        _wait_at(RR, on="signal"),
+        label="isolation",
+    ),
     # ---- G23: children in their parent's tenant, once per key --------------------------
     Case("agent_tasks_child_guard", "AG012", _child(), _child(parent_state="cancelled")),
+    Case(
+        "agent_tasks_child_guard",
+        "AG013",
+        _late_parent(FUTURE),
+        _late_parent(PAST),
+        label="deadline",
+    ),
+    Case("agent_tasks_fan_in", "AG016", _fan_in_at(RC), _fan_in_at(RR)),
+    Case(
+        "agent_tasks_children_guard",
+        "AG016",
+        _wait_at(RC, on="children"),
+        _wait_at(RR, on="children"),
+    ),
+    Case(
+        "agent_tasks_child_dedupe_reserved",
+        "23514",
+        _keyed_child("k1"),
+        task(dedupe_key=_child_key("k1"), input_hash=H),
+    ),
+    Case(
+        "agent_tasks_child_dedupe_reserved",
+        "23514",
+        _keyed_child("k1"),
+        _child(child_key="k2", dedupe_key=_child_key("k2"), input_hash=H),
+        label="other-parent",
+    ),
     Case("agent_tasks_parent_fkey", "23503", _child(), _child(parent_of="b")),
     Case("agent_tasks_child_key", "23505", _sibling("k1"), _sibling("k1")),
     Case("agent_tasks_child_key_valid", "23514", _child(child_key="k"), _child(child_key="")),
@@ -1822,6 +1970,117 @@ CASES: list[Case] = [
         "23514",
         task(state="waiting", wait_children=1),
         task(state="waiting", wait_children=0),
+    ),
+    # ---- G24: a schedule fires at most one task per tick ---------------------------------
+    Case(
+        "agent_tasks_schedule_tick_key",
+        "23505",
+        _ticked(timedelta(hours=2), shared=True),
+        _ticked(timedelta(hours=2), shared=True),
+    ),
+    Case(
+        "agent_tasks_schedule_guard", "AG017", _ticked(timedelta(0)), _ticked(timedelta(seconds=1))
+    ),
+    Case(
+        "agent_tasks_schedule_guard",
+        "AG017",
+        _ticked(timedelta(hours=3)),
+        # A tick of the rule (whole hours from HOUR), a day ahead: refused for being ahead.
+        _ticked(timedelta(hours=(datetime.now(UTC) - HOUR) // timedelta(hours=1) + 24)),
+        label="future",
+    ),
+    Case(
+        "agent_tasks_schedule_guard",
+        "AG017",
+        _ticked(timedelta(0)),
+        _ticked(timedelta(0), of="b"),
+        label="other-tenant",
+    ),
+    Case("agent_tasks_schedule_fixed", "AG017", _retick("current_step"), _retick("schedule_tick")),
+    Case(
+        "agent_tasks_schedule_tick_valid",
+        "23514",
+        raw_task(),
+        raw_task(schedule_tick=HOUR),
+        role="replica",
+    ),
+    Case("agent_schedules_name_key", "23505", _schedule(name="dup"), _schedule(name="dup")),
+    Case(
+        "agent_schedules_pkey",
+        "23505",
+        _schedule(id=_SCHEDULE),
+        _schedule(id=_SCHEDULE),
+        role="admin",
+    ),
+    Case(
+        "agent_schedules_tenant_fkey",
+        "23503",
+        _schedule(),
+        _schedule(tenant_id=lambda c: uuid.uuid4()),
+        role="admin",
+    ),
+    Case("agent_schedules_one_rule", "23514", _schedule(), _schedule(cron="0 * * * *")),
+    Case(
+        "agent_schedules_one_rule",
+        "23514",
+        _schedule(),
+        _schedule(every=None),
+        label="none",
+    ),
+    Case(
+        "agent_schedules_every_valid",
+        "23514",
+        _schedule(every=timedelta(days=1)),
+        _schedule(every=timedelta(hours=1, microseconds=5)),
+    ),
+    Case(
+        "agent_schedules_cron_valid",
+        "23514",
+        _schedule(every=None, cron="0 * * * *"),
+        _schedule(every=None, cron="61 * * * *"),
+    ),
+    Case(
+        "agent_schedules_anchor_valid",
+        "23514",
+        _schedule(),
+        _schedule(anchor=HOUR + timedelta(microseconds=1)),
+    ),
+    Case(
+        "agent_schedules_catch_up_valid",
+        "23514",
+        _schedule(catch_up="all"),
+        _schedule(catch_up="some"),
+    ),
+    Case(
+        "agent_schedules_next_tick_valid",
+        "23514",
+        _schedule(next_tick_at=HOUR + timedelta(hours=5)),
+        _schedule(next_tick_at=HOUR + timedelta(hours=5, seconds=1)),
+    ),
+    Case("agent_schedules_name_valid", "23514", _schedule(name="n"), _schedule(name="")),
+    Case(
+        "agent_schedules_task_type_valid",
+        "23514",
+        _schedule(task_type="t"),
+        _schedule(task_type=""),
+    ),
+    Case(
+        "agent_schedules_workflow_version_valid",
+        "23514",
+        _schedule(workflow_version="2"),
+        _schedule(workflow_version=""),
+    ),
+    Case(
+        "agent_schedules_task_deadline_valid",
+        "23514",
+        _schedule(task_deadline=timedelta(hours=1)),
+        _schedule(task_deadline=timedelta(hours=-1)),
+    ),
+    Case(
+        "agent_schedules_params_valid",
+        "23514",
+        _schedule(params='{"n": 1}'),
+        _schedule(params="[1]"),
     ),
 ]
 
@@ -1916,6 +2175,9 @@ _BY_SQLSTATE: dict[str, type[errors.InvariantViolation]] = {
     "AG012": errors.TaskFinished,
     "AG013": errors.DeadlineExceeded,
     "AG014": errors.SignalRuleViolation,
+    "AG015": errors.SignalIsolationViolation,
+    "AG016": errors.FanInIsolationViolation,
+    "AG017": errors.ScheduleRuleViolation,
     "23503": errors.TenantMismatch,
     "23505": errors.DuplicateKey,
     "23514": errors.InvariantViolation,
@@ -1926,6 +2188,7 @@ _BY_NAME: dict[str, type[errors.InvariantViolation]] = {
     "agent_events_payload_size": errors.PayloadTooLarge,
     "agent_outbox_payload_size": errors.PayloadTooLarge,
     "agent_signals_payload_valid": errors.PayloadTooLarge,
+    "agent_schedules_params_valid": errors.PayloadTooLarge,
     "agent_events_payload_no_secrets": errors.SecretInPayload,
     "agent_budgets_within_limit": errors.BudgetExceeded,
     "agent_rate_limits_within_limit": errors.RateLimited,

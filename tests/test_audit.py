@@ -103,6 +103,7 @@ ARTICLE_STATUSES = {
     "G21": "not_applicable",  # no deadline column
     "G22": "not_applicable",  # no signal table
     "G23": "not_applicable",  # no parent reference
+    "G24": "not_applicable",  # no schedule table
 }
 
 
@@ -208,7 +209,7 @@ def test_fresh_agentdb_schema_cli_exits_0_with_fail_on_partial(agentdb_dsn: str)
     result = _cli("--dsn", agentdb_dsn, "--fail-on", "partial")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
-    assert "23 guarantees: 23 enforced, 0 partial, 0 missing" in result.stdout
+    assert "24 guarantees: 24 enforced, 0 partial, 0 missing" in result.stdout
 
 
 def test_G13_evidence_is_the_unknown_state_and_the_unsettled_index(agentdb_dsn: str) -> None:
@@ -599,6 +600,9 @@ _RANK = {"missing": 0, "partial": 1, "enforced": 2}
         ("ALTER TABLE agent_signals DROP CONSTRAINT agent_signals_seq_key", "G22"),
         ("DROP TRIGGER agent_tasks_fan_in ON agent_tasks", "G23"),
         ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_parent_fkey", "G23"),
+        ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_schedule_tick_key", "G24"),
+        ("DROP TRIGGER agent_tasks_schedule_guard ON agent_tasks", "G24"),
+        ("DROP TRIGGER agent_tasks_schedule_fixed ON agent_tasks", "G24"),
     ],
 )
 def test_the_suggested_fix_applies_and_restores_the_guarantee(
@@ -1060,3 +1064,101 @@ def test_G23_a_parent_reference_without_the_tenant_is_partial(db: Database, audi
         db, "ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_parent_fkey", G23="partial"
     )
     assert "a child can name another tenant's task" in _problems(report, "G23")
+
+
+async def _schedule(admin: asyncpg.Connection, tenant: uuid.UUID) -> tuple[uuid.UUID, datetime]:
+    """A schedule of ``tenant`` every minute since an hour ago, and its latest due tick."""
+    anchor = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=1)
+    sid: uuid.UUID = await F.insert(
+        admin,
+        "agent_schedules",
+        {"tenant_id": tenant, "name": "hourly", "task_type": "x", "every": timedelta(minutes=1),
+         "anchor": anchor, "next_tick_at": anchor},
+    )  # fmt: skip
+    return sid, anchor + timedelta(minutes=30)
+
+
+async def test_G24_a_tick_nothing_keeps_unique_is_missing(
+    db: Database, auditor: str, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    report = _broken(
+        db, "ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_schedule_tick_key", G24="missing"
+    )
+    assert (
+        "no unique key on agent_tasks holds agent_tasks.schedule_id and a tick"
+        in report.finding("G24").reason
+    )
+    fix = report.finding("G24").fix or ""
+    assert "UNIQUE (tenant_id, schedule_id, schedule_tick)" in fix
+    # The suggestion, applied, refuses what G24 is about - a second task for one tick, as
+    # a second scheduler that found it unfired would insert it - and takes the next tick.
+    _apply(db.admin_dsn, fix)
+    sid, tick = await _schedule(admin_conn, tenants.a)
+    await F.create_task(admin_conn, tenants.a, schedule_id=sid, schedule_tick=tick)
+    with pytest.raises(asyncpg.UniqueViolationError, match="agent_tasks_schedule_tick_key"):
+        await F.create_task(admin_conn, tenants.a, schedule_id=sid, schedule_tick=tick)
+    await F.create_task(
+        admin_conn, tenants.a, schedule_id=sid, schedule_tick=tick + timedelta(minutes=1)
+    )
+
+
+async def test_G24_ticks_nothing_checks_against_their_schedule_are_partial(
+    db: Database, auditor: str, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    report = _broken(db, "DROP TRIGGER agent_tasks_schedule_guard ON agent_tasks", G24="partial")
+    assert "no trigger on agent_tasks reads agent_schedules when a task is inserted" in (
+        _problems(report, "G24")
+    )
+    fix = report.finding("G24").fix or ""
+    assert "k.tenant_id = NEW.tenant_id AND k.id = NEW.schedule_id" in fix
+    # The suggestion, applied, refuses a tick off the rule, in the future or of another
+    # tenant's schedule, and takes a due tick (the control).
+    _apply(db.admin_dsn, fix)
+    sid, tick = await _schedule(admin_conn, tenants.a)
+    for tenant, at in [
+        (tenants.a, tick + timedelta(milliseconds=500)),
+        (tenants.a, datetime.now(UTC).replace(second=0, microsecond=0) + timedelta(minutes=5)),
+        (tenants.b, tick),
+    ]:
+        with pytest.raises(asyncpg.CheckViolationError, match="is not a due tick of schedule"):
+            await F.create_task(admin_conn, tenant, schedule_id=sid, schedule_tick=at)
+    await F.create_task(admin_conn, tenants.a, schedule_id=sid, schedule_tick=tick)
+
+
+def test_G24_a_tick_that_can_be_moved_is_partial(db: Database, auditor: str) -> None:
+    report = _broken(db, "DROP TRIGGER agent_tasks_schedule_fixed ON agent_tasks", G24="partial")
+    assert "nothing refuses a change of a task's schedule_id or schedule_tick" in (
+        report.finding("G24").reason
+    )
+
+
+def test_G24_a_schema_without_schedules_is_not_applicable(db: Database, auditor: str) -> None:
+    report = _broken(db, "DROP TABLE agent_schedules CASCADE", G24="not_applicable")
+    assert "no schedule table" in report.finding("G24").reason
+
+
+def test_G24_a_foreign_scheduler_without_a_tick_key_is_missing_and_the_fix_applies(
+    pg_server: _pg.Server, empty_db: str
+) -> None:
+    # A single-tenant queue whose scheduler reads next_run_at and inserts the job in
+    # code: nothing in the schema says which tick a job is.
+    _apply(
+        pg_server.url(empty_db),
+        """
+        CREATE TABLE jobs (id bigserial PRIMARY KEY, status text NOT NULL,
+                           run_at timestamptz NOT NULL DEFAULT now());
+        CREATE TABLE recurring_jobs (id bigserial PRIMARY KEY, cron text NOT NULL,
+                                     next_run_at timestamptz NOT NULL);
+        """,
+    )
+    dsn = _as_auditor(pg_server, empty_db)
+    broken = audit.audit(dsn)
+    f = broken.finding("G24")
+    assert f.status == "missing", broken.render()
+    assert "no unique key on jobs holds a reference to recurring_jobs and a tick" in f.reason
+    assert f.fix is not None
+    assert "ADD COLUMN schedule_id bigint" in f.fix
+    _apply(pg_server.url(empty_db), f.fix)
+    fixed = audit.audit(dsn).finding("G24")
+    assert fixed.status == "enforced", fixed
+    assert "unique key jobs_schedule_tick_key" in fixed.evidence

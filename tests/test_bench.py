@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from agentdb.tools.bench import runner
+from agentdb.tools.bench import targets as targets_mod
 from agentdb.tools.bench.command import main
 from agentdb.tools.cli import build_parser
 from tests import _pg
@@ -88,7 +90,8 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     assert run.returncode == 0, run.stderr[-4000:]
 
     report = (out / "report.md").read_text()
-    for heading in ("Statement overhead", "Task cycle", "Outbox relay", "Scaling", "Targets"):
+    for heading in ("Statement overhead", "Task cycle", "Outbox relay", "Scaling", "Pickup",
+                    "held snapshot", "Targets"):  # fmt: skip
         assert heading in report, heading
     assert "## 1. Statement overhead" in run.stdout  # the table is printed too
     assert not re.search(r"\b(nan|inf)\b", report, flags=re.IGNORECASE)
@@ -108,6 +111,52 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     # Everything else measured (CPU, WAL, ratios' inputs) is finite and not negative.
     for section in ("statements", "cycle", "relay", "scaling"):
         assert all(math.isfinite(v) and v >= 0 for v in _numbers(results[section])), section
+
+    # Real `agentdb worker` processes drained every task, with their own CPU measured.
+    workers = [c for c in results["cycle"] if c["kind"] == "agentdb-worker"]
+    assert {(c["name"], c["workers"]) for c in workers} == {
+        (name, w) for name in (targets_mod.WORKER_10, targets_mod.WORKER_100) for w in (1, 4)
+    }
+    for c in workers:
+        assert not c["errors"], c
+        assert all(v > 0 for v in c["client_cpu_us_per_task"]), c
+    # Pickup: every task of both modes reached a real worker's handler, timed.
+    pickup = results["pickup"]
+    for mode in ("listen", "poll"):
+        assert len(pickup[mode]["ms"]) == pickup["samples"] > 0, mode
+        assert all(math.isfinite(v) and v > 0 for v in pickup[mode]["ms"]), mode
+    assert "## 5. Pickup latency" in report
+    # The held snapshot: both runs finished work, their claims timed, their bloat read.
+    snap = results["snapshot"]
+    for one in (snap["free"], snap["held"]):
+        assert one["created"] > 0, one
+        assert one["tasks_per_s"] > 0, one
+        assert 0 < one["claim_p99_ms"] < math.inf, one
+        assert set(one["dead_rows_added"]) == {"agent_tasks", "agent_operations", "agent_outbox"}
+    assert (snap["free"]["held"], snap["held"]["held"]) == (False, True)
+    # Nothing the held run replaced could be pruned: its dead task versions are all there.
+    assert snap["held"]["dead_rows_added"]["agent_tasks"] > 0, snap
+    assert math.isfinite(snap["loss_pct"])
+    assert "## 5b. Throughput under a held snapshot" in report
+    # The targets, as data: each measured one carries its verdict, and the report renders
+    # every one of them; the run said on stderr which section it was in.
+    targets = results["targets"]
+    assert {t["name"] for t in targets} >= {"agentdb Relay.drain() ÷ raw one-statement drain"}
+    for t in targets:
+        assert set(t) >= {"name", "measured", "goal", "met"}, t
+        assert t["name"] in report, t["name"]
+        if t["measured"] is None or t["goal"] is None:
+            assert t["met"] is None, t
+        else:
+            assert math.isfinite(t["measured"]), t
+            better = t["measured"] >= t["goal"] if t["higher_is_better"] else (
+                t["measured"] <= t["goal"])  # fmt: skip
+            assert t["met"] is better, t
+    names = {t["name"] for t in targets}
+    assert "throughput lost under a snapshot held for 5 s" in names
+    for n, phase in enumerate(runner._PHASES, 1):
+        assert f"agentdb bench: [{n}/{len(runner._PHASES)}] {phase} ..." in run.stderr
+    assert "agentdb bench: scaling with tenants: done in" in run.stderr
 
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -12,15 +12,23 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 
 from agentdb import children, leases, retention, tasks
-from agentdb.errors import ConfigurationError, IdempotencyConflict, TaskFinished, TenantMismatch
+from agentdb.errors import (
+    ConfigurationError,
+    DeadlineExceeded,
+    IdempotencyConflict,
+    InvariantViolation,
+    TaskFinished,
+    TenantMismatch,
+)
 from agentdb.models import Lease, Task
 from agentdb.worker import Job, Succeed, Wait, Worker
+from tests import _pg
 from tests import factories as F
 from tests.conftest import Database, Tenants
 
@@ -78,6 +86,35 @@ async def test_G23_a_finished_parent_takes_no_new_child(
     await tasks.cancel(pool, tenants.a, parent.id)
     with pytest.raises(TaskFinished):
         await children.spawn(pool, parent, "c-line", "late")
+
+
+async def test_G23_a_parent_past_its_deadline_takes_no_new_child(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    soon = await tasks.create(
+        pool, tenants.a, "c-late", deadline=datetime.now(UTC) + timedelta(days=1)
+    )
+    assert (await children.spawn(pool, soon, "c-line", "in-time")).created  # control
+    late = await tasks.create(
+        pool, tenants.a, "c-late", deadline=datetime.now(UTC) - timedelta(seconds=1)
+    )
+    with pytest.raises(DeadlineExceeded) as refused:
+        await children.spawn(pool, late, "c-line", "too-late")
+    # Citus drops the constraint field of a worker's error (README, "Scaling out with Citus").
+    assert refused.value.constraint == (None if _pg.ON_CITUS else "agent_tasks_child_guard")
+
+
+async def test_G23_no_task_takes_a_childs_key_before_its_parent_creates_it(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """agent_tasks_child_dedupe_reserved: a squatter on 'child/<parent>/<key>' would be the
+    answer the parent's own creation of that child got back."""
+    parent = await tasks.create(pool, tenants.a, "c-squat")
+    with pytest.raises(InvariantViolation) as refused:
+        await tasks.create(pool, tenants.a, "evil", dedupe_key=f"child/{parent.id}/line-1")
+    assert refused.value.constraint == "agent_tasks_child_dedupe_reserved"
+    child = await children.spawn(pool, parent, "c-line", "line-1")
+    assert (child.created, child.task_type) == (True, "c-line")
 
 
 async def _finish_in_tx(conn: asyncpg.Connection, child: Task, go: asyncio.Event) -> None:

@@ -189,6 +189,8 @@ async def test_complete_many_reports_a_missing_task_and_refuses_bad_input(
         await tasks.finish_many(pool, [held], to_state="pending")
     with pytest.raises(ConfigurationError, match="not in the batch"):
         await tasks.finish_many(pool, [held], outbox={uuid.uuid4(): [Message("x")]})
+    with pytest.raises(ConfigurationError, match=r"payloads names task .* not in the batch"):
+        await tasks.finish_many(pool, [held], payloads={uuid.uuid4(): {"n": 1}})
     with pytest.raises(PayloadTooLarge):
         await tasks.finish_many(
             pool, [held], outbox={held.id: [Message("big", {"blob": "x" * 70_000})]}

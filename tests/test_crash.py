@@ -182,6 +182,10 @@ _G13 = {
         [("charge", "executed"), ("email", "executed")],
         ["operation.reserved", "operation.succeeded"],
     ),
+    "before_group_commit": (
+        [("charge", "executed"), ("email", "executed")],
+        ["operation.reserved", "operation.succeeded"],
+    ),
 }
 
 
@@ -220,3 +224,50 @@ async def test_G13_crash_around_the_provider_call_never_duplicates_the_effect(
         task_id,
     )
     assert [r["event_type"] for r in events] == charge_events
+
+
+async def test_G13_G7_a_crash_between_group_commits_loses_no_success_and_repeats_no_effect(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection,
+    demo_tables: None, tmp_path: Path,
+) -> None:  # fmt: skip
+    """Four tasks run together in one worker, which SIGKILLs itself as its first flush of
+    successes begins: their effects are done and recorded, no success is written. A
+    fresh worker takes them over when the leases expire: each succeeds once, no effect
+    is performed again (a task killed inside a provider call is the kill's, not the
+    flush's: its request was received and not executed, and is sent again)."""
+    ids = [
+        (await tasks.create(pool, tenants.a, TASK_TYPE, params={"invoice": i, "amount": 5},
+                            lease_ttl=timedelta(seconds=1))).id
+        for i in range(4)
+    ]  # fmt: skip
+    fault_log = tmp_path / "faults"
+    proc = _start(db, "worker", "before_group_commit=1", fault_log)
+    _killed_at(proc, fault_log, "before_group_commit")
+    succeeded = "SELECT count(*) FROM agent_tasks WHERE state = 'succeeded'"
+    assert await admin_conn.fetchval(succeeded) == 0
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_outbox") == 0
+    done_before = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_operations WHERE state = 'succeeded'"
+    )
+    assert done_before >= 2  # the first task's charge and email, at least, were done
+    worker = _start(db, "worker")
+    try:
+        await _wait(admin_conn, succeeded, 4)
+    finally:
+        _stop(worker)
+    for task_id in ids:
+        effects = await admin_conn.fetch(
+            "SELECT action, count(*) AS n FROM agentdb_demo.provider_effects WHERE task_id = $1"
+            " GROUP BY action ORDER BY action",
+            task_id,
+        )
+        assert [(r["action"], r["n"]) for r in effects] == [("charge", 1), ("email", 1)]
+        events = await admin_conn.fetchval(
+            "SELECT count(*) FROM agent_events WHERE task_id = $1"
+            " AND event_type = 'task.succeeded'",
+            task_id,
+        )
+        assert events == 1
+        outbox = "SELECT count(*) FROM agent_outbox WHERE task_id = $1"
+        assert await admin_conn.fetchval(outbox, task_id) == 1  # invoice.paid, once
+    await _assert_no_replay(admin_conn, tenants.a)

@@ -1,5 +1,7 @@
 """The demo's replay rule (:mod:`agentdb.tools.demo.workload`) on ledgers written by hand,
-and how a demo run ends when it is told to.
+its read-once rule for signals (:mod:`agentdb.tools.demo.checks`) likewise, a real run
+with its approvals, fan-outs, cancels and schedules, and how a demo run ends when it is
+told to.
 
 Each replay case writes one charge's history: agentdb's side through the
 library (reserve, complete, fail, mark_unknown, reconcile) and the provider's
@@ -11,23 +13,31 @@ chance.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
+import random
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from agentdb import operations, tasks
+from agentdb import leases, operations, signals, tasks
 from agentdb.errors import ConfigurationError
 from agentdb.models import Operation
+from agentdb.tools.demo.actors import REVIEWER, SCHEDULE, Plan
+from agentdb.tools.demo.checks import FLOW_KEYS
 from agentdb.tools.demo.fleet import Fleet, Workload
-from agentdb.tools.demo.provider import SCHEMA, TASK_TYPE
-from agentdb.tools.demo.workload import Result, count
-from tests import _procs
+from agentdb.tools.demo.provider import REJECTED, REVIEW_ABOVE, SCHEMA, TASK_TYPE
+from agentdb.tools.demo.report import report
+from agentdb.tools.demo.workload import _FLOW_FAILURES, Result, _lines, count, run_workload
+from tests import _pg, _procs
 from tests.conftest import Database, Tenants
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,11 +129,17 @@ async def test_a_replay_is_justified_only_by_a_grant_or_an_unknown_outcome(
 _BOOKS = {"overspent": 0, "budget_spent": 10, "budget_charged": 10}
 
 
+def _run(**counts: int) -> Result:
+    """A run that finished with these counts (every other one 0)."""
+    every = {"duplicates": 0, "lost": 0, "unjustified_replays": 0, **_BOOKS}
+    every.update(dict.fromkeys(FLOW_KEYS, 0))
+    every.update(counts)
+    return Result(True, 1.0, 1, {}, every, {"succeeded": 1}, {"delivered": 1}, Path("log"))
+
+
 @pytest.mark.parametrize(("replays", "ok"), [(0, True), (1, False)])
 def test_an_unjustified_replay_fails_the_run(replays: int, ok: bool) -> None:
-    counts = {"duplicates": 0, "lost": 0, "unjustified_replays": replays, **_BOOKS}
-    run = Result(True, 1.0, 1, {}, counts, {"succeeded": 1}, {"delivered": 1}, Path("log"))
-    assert run.ok is ok
+    assert _run(unjustified_replays=replays).ok is ok
 
 
 @pytest.mark.parametrize(
@@ -137,9 +153,143 @@ def test_an_unjustified_replay_fails_the_run(replays: int, ok: bool) -> None:
 def test_G19_an_overspent_or_unbalanced_budget_fails_the_run(
     books: dict[str, int], ok: bool
 ) -> None:
-    counts = {"duplicates": 0, "lost": 0, "unjustified_replays": 0, **books}
-    run = Result(True, 1.0, 1, {}, counts, {"succeeded": 1}, {"delivered": 1}, Path("log"))
-    assert run.ok is ok
+    assert _run(**books).ok is ok
+
+
+@pytest.mark.parametrize("failure", [*_FLOW_FAILURES, "other_stuck"])
+def test_G20_G22_G23_G24_a_double_wake_a_lost_signal_or_an_effect_after_a_cancel_fails_the_run(
+    failure: str,
+) -> None:
+    """Each of them, alone, fails a run (a stuck child or tick counts as a stuck task); the
+    counts that only describe the run (approvals, cancels, ticks) do not."""
+    assert _run().ok
+    assert _run(approved=5, rejected=1, cancelled=2, ticks=9, in_flight_at_cancel=1).ok
+    assert not _run(**{failure: 1}).ok
+
+
+def test_the_line_items_add_up_to_the_invoice_and_the_plans_are_the_seeds() -> None:
+    rng = random.Random(1)
+    for amount in [1, 2, 3, 4, 5, *(rng.randint(1, 500) for _ in range(200))]:
+        lines = _lines(rng, amount)
+        assert sum(lines) == amount
+        assert 1 <= len(lines) <= 4
+        assert min(lines) >= 1
+    assert [Plan.of("7", i) for i in range(50)] == [Plan.of("7", i) for i in range(50)]
+    assert [Plan.of("7", i) for i in range(50)] != [Plan.of("8", i) for i in range(50)]
+
+
+async def _handed(
+    admin: asyncpg.Connection, task: uuid.UUID, tenant: uuid.UUID, seq: int, token: int
+) -> None:
+    """The invoice handler's note: the run with lease ``token`` was handed signal ``seq``."""
+    await admin.execute(
+        "INSERT INTO agentdb_demo.signal_reads (tenant_id, task_id, seq, lease_token)"
+        " VALUES ($1, $2, $3, $4)",
+        tenant,
+        task,
+        seq,
+        token,
+    )
+
+
+@pytest.mark.parametrize(
+    ("first_run_ends", "twice"),
+    [
+        pytest.param("retry", 0, id="handed-again-after-a-retry-that-marked-nothing"),
+        pytest.param("wait", 1, id="handed-again-after-a-wait-that-marked-it-read"),
+    ],
+)
+async def test_G22_a_signal_handed_again_after_a_wait_marked_it_read_is_counted_twice(
+    pool: asyncpg.Pool,
+    admin_conn: asyncpg.Connection,
+    tenants: Tenants,
+    first_run_ends: str,
+    twice: int,
+) -> None:
+    """Two runs of one task are handed the same approval. After a run that ended in a retry
+    (a crash, an error) that is what must happen: nothing was marked read. After a run that
+    ended in a wait, whose write moved the cursor past it, it was delivered twice."""
+    for statement in SCHEMA:
+        await admin_conn.execute(statement)
+    params = {"invoice": 1, "amount": REVIEW_ABOVE + 1, "lines": [REVIEW_ABOVE + 1]}
+    task = await tasks.create(pool, tenants.a, TASK_TYPE, params=params)
+    sent = await signals.approve(pool, tenants.a, task.id, approver=REVIEWER)
+    [run] = await leases.claim(pool, "w-1", lease_ttl=timedelta(seconds=30))
+    assert run.lease is not None
+    await _handed(admin_conn, task.id, tenants.a, sent.seq, run.lease_token)
+    if first_run_ends == "wait":  # as the worker writes a Wait: the cursor moves with it
+        slept = await tasks.transition(
+            pool, tenants.a, task.id, expected_version=run.state_version, to_state="waiting",
+            wake_at=datetime.now(UTC) + timedelta(days=1), lease=run.lease, signals_read=sent.seq,
+        )  # fmt: skip
+        await tasks.wake(pool, slept)
+    else:
+        await tasks.transition(
+            pool, tenants.a, task.id, expected_version=run.state_version, to_state="pending",
+            lease=run.lease, event_type="task.retry",
+        )  # fmt: skip
+    [again] = await leases.claim(pool, "w-2", lease_ttl=timedelta(seconds=30))
+    await _handed(admin_conn, task.id, tenants.a, sent.seq, again.lease_token)
+    counts = await count(admin_conn, [tenants.a])
+    assert counts["approvals_read"] == 1
+    assert counts["signals_read_twice"] == twice
+    assert counts["approvals_miscounted"] == 0
+
+
+def test_G20_G22_G23_G24_a_run_reviews_fans_out_cancels_and_ticks_under_kills(
+    db: Database, tmp_path: Path
+) -> None:
+    """A small real run, with SIGKILLs: approvals and rejections (some sent twice), line
+    items priced by children, cancels, ticks - and from the database, nothing delivered,
+    woken or done twice, nothing lost, nothing after a cancel. Seed 2 plans 9 large
+    invoices of 30 (2 to reject, 1 review sent twice, 2 early) and 5 cancels, one for
+    each state."""
+    w = Workload(
+        tasks=30, tenants=2, workers=2, relays=1, kill_every=0.5, seed=2, timeout=150,
+        progress=False,
+    )  # fmt: skip
+    log_path = tmp_path / "processes.log"
+    with open(log_path, "ab") as log:
+        r = asyncio.run(run_workload(db.admin_dsn, w, log, log_path))
+    c = r.counts
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = report(w, r)
+    assert status == 0, out.getvalue()
+    assert r.ok, out.getvalue()
+    assert r.kills > 0
+    assert {k: c[k] for k in _FLOW_FAILURES} == dict.fromkeys(_FLOW_FAILURES, 0)
+    # What the plan asked for happened (the cancels may pre-empt a review or two).
+    assert c["approved"] >= 3, c
+    assert c["rejected"] >= 1, c
+    assert c["approvals_read"] >= c["approved"] - c["cancelled"]
+    assert c["reviews"] == c["approved"] + c["rejected"]
+    assert c["cancels"] >= 3, c
+    assert c["cancelled"] >= 2, c
+    # Every invoice fans out but those cancelled or rejected before it could.
+    assert c["children"] >= c["parents"] >= 30 - c["cancelled"] - c["rejected"], c
+    assert c["parents_woken"] >= 1, c
+    assert c["schedules"] == 2, c
+    assert c["ticks"] >= 2, c
+    assert r.tasks_by_state.get("failed", 0) == c["rejected_failed"] + c["budget_stopped"]
+    lines = dict(
+        line.strip().rsplit("  ", 1) for line in out.getvalue().splitlines() if line[:2] == "  "
+    )
+    report_of = {k.strip(): v.strip() for k, v in lines.items()}
+    assert report_of["signals lost"] == "0"
+    assert report_of["effects after a cancel"].startswith("0 ")
+    assert " (0 double wakes, 0 never woken)" in report_of["parents woken by their last child"]
+    with _pg.admin(db.admin_dsn) as conn:
+        # A rejected invoice was never charged; and the schedules stopped with the run.
+        rejected_effects = conn.execute(
+            "SELECT count(*) FROM agentdb_demo.provider_effects e JOIN agent_tasks t"
+            " ON t.id = e.task_id WHERE t.last_error = %s",
+            (REJECTED,),
+        ).fetchone()
+        running = conn.execute(
+            "SELECT count(*) FROM agent_schedules WHERE name = %s AND NOT paused", (SCHEDULE,)
+        ).fetchone()
+    assert (rejected_effects, running) == ((0,), (0,))
 
 
 @pytest.mark.parametrize(

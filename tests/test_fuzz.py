@@ -32,10 +32,11 @@ _WEIRD = st.sampled_from(
 _FLAGS = st.sampled_from(
     [
         "--schema", "--json", "--watch", "--migrations", "--batch", "--older-than", "--only",
-        "--roles", "--all", "--count", "--concurrency", "--lease-ttl", "--poll-interval",
-        "--visibility", "--retry-base", "--shutdown-grace", "--worker-id", "--relay-id",
-        "--map", "--fail-on", "--pooler", "--dry-run", "--yes", "--no-listen", "--log-format",
-        "--log-level", "--tasks", "--tenants", "--kill-every", "--timeout", "--create-schema",
+        "--roles", "--all", "--count", "--concurrency", "--pool-size", "--lease-ttl",
+        "--poll-interval", "--visibility", "--retry-base", "--shutdown-grace", "--worker-id",
+        "--relay-id", "--map", "--fail-on", "--pooler", "--dry-run", "--yes", "--no-listen",
+        "--log-format", "--log-level", "--tasks", "--tenants", "--kill-every", "--timeout",
+        "--create-schema",
     ]
 )  # fmt: skip
 _COMMANDS = st.sampled_from(

@@ -290,3 +290,9 @@ def test_cli_intervals_that_would_spin_are_one_line(
     command: tuple[str, ...], flag: str, db: Database
 ) -> None:
     _one_line(_cli(*command, flag, "0", "--dsn", db.admin_dsn), 2, flag)
+
+
+@pytest.mark.parametrize("flag", ["--pool-size", "--concurrency"])
+def test_cli_a_worker_pool_or_concurrency_below_one_is_one_line(flag: str, db: Database) -> None:
+    _one_line(_cli("worker", "tests.fixture_handlers:HANDLERS", flag, "0", "--dsn", db.admin_dsn),
+              2, flag)  # fmt: skip

@@ -37,6 +37,10 @@ INDEX_QUERIES: dict[str, str] = {
         "SELECT id FROM agent_tasks WHERE state IN ('succeeded', 'failed', 'cancelled', 'dead')"
         " AND updated_at <= now() - interval '30 days' LIMIT 100"
     ),
+    "agent_schedules_due_idx": (
+        "SELECT tenant_id, id FROM agent_schedules WHERE NOT paused AND next_tick_at <= now()"
+        " ORDER BY next_tick_at LIMIT 100"
+    ),
     "agent_tasks_deadline_idx": (
         "SELECT tenant_id, id FROM agent_tasks WHERE deadline_at <= now()"
         " AND deadline_at IS NOT NULL AND state IN ('pending', 'waiting', 'running')"

@@ -339,3 +339,68 @@ def test_migrate_prints_each_notice_postgres_sends_on_one_line(
     assert len(lines) == 2, done.stderr
     for line, role in zip(lines, ("agentdb_runtime", "agentdb_agent"), strict=True):
         assert line.startswith(f"NOTICE: agentdb: role {role} is missing and {owner} may not")
+
+
+def _waiting_task(conn: Any, tenant: Any, wait: str) -> Any:
+    """A task of ``tenant`` moved to 'waiting' with ``wait`` (a SET clause), with its events."""
+    event = (
+        "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,"
+        " task_state_version, from_state, to_state) VALUES (%s, %s, %s, 't', 'p', %s, %s, %s)"
+    )
+    with conn.transaction():  # the event check is deferred to the commit
+        [(task_id,)] = conn.execute(
+            "INSERT INTO agent_tasks (tenant_id, task_type, workflow_version)"
+            " VALUES (%s, 'w', 'v1') RETURNING id",
+            (tenant,),
+        ).fetchall()
+        conn.execute(event, (tenant, task_id, "task.created", 0, None, "pending"))
+    with conn.transaction():
+        conn.execute(
+            f"UPDATE agent_tasks SET state = 'waiting', wake_at = 'infinity', {wait},"  # noqa: S608
+            " state_version = 1 WHERE id = %s",
+            (task_id,),
+        )
+        conn.execute(event, (tenant, task_id, "task.waiting", 1, "pending", "waiting"))
+    return task_id
+
+
+def test_rolling_back_the_waits_restores_each_schema_and_leaves_no_task_asleep(
+    empty_db: str,
+) -> None:
+    """0022 back to 0021 gives 0021's schema exactly (its functions' bodies and settings
+    too), and rolling back 0021 and 0020 makes a task that waited for children or for a
+    signal due: the column that said what it waited for goes, and nothing would wake it."""
+    migrate.migrate(empty_db)
+    migrate.rollback(empty_db, count=len(IDS) - IDS.index("0022.wait_rules"))
+    at_0021 = _pg.schema_dump(empty_db)
+    migrate.migrate(empty_db)
+    migrate.rollback(empty_db, count=len(IDS) - IDS.index("0022.wait_rules") - 1)
+    assert _pg.schema_dump(empty_db) != at_0021  # 0022 changes something the dump sees
+    with _pg.admin(empty_db) as conn:
+        [(tenant,)] = conn.execute(
+            "INSERT INTO agent_tenants (name) VALUES ('t') RETURNING id"
+        ).fetchall()
+        ids = [_waiting_task(conn, tenant, w) for w in ("wait_signal = 'go'", "wait_children = 1")]
+    assert migrate.rollback(empty_db, count=1) == ["0022.wait_rules"]
+    assert _pg.schema_dump(empty_db) == at_0021
+
+    def woken() -> list[tuple[Any, ...]]:
+        with _pg.admin(empty_db) as conn:
+            return [
+                tuple(
+                    conn.execute(
+                        "SELECT state, wake_at <= now(), (SELECT count(*) FROM agent_events e"
+                        "   WHERE e.task_id = k.id AND e.event_type = 'task.woken')"
+                        " FROM agent_tasks k WHERE id = %s",
+                        (i,),
+                    ).fetchall()[0]
+                )
+                for i in ids
+            ]
+
+    asleep = ("waiting", False, 0)
+    assert woken() == [asleep, asleep]
+    migrate.rollback(empty_db, count=1)  # 0021: the parent waiting for children is woken
+    assert woken() == [asleep, ("pending", True, 1)]
+    migrate.rollback(empty_db, count=1)  # 0020: the task waiting for a signal too
+    assert woken() == [("pending", True, 1), ("pending", True, 1)]

@@ -481,6 +481,13 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             if not self.current(w, tid):
                 return
             parent = h.run(tasks.get(h.pool, self.tenant, tid))
+            if mt.late:  # G21: no child past the deadline, not even one created before it
+                key = "new"
+                if replay and mt.kids:
+                    key = f"c{data.draw(st.integers(0, len(mt.kids) - 1))}"
+                call = children.spawn(h.pool, parent, self.kind, key, max_attempts=1000)
+                self.refused_and_unchanged(call, DeadlineExceeded)
+                return
             if replay and mt.kids:
                 i = data.draw(st.integers(0, len(mt.kids) - 1))
                 got = h.run(children.spawn(h.pool, parent, self.kind, f"c{i}", max_attempts=1000))

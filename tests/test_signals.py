@@ -29,11 +29,16 @@ from agentdb.errors import (
 )
 from agentdb.models import Lease, Signal, Task
 from agentdb.worker import Job, Succeed, Wait, Worker
+from tests import _pg
 from tests import factories as F
 from tests.conftest import Database, Tenants
 
 #: Schema objects shown at work here rather than by a refusal (tests/test_catalogue.py).
-BEHAVIOUR_NAMES = {"agent_signals_deliver"}
+BEHAVIOUR_NAMES = {
+    "agent_signals_deliver",
+    # tests/test_access.py: what an agent learns by signalling another tenant's task.
+    "agent_signals_access",
+}
 
 
 async def _claimed(pool: asyncpg.Pool, tenant: uuid.UUID, task_type: str) -> tuple[Task, Lease]:
@@ -274,9 +279,11 @@ async def test_G22_a_tenants_signals_go_with_its_deletion_and_a_purged_task(
     await tenancy.delete_tenant(admin_conn, tenants.b, dry_run=False)
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_signals WHERE id = $1",
                                      sent.id) == 0  # fmt: skip
-    # A purged task takes its signals with it, once its events have gone.
+    # A purged task's signals go first (class 'signals', in bounded batches), once its
+    # events have gone; the tasks purge skips a task with signals left, without failing.
     old = await tasks.create(pool, tenants.a, "s-purge")
-    await tasks.signal(pool, tenants.a, old.id, "note")
+    for n in range(5):
+        await tasks.signal(pool, tenants.a, old.id, f"note-{n}")
     await tasks.cancel(pool, tenants.a, old.id)
     async with admin_conn.transaction():  # its events past retention, the task long over
         await F.replica_mode(admin_conn)
@@ -284,5 +291,30 @@ async def test_G22_a_tenants_signals_go_with_its_deletion_and_a_purged_task(
         await admin_conn.execute(
             "UPDATE agent_tasks SET updated_at = now() - interval '400 days' WHERE id = $1", old.id
         )
-    await retention.purge(admin_conn, classes=("tasks",))
+    kept = await retention.purge(admin_conn, classes=("tasks",))
+    assert kept.removed["tasks"] == 0
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", old.id) == 1
+    report = await retention.purge(admin_conn, batch=2, classes=("signals", "tasks"))
+    # 2 + 2 + 1 signals, one statement each; then the task (1 < 2: done). On Citus each
+    # class runs tenant by tenant: every other tenant adds one empty step per class.
+    assert (report.removed["signals"], report.removed["tasks"]) == (5, 1)
+    others = await admin_conn.fetchval("SELECT count(*) - 1 FROM agent_tenants")
+    assert report.statements == 4 + (2 * others if _pg.ON_CITUS else 0)
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", old.id) == 0
+
+
+async def test_G22_a_past_holder_cannot_approve_the_work_it_did(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """agent_signals_guard: the holder waits (its lease released), then tries to approve."""
+    held, lease = await _claimed(pool, tenants.a, "s-past-holder")
+    await tasks.wait_for_signal(pool, held, "approval", lease=lease)
+    assert (await tasks.get(pool, tenants.a, held.id)).lease_owner is None
+    with pytest.raises(SignalRuleViolation) as refused:
+        await signals.approve(pool, tenants.a, held.id, approver="holder")
+    assert refused.value.sqlstate == "AG014"
+    # Citus drops the constraint field of a worker's error (README, "Scaling out with Citus").
+    assert refused.value.constraint == (None if _pg.ON_CITUS else "agent_signals_guard")
+    # Control: a reviewer who never held it approves, and the task wakes.
+    await signals.approve(pool, tenants.a, held.id, approver="reviewer")
+    assert (await tasks.get(pool, tenants.a, held.id)).state == "pending"

@@ -251,13 +251,14 @@ async def test_charging_before_reserving_is_caught_naming_the_steps(
     with pytest.raises(NotIdempotent) as caught:
         await crash_test(db, example.CHARGING_FIRST, work, example.payments)
     message = str(caught.value)
-    assert message.startswith("not idempotent at after_reserve, after_call, after_complete (3 of 7")
+    failed = "after_reserve, after_call, after_complete, before_group_commit"
+    assert message.startswith(f"not idempotent at {failed} (4 of 8")
     assert (
         'payments: charge({"invoice":12}) was performed 2 time(s) when the worker was killed at'
         " after_reserve, 1 without a crash: the step is not idempotent"
     ) in message
     report = await crash_test(db, example.CHARGING_FIRST, work, example.payments, check=False)
-    assert report.failed == ("after_reserve", "after_call", "after_complete")
+    assert report.failed == ("after_reserve", "after_call", "after_complete", "before_group_commit")
 
 
 async def test_two_providers_through_pgbouncer(

@@ -274,8 +274,9 @@ async def _behind_a_pooler(*args: object, **kw: object) -> Any:
 async def test_a_pooler_mismatch_stops_the_worker_and_releases_what_it_held(
     pool: asyncpg.Pool, tenants: Tenants, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    if where == "finishing write":
+    if where == "finishing write":  # alone or group-committed (then alone, after the refusal)
         monkeypatch.setattr(tasks, "transition", _behind_a_pooler)
+        monkeypatch.setattr(tasks, "finish_many", _behind_a_pooler)
     handler = _ok if where == "finishing write" else _behind_a_pooler
     ids = [(await tasks.create(pool, tenants.a, "bad", lease_ttl=LONG)).id for _ in range(3)]
     worker = _worker(pool, handler, concurrency=2)
@@ -300,7 +301,9 @@ async def test_sigterm_leaves_nothing_running_with_jobs_in_handlers_and_in_finis
     tmp_path: Path,
 ) -> None:
     """Two handlers sleep; two finishing writes wait for a lock on agent_outbox the test
-    holds. SIGTERM: after the grace all four are cancelled and released, refunded."""
+    holds, in one statement (one flush of the group commit is in flight at a time: the
+    second success waits for it or shares it). SIGTERM: after the grace all four are
+    cancelled and released, refunded."""
     locker = await db.connect()
     try:
         held = locker.transaction()
@@ -321,7 +324,7 @@ async def test_sigterm_leaves_nothing_running_with_jobs_in_handlers_and_in_finis
                     "SELECT count(*) FROM agent_tasks WHERE state = 'running'"
                 )
                 writes = await _waiting_for_outbox_lock(admin_conn)
-                return running_now == 4 and len(writes) == 2
+                return running_now == 4 and len(writes) == 1
 
             await _until(in_flight, within=60)
             await _until(lambda: _exists(tmp_path / "started"))

@@ -52,6 +52,7 @@ _BAD_INPUT = {
     # is not a UUID, a lone surrogate): nothing reached the server.
     "22000": "an argument of the wrong type or encoding",
     "22021": "character not in repertoire",
+    "22023": "an invalid parameter value",
     "22P05": "untranslatable character",
     "54001": "statement too complex",
 }

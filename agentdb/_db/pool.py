@@ -5,8 +5,9 @@ transaction-pooling proxy such as PgBouncer in ``pool_mode = transaction``:
 consecutive transactions of one client may run on different server
 connections, so nothing may outlive a transaction. Under it asyncpg keeps no
 named prepared statements (each statement is parsed unnamed, in the same
-exchange that runs it), no session setting is sent at connect time, and the
-pool does not reset sessions it never changed. LISTEN is not used (the
+exchange that runs it) and no session setting is sent at connect time. No
+pool resets the sessions it never changed (asyncpg's reset query is a round
+trip per release: as much as the statement itself). LISTEN is not used (the
 worker and relay poll), tenant scope is ``set_config(..., true)`` as always,
 and advisory locks are transaction-scoped (see :mod:`agentdb.migrate`).
 """
@@ -69,8 +70,11 @@ def _options(schema: str | None, pooler: Pooler) -> dict[str, Any]:
 
 
 async def _no_reset(conn: asyncpg.Connection[Any]) -> None:
-    """Behind a transaction pooler there is no session of ours to reset (and the reset
-    would run on whichever server connection the proxy picks)."""
+    """agentdb leaves no session state on a pooled connection - no session SET, advisory
+    lock, LISTEN, cursor or temp table - so asyncpg's reset query on release (one round
+    trip per statement a helper runs on the pool) would undo nothing. An open transaction
+    is still rolled back: asyncpg does that before it calls this. Behind a transaction
+    pooler the reset would also run on whichever server connection the proxy picks."""
 
 
 async def create_pool(
@@ -95,11 +99,14 @@ async def create_pool(
     url = _dsn.libpq(dsn)
     mode = pooler_mode(pooler)
     extra = _options(schema, mode)
-    if mode == "transaction":
-        extra["reset"] = _no_reset
     try:
         pool: Pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, timeout=connect_timeout, **extra
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=connect_timeout,
+            reset=_no_reset,
+            **extra,
         )
     except _UNAVAILABLE as exc:
         raise DatabaseUnavailable(f"cannot connect to {_dsn.redact(dsn)}: {exc}") from exc

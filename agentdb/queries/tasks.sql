@@ -59,17 +59,20 @@ WHERE t.tenant_id = $1 AND t.dedupe_key = $7 AND NOT EXISTS (SELECT 1 FROM ins);
 -- still at its expected state_version and still under the caller's lease
 -- (owner + token), drops the lease, and writes its event and its outbox
 -- messages ($11 names the 1-based input element each message belongs to).
+-- An element's event payload is its own ($15, padded with NULL when shorter)
+-- or else the batch's ($10).
 -- Returns one row per element that was finished, tagged with its 1-based
 -- position in the input (ord); an element with no row was refused and
 -- nothing was written for it - not the state, not the event, not its
 -- messages. The caller reads such rows again to say why. An element past
 -- its deadline is one of those (G21).
 -- guarantee: G7, G12, G8, G10, G21
--- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 lease_owners text[], $5 lease_tokens int8[], $6 to_state text, $7 last_error text, $8 event_type text, $9 actor_id text, $10 payload jsonb, $11 outbox_ords int8[], $12 outbox_ids uuid[], $13 outbox_topics text[], $14 outbox_payloads jsonb[]
+-- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 expected_versions int8[], $4 lease_owners text[], $5 lease_tokens int8[], $6 to_state text, $7 last_error text, $8 event_type text, $9 actor_id text, $10 payload jsonb, $11 outbox_ords int8[], $12 outbox_ids uuid[], $13 outbox_topics text[], $14 outbox_payloads jsonb[], $15 payloads jsonb[]
 WITH input AS (
-    SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.lease_owner, i.lease_token
-    FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::int8[])
-         WITH ORDINALITY AS i (tenant_id, id, expected_version, lease_owner, lease_token, ord)
+    SELECT i.ord, i.tenant_id, i.id, i.expected_version, i.lease_owner, i.lease_token, i.payload
+    FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::text[], $5::int8[], $15::jsonb[])
+         WITH ORDINALITY AS i (tenant_id, id, expected_version, lease_owner, lease_token,
+                               payload, ord)
 ), upd AS (
     UPDATE agent_tasks t
     SET state = $6,
@@ -86,7 +89,7 @@ WITH input AS (
       -- G21: a late element is refused alone (its guard would refuse the batch),
       -- unless the batch ends it the way the guard allows.
       AND ($6 IN ('dead', 'cancelled') OR t.deadline_at IS NULL OR t.deadline_at > now())
-    RETURNING i.ord, i.lease_owner AS released_by, t.id, t.tenant_id, t.task_type,
+    RETURNING i.ord, i.lease_owner AS released_by, i.payload AS event_payload, t.id, t.tenant_id, t.task_type,
               t.workflow_version, t.state, t.state_version, t.current_step, t.wake_at,
               t.dedupe_key, t.input_hash, t.params, t.attempts, t.max_attempts, t.last_error,
               t.lease_ttl, t.lease_owner, t.lease_token, t.lease_acquired_at,
@@ -96,7 +99,7 @@ WITH input AS (
                               from_state, to_state, task_state_version, payload, trace_id,
                               span_id)
     SELECT tenant_id, id, $8, coalesce($9, released_by), workflow_version, 'running', state,
-           state_version, coalesce($10, '{}'::jsonb), trace_id, span_id
+           state_version, coalesce(event_payload, $10, '{}'::jsonb), trace_id, span_id
     FROM upd
 ), ob AS (
     INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)

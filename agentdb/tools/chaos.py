@@ -6,8 +6,13 @@ supervisor starts a replacement, and the run goes on until every task is
 terminal and the outbox is drained. Then, from the database: no duplicate
 provider effects, no repeat request the provider answered from its key
 without agentdb's ledger justifying it (see :mod:`agentdb.tools.demo.workload`),
-no lost outbox message, no stuck task. The soak arms every point at a low
-rate and adds SIGKILLs from outside at random moments.
+no lost outbox message, no stuck task - and, for the approvals, fan-outs,
+cancels and schedules the workload also runs (see
+:mod:`agentdb.tools.demo.checks`), no parent woken twice (or never), no
+signal lost or read twice, no effect after a cancel, no tick missed or
+doubled. The workers are the schedulers too, so they are killed around
+their firing of the schedules. The soak arms every point at a low rate and
+adds SIGKILLs from outside at random moments.
 
     python -m agentdb.tools.chaos [--dsn URL] [--soak-kills 1000] [--quick]
 """
@@ -41,6 +46,7 @@ _RATE = {
     "during_call": 0.2,
     "after_call": 0.2,
     "after_complete": 0.2,
+    "before_group_commit": 0.3,
     "after_transition": 0.3,
     "after_relay_claim": 0.3,
     "after_publish": 0.3,
@@ -75,8 +81,9 @@ def _scenarios(
 
 
 # Columns of the table, in _row's order.
-_HEADER = ["scenario", "tasks", "kills", "dup effects", "replays", "unjustified", "lost msgs",
-           "stuck", "reconciled", "redelivered", "time", ""]  # fmt: skip
+_HEADER = ["scenario", "paid", "kills", "dup effects", "replays", "unjustified", "lost msgs",
+           "stuck", "reconciled", "redelivered", "approvals", "cancels", "double wakes",
+           "lost signals", "after cancel", "ticks", "time", ""]  # fmt: skip
 
 
 def _total(rows: list[list[str]], column: str) -> int:
@@ -97,6 +104,12 @@ def _row(name: str, w: Workload, r: Result) -> list[str]:
         str(r.stuck),
         str(c["reconciled"]),
         str(c["redeliveries"]),
+        str(c["approved"] + c["rejected"]),
+        str(c["cancelled"]),
+        str(c["double_wakes"]),
+        str(c["lost_signals"]),
+        str(c["after_cancel"]),
+        str(c["ticks"]),
         f"{r.elapsed:.0f}s",
         "ok" if r.ok else "FAILED",
     ]
@@ -149,7 +162,10 @@ def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace)
         f"{_total(rows, 'dup effects')} duplicate effects, "
         f"{_total(rows, 'unjustified')} unjustified replays (of {_total(rows, 'replays')}), "
         f"{_total(rows, 'lost msgs')} lost messages, {_total(rows, 'stuck')} tasks stuck, "
-        f"{time.monotonic() - started:.0f}s"
+        f"{_total(rows, 'double wakes')} double wakes, {_total(rows, 'lost signals')} lost "
+        f"signals, {_total(rows, 'after cancel')} effects after a cancel "
+        f"({_total(rows, 'approvals')} approvals, {_total(rows, 'cancels')} cancels, "
+        f"{_total(rows, 'ticks')} ticks), {time.monotonic() - started:.0f}s"
     )
     if failures:
         print(f"FAILED: {failures} run(s) broke an invariant or killed nothing; logs: {log_path}")

@@ -47,6 +47,9 @@ def add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("handlers", metavar="MODULE:HANDLERS", help="dict of task type -> async handler")
     _add_runtime(p)
     p.add_argument("--concurrency", type=int, default=4, help="jobs at a time (default 4)")
+    p.add_argument(
+        "--pool-size", type=int, help="connections the jobs share (default: concurrency + 2)"
+    )
     p.add_argument("--lease-ttl", type=float, help="lease seconds (default: each task's own)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds jobs get on SIGTERM")
     p.add_argument("--worker-id", help="lease owner name (default host:pid:random)")
@@ -84,6 +87,8 @@ def _worker(args: argparse.Namespace) -> int:
     dsn = dsn_from(args)
     if args.concurrency < 1:
         raise ConfigurationError("--concurrency must be at least 1")
+    if args.pool_size is not None and args.pool_size < 1:
+        raise ConfigurationError("--pool-size must be at least 1")
     if args.lease_ttl is not None and not 1 <= args.lease_ttl <= 86400:
         raise ConfigurationError("--lease-ttl must be between 1 second and 1 day")
     _check_intervals(args, shutdown_grace=0)
@@ -107,7 +112,7 @@ def _worker(args: argparse.Namespace) -> int:
         await worker.run()
 
     # One connection per running job plus heartbeats and claims.
-    run_with_pool(dsn, args.concurrency + 2, body, schema=args.schema)
+    run_with_pool(dsn, args.pool_size or args.concurrency + 2, body, schema=args.schema)
     return 0
 
 

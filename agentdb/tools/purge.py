@@ -22,7 +22,7 @@ def add_purge(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--older-than",
         action="append",
         metavar="CLASS=DAYS",
-        help="age for outbox_delivered, inbox, operations, tasks (repeatable)",
+        help="age for outbox_delivered, inbox, operations, signals, tasks (repeatable)",
     )
     p.add_argument("--only", help="comma-separated classes to purge (default: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -1,6 +1,8 @@
 """Writing an attempt's outcome so that the task never stays 'running' behind its worker's back.
 
-The finishing write is one fenced statement (version + lease, G7/G12). What
+The finishing write is one fenced statement (version + lease, G7/G12); a
+success shares it with the others that finished meanwhile
+(:mod:`~agentdb.worker.completer`), each element fenced and refused alone. What
 the worker does when it does not simply land - one rule per case, and why:
 
 * **Lost connection, serialization failure, deadlock** (:class:`TransientError`,
@@ -70,6 +72,8 @@ from agentdb.errors import (
     StaleWrite,
     TransientError,
 )
+from agentdb.models import Task
+from agentdb.worker.completer import ALONE, Success, successes
 from agentdb.worker.job import Job
 from agentdb.worker.outcomes import Fail, Outcome, Retry, Succeed, Wait
 
@@ -130,6 +134,8 @@ class Finisher:
         self.pause = pause
         self._on_fatal = on_fatal
         self._held: dict[uuid.UUID, _Held] = {}
+        #: the successes' group commit (the other outcomes are written one by one).
+        self.completer = successes(pool)
 
     async def finish(self, job: Job, outcome: Outcome) -> None:
         """Record ``outcome`` - or, failing that, fail the task or release its lease.
@@ -199,11 +205,18 @@ class Finisher:
         if isinstance(outcome, Succeed):
             # Materialised once, so a retried write carries the same messages.
             outbox = tuple(outcome.outbox)
-            await self.persist(
-                job,
-                lambda: finish(to_state="succeeded", payload=outcome.payload, outbox=outbox),
-                lands_in=("succeeded",),
+
+            def write() -> Awaitable[Task]:
+                return finish(to_state="succeeded", payload=outcome.payload, outbox=outbox)
+
+            landed = await self.completer.submit(
+                Success(task, outcome.payload, outbox),
+                alone=lambda: self.persist(job, write, ("succeeded",)),
             )
+            if isinstance(landed, AgentDBError):
+                raise landed  # this element's refusal, handled as its own write's
+            if landed is ALONE:
+                await self.persist(job, write, ("succeeded",), maybe_landed=True)
             _faults.point("after_transition")
             self.stats.succeeded += 1
         elif isinstance(outcome, Fail):
@@ -267,13 +280,20 @@ class Finisher:
             self.stats.retried += 1
 
     async def persist(
-        self, job: Job, write: Callable[[], Awaitable[T]], lands_in: tuple[str, ...]
+        self,
+        job: Job,
+        write: Callable[[], Awaitable[T]],
+        lands_in: tuple[str, ...],
+        *,
+        maybe_landed: bool = False,
     ) -> T | None:
         """``write()``'s result, retrying transient failures on a fresh connection.
 
         ``None`` when a retry was refused because an earlier try, whose answer
         was lost with its connection, had landed (the task moved to one of
-        ``lands_in`` at the next version, lease dropped).
+        ``lands_in`` at the next version, lease dropped). ``maybe_landed``: an
+        earlier write of the same outcome (a group commit) may have landed
+        already, so even the first try's refusal is checked so.
 
         Raises:
             TransientError, OSError: still failing after :attr:`tries` tries.
@@ -284,7 +304,7 @@ class Finisher:
             try:
                 return await write()
             except StaleWrite:
-                if failures and await self._landed(job, lands_in):
+                if (failures or maybe_landed) and await self._landed(job, lands_in):
                     log.info("task %s: the write whose answer was lost had landed", job.task.id)
                     return None
                 raise

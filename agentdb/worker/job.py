@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentdb import _db, _faults, children, operations, signals
+from agentdb.batch import Completion
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
@@ -15,9 +16,11 @@ from agentdb.errors import (
     OperationInFlight,
     OperationUnsettled,
     PastDeadline,
+    StaleWrite,
 )
 from agentdb.models import Lease, Operation, Reservation, Signal, Task
 from agentdb.operations import Cost
+from agentdb.worker.completer import GroupCommit
 from agentdb.worker.outcomes import ReconcileHook
 
 __all__ = ["Job"]
@@ -38,6 +41,7 @@ class Job:
         *,
         reconcilers: Mapping[str, ReconcileHook],
         on_reconciled: Callable[[], None] = lambda: None,
+        completions: GroupCommit[Completion, Operation] | None = None,
     ) -> None:
         lease = task.lease
         if lease is None:
@@ -54,6 +58,8 @@ class Job:
         self.past_deadline = False
         self._reconcilers = reconcilers
         self._on_reconciled = on_reconciled
+        #: the worker's group commit of completions; None: each written alone.
+        self._completions = completions
         self._fresh: dict[uuid.UUID, Operation] = {}
         #: the last signal ``seq`` this attempt read (None: it read none).
         self.signals_read: int | None = None
@@ -181,15 +187,43 @@ class Job:
             as :func:`agentdb.operations.complete`.
         """
         _faults.point("after_call")
-        done = await self._settle(
-            op,
-            lambda lease: operations.complete(
+
+        def alone(lease: Lease | None) -> Awaitable[Operation]:
+            return operations.complete(
                 self.pool, op, result=result, provider_reference=provider_reference,
                 lease=lease, cost=cost,
-            ),
-        )  # fmt: skip
+            )  # fmt: skip
+
+        async def write(lease: Lease | None) -> Operation:
+            if self._completions is None or cost is not None:  # a cost is written alone
+                return await alone(lease)
+            done = await self._completions.submit(
+                Completion(op, result, provider_reference, lease), lambda: alone(lease)
+            )
+            if isinstance(done, AgentDBError):
+                raise done  # this element's refusal, as its own write's
+            if isinstance(done, Operation):
+                return done
+            return await self._landed_or(op, alone(lease))  # the batch was refused whole
+
+        done = await self._settle(op, write)
         _faults.point("after_complete")
         return done
+
+    async def _landed_or(self, op: Operation, write: Awaitable[Operation]) -> Operation:
+        """``write``'s result - or, if refused because a group commit whose answer was lost
+        had recorded the success already, the operation as recorded.
+
+        Raises:
+            whatever ``write`` raises otherwise.
+        """
+        try:
+            return await write
+        except StaleWrite:
+            now = await operations.get(self.pool, op.tenant_id, op.id)
+            if now.state == "succeeded" and now.state_version == op.state_version + 1:
+                return now
+            raise
 
     async def fail(
         self, op: Operation, error: str, *, provider_reference: str | None = None

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agentdb import _db, _faults, leases, schema, tasks
+from agentdb import _db, _faults, leases, schedules, schema, tasks
 from agentdb._db.pool import pooler_mode
 from agentdb._runtime import nap, owner_id, wakeups
 from agentdb.errors import (
@@ -50,6 +50,7 @@ from agentdb.errors import (
     StaleWrite,
     TransientError,
 )
+from agentdb.worker.completer import completions
 from agentdb.worker.finish import Finisher, abandon, storable
 from agentdb.worker.job import Job
 from agentdb.worker.outcomes import (
@@ -183,6 +184,8 @@ class Worker:
         self._finisher = Finisher(
             pool, self.stats, retry_base=retry_base, on_fatal=self._fatal_error
         )
+        #: the group commit of the jobs' operation completions (the successes' is the finisher's).
+        self._completions = completions(pool)
 
     def stop(self) -> None:
         """Stop claiming; running jobs get ``shutdown_grace`` seconds, then are released."""
@@ -246,6 +249,9 @@ class Worker:
             if buried:
                 log.warning("%d task(s) used all their attempts and are now dead", len(buried))
             await self._sweep_deadlines()
+            fired = await schedules.fire_due(self.pool)  # G24: one task per tick, whoever fires
+            if fired:
+                log.info("%d scheduled task(s) created", len(fired))
             for task_type, n in await tasks.count_unhandled(self.pool, self.handlers):
                 log.warning(
                     "%d due task(s) of type %r have no handler in this worker; they stay pending",
@@ -281,7 +287,10 @@ class Worker:
             _faults.point("after_claim")
         for task in claimed:
             self.stats.claimed += 1
-            job = Job(self.pool, task, reconcilers=self.reconcilers, on_reconciled=self._reconciled)
+            job = Job(
+                self.pool, task, reconcilers=self.reconcilers, on_reconciled=self._reconciled,
+                completions=self._completions,
+            )  # fmt: skip
             runner = asyncio.create_task(self._run_job(job))
             self._running[runner] = job
             runner.add_done_callback(self._job_done)

@@ -88,6 +88,7 @@ def test_migrate_citus_distributes_once_and_reruns_as_a_noop(citus: Cluster) -> 
         "agent_tenants", "agent_tasks", "agent_operations", "agent_events", "agent_outbox",
         "agent_inbox", "agent_artifacts", "agent_credential_refs", "agent_concurrency_limits",
         "agent_budgets", "agent_budget_holds", "agent_rate_limits", "agent_signals",
+        "agent_schedules",
     }  # fmt: skip
     assert reference == {"agent_principals", "agent_transitions", "agent_semconv_pins"}
     assert len({r[2] for r in rows if r[1] == "h"}) == 1  # one colocation group
@@ -167,7 +168,7 @@ def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Clu
             assert conn.execute(_COUNTS).fetchone() == before
             assert conn.execute(
                 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'agent_%'"
-            ).fetchone() == (16,)
+            ).fetchone() == (17,)
             off, total = conn.execute(_DISABLED).fetchone() or (None, None)
             assert (off, total is not None and total > 0) == (0, True)
             tenant, task = conn.execute(
@@ -216,7 +217,9 @@ def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
 def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> None:
     """An installation already on Citus upgrades: a later migration's functions (0017
     replaces the trigger function that counts rate-limited calls, 0018 and 0019 add the
-    guards of finished and late tasks, 0020 the signals, 0021 the fan-in; all run on the
+    guards of finished and late tasks, 0020 the signals, 0021 the fan-in, 0022 replaces
+    the guards of both and adds agent_signals_access, 0023 the schedule tick guard; all
+    run on the
     shards) are the same on every worker as on the coordinator, settings included, both ways - and
     without another ``--citus`` run; 0018's, 0019's and 0020's triggers reach the shards
     (the runner sends one statement at a time: Citus refuses DDL on a distributed table
@@ -224,7 +227,18 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
     with fresh_database(citus.dsn, "agentdb_up") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
         assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
-        down = _cli("rollback", "--count", "5", "--dsn", fresh.dsn)
+        # 0023 and 0022 back to 0021: the functions 0022 replaced get their bodies and
+        # settings back.
+        assert _cli("rollback", "--count", "2", "--dsn", fresh.dsn).returncode == 0
+        [coord, *workers] = _bodies(fresh)
+        assert workers == [coord] * len(workers)
+        with _pg.admin(fresh.dsn) as conn:
+            for fn in ("agentdb_guard_signal", "agentdb_guard_signal_cursor", "agentdb_fan_in",
+                       "agentdb_guard_child", "agentdb_guard_children_wait"):  # fmt: skip
+                [config] = conn.execute(_CONFIG, (fn,)).fetchone() or [None]
+                assert "citus.allow_nested_distributed_execution=on" in (config or []), fn
+        assert _cli("migrate", "--dsn", fresh.dsn).returncode == 0
+        down = _cli("rollback", "--count", "7", "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is False  # 0017 is rolled back on the coordinator...
@@ -242,7 +256,8 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
         with _pg.admin(fresh.dsn) as conn:
             for fn in ("agentdb_guard_open_task", "agentdb_guard_signal", "agentdb_deliver_signal",
                        "agentdb_guard_signal_cursor", "agentdb_fan_in", "agentdb_guard_child",
-                       "agentdb_guard_children_wait", "agentdb_keep_parent"):  # fmt: skip
+                       "agentdb_guard_children_wait", "agentdb_keep_parent",
+                       "agentdb_signal_access", "agentdb_guard_schedule_tick"):  # fmt: skip
                 [config] = conn.execute(_CONFIG, (fn,)).fetchone() or [None]
                 assert "citus.allow_nested_distributed_execution=on" in (config or []), fn
             distributed = conn.execute(
@@ -509,3 +524,52 @@ async def test_batches_and_release_run_tenant_by_tenant_without_2pc(
     assert _two_phase(cmds) == 0, cmds
     stale = await tasks.finish_many(conn, rest)  # finished already: refused, returned
     assert all(isinstance(s, StaleVersion | LeaseLost) for s in stale), stale
+
+
+def test_rolling_back_the_waits_on_citus_wakes_the_waiting_tasks(citus: Cluster) -> None:
+    """0021's and 0020's rollbacks wake a task still waiting for children or a signal
+    (its wake-up checked at once, not at commit, where the workers' DROP COLUMN would find
+    it pending) on a distributed schema too."""
+    with fresh_database(citus.dsn, "agentdb_rw") as fresh:
+        assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
+        with _pg.admin(fresh.dsn) as conn:
+            [(tenant,)] = conn.execute(
+                "INSERT INTO agent_tenants (name) VALUES ('t') RETURNING id"
+            ).fetchall()
+            waiting = []
+            for wait in ("wait_signal = 'go'", "wait_children = 1"):
+                with conn.transaction():
+                    [(task_id,)] = conn.execute(
+                        "INSERT INTO agent_tasks (tenant_id, task_type, workflow_version,"
+                        " state, wake_at) VALUES (%s, 'w', 'v1', 'waiting', 'infinity')"
+                        " RETURNING id",
+                        (tenant,),
+                    ).fetchall()
+                    conn.execute(
+                        "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
+                        " policy_version, task_state_version, to_state)"
+                        " VALUES (%s, %s, 'task.created', 't', 'p', 0, 'waiting')",
+                        (tenant, task_id),
+                    )
+                with conn.transaction():
+                    conn.execute(
+                        f"UPDATE agent_tasks SET {wait}, state_version = 1"  # noqa: S608
+                        " WHERE tenant_id = %s AND id = %s",
+                        (tenant, task_id),
+                    )
+                    conn.execute(
+                        "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
+                        " policy_version, task_state_version, from_state, to_state)"
+                        " VALUES (%s, %s, 'task.waiting', 't', 'p', 1, 'waiting', 'waiting')",
+                        (tenant, task_id),
+                    )
+                waiting.append(task_id)
+        down = _cli("rollback", "--count", "4", "--dsn", fresh.dsn)
+        assert down.returncode == 0, down.stderr
+        with _pg.admin(fresh.dsn) as conn:
+            states = conn.execute(
+                "SELECT state, wake_at <= now() FROM agent_tasks WHERE tenant_id = %s"
+                " AND id = ANY (%s) ORDER BY id",
+                (tenant, waiting),
+            ).fetchall()
+        assert states == [("pending", True), ("pending", True)]

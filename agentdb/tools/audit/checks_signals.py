@@ -3,9 +3,9 @@
 What the catalog can show, for a table named like signals or approvals that
 refers to the task table:
 
-* a row trigger on it that fires on INSERT, reads the task table and can
-  refuse - the place where a signal to a finished task is refused and where
-  senders serialise on the task row (so seq order is commit order, and a
+* a row trigger on it that fires on INSERT, reads the task table with a row
+  lock and can refuse - the place where a signal to a finished task is
+  refused and where senders serialise on the task row (so seq order is commit order, and a
   signal cannot slip between a handler deciding to wait and its wait). A
   check in the sender's code is skipped by every other sender;
 * a unique key on the task reference plus an integer column: each signal's
@@ -30,6 +30,7 @@ __all__ = ["check_g22"]
 
 _SIGNAL_NAME = re.compile(r"(^|_)(signals?|approvals?)($|_)")
 _INTEGER = frozenset({"smallint", "integer", "bigint", "int2", "int4", "int8"})
+_ROW_LOCK = re.compile(r"\bFOR\s+(NO\s+KEY\s+UPDATE|UPDATE|SHARE|KEY\s+SHARE)\b", re.I)
 
 
 def _signal_table(ctx: Context, tasks: Table) -> Table | None:
@@ -96,12 +97,15 @@ def check_g22(ctx: Context) -> Finding:
         )
     link = link_to_tasks(s, tasks)
     f = Findings()
-    guards = s.guards_reading([tasks], "insert")
+    # The guard locks the task row: a trigger that only looks (as agentdb's
+    # agent_signals_access does, for the sender's visibility) does not serialise senders.
+    guards = [g for g in s.guards_reading([tasks], "insert") if _ROW_LOCK.search(g.source)]
     if guards:
         f.ok(*(f"trigger {g.name}" for g in guards))
     else:
         f.bad(
-            f"no trigger on {s.name} reads {tasks.name} when a signal is inserted: a signal "
+            f"no trigger on {s.name} reads {tasks.name} under a row lock when a signal is "
+            "inserted: a signal "
             f"can be sent to a finished task, and two senders to one task do not serialise, "
             "so their order can differ from their commits",
             _guard_fix(ctx, s, tasks, link),

@@ -1,6 +1,6 @@
 """``agentdb bench``: agentdb side by side with raw asyncpg, PgQueuer and Procrastinate.
 
-Four comparisons, each run with its contenders interleaved in the same
+Five comparisons, each run with its contenders interleaved in the same
 process and on the same server (A B A B ..., ``--reps`` repetitions; medians
 with min-max), so noisy neighbours hit every contender alike:
 
@@ -17,10 +17,14 @@ with min-max), so noisy neighbours hit every contender alike:
    against raw SKIP LOCKED drains (:mod:`.relay`).
 4. **Scaling** - claim latency (p50 / p99) with a small and a large task
    table, and the claim's plan (:mod:`.scaling`).
+5. **Pickup latency** - a real idle :class:`agentdb.worker.Worker`, from a
+   task's creation to its handler, with LISTEN and with polling alone
+   (:mod:`.pickup`).
 
 It creates its own databases (``agentdb_bench_<hex>``, ``pgqueuer_bench_<hex>``,
 ``procrastinate_bench_<hex>``), drops them at the end, and writes
-``report.md``, ``results.json`` and ``chart.png`` (:mod:`.report`). It is a
+``report.md``, ``results.json`` and ``chart.png`` (:mod:`.report`), with
+every measured figure against its goal (:mod:`.targets`). It is a
 benchmark, not a test: it reports what it measures and asserts no speed.
 :mod:`.runner` runs it all, :mod:`.harness` holds what the comparisons share,
 :mod:`.command` is the command line.

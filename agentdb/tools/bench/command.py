@@ -32,6 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--skip-1m", action="store_true", help="scale to 100k tasks instead of 1M (faster)"
     )
+    p.add_argument(
+        "--snapshot-seconds",
+        type=float,
+        help="length of each held-snapshot run (default 600; 5 with --quick)",
+    )
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -42,7 +47,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     """
     from agentdb.tools.bench.runner import Options, run
 
-    run(Options(args.dsn, args.quick, args.reps, args.out, args.skip_1m))
+    run(Options(args.dsn, args.quick, args.reps, args.out, args.skip_1m, args.snapshot_seconds))
     return 0
 
 

@@ -17,7 +17,7 @@ from agentdb.errors import AgentDBError
 from agentdb.models import Message, Reservation, Task
 from agentdb.tools.bench.harness import HOUR, Clock, Cycle
 
-__all__ = ["AGENTDB_RUNS", "CycleRun"]
+__all__ = ["AGENTDB_RUNS", "CycleRun", "batched_steps"]
 
 #: ``run(conns, task_type, clock, batch)``: drain the queue on ``conns``, say what happened.
 CycleRun: TypeAlias = Callable[[Sequence[_db.Conn], str, Clock, int], Awaitable[Cycle]]
@@ -72,7 +72,7 @@ async def _single_steps(conn: _db.Conn, claimed: list[Task], result: Cycle) -> N
         result.done += 1
 
 
-async def _batched_steps(conn: _db.Conn, claimed: list[Task], result: Cycle) -> None:
+async def batched_steps(conn: _db.Conn, claimed: list[Task], result: Cycle) -> None:
     """The same steps, one statement each for the whole claimed batch."""
     held = [(t, t.lease) for t in claimed if t.lease is not None]
     reserved = await operations.reserve_many(
@@ -123,6 +123,6 @@ def _run(name: str, handle: _Handle) -> CycleRun:
 #: The agentdb contenders' kinds, as :class:`agentdb.tools.bench.runner` names them.
 AGENTDB_RUNS: dict[str, CycleRun] = {
     "agentdb-single": _run("single", _single_steps),
-    "agentdb-batched": _run("batched", _batched_steps),
+    "agentdb-batched": _run("batched", batched_steps),
     "agentdb-noop": _run("noop", _noop_steps),
 }

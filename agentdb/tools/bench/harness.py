@@ -62,10 +62,12 @@ class Sizes:
     tenants_large: int = 10_000
     tenant_tasks: int = 20_000  # tasks in both, spread evenly over the tenants
     citus_tasks: int = 400  # tasks per run of the Citus comparison (per worker count)
+    pickup_samples: int = 200  # tasks timed from creation to handler, per wake-up mode
+    snapshot_seconds: float = 600.0  # each run of the held-snapshot comparison
 
 
 FULL = Sizes(8000, 16, 8000, 1500, 40_000, 10_000, 1_000_000, 1000)
-QUICK = Sizes(640, 16, 400, 100, 2000, 10_000, 100_000, 150, 10, 1_000, 4_000, 80)
+QUICK = Sizes(640, 16, 400, 100, 2000, 10_000, 100_000, 150, 10, 1_000, 4_000, 80, 30, 5.0)
 SKIP_1M_LARGE = 100_000
 # Rows per seeding statement: large enough to amortise the round trip, small
 # enough that one statement's WAL and memory stay modest.
@@ -388,3 +390,5 @@ class Cycle:
 
     done: int
     refused: int = 0
+    #: CPU seconds of the processes that ran it, when they were not this one.
+    client_cpu: float | None = None

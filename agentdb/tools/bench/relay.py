@@ -7,14 +7,16 @@ delivered: the relay's own cost is what is measured.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import LiteralString, TypeAlias
+from typing import Any, LiteralString, TypeAlias
 
-from agentdb import _db, outbox
+from agentdb import _db, outbox, tenancy
 from agentdb.models import OutboxMessage
+from agentdb.tools.bench.harness import ANALYZE, Database, Probe, Sizes
 
-__all__ = ["RELAYS", "Drain", "deliver_pending", "seed_outbox"]
+__all__ = ["RELAYS", "Drain", "bench_relay", "deliver_pending", "seed_outbox"]
 
 _SEED_OUTBOX: LiteralString = """
 INSERT INTO agent_outbox (tenant_id, topic, payload)
@@ -47,6 +49,9 @@ _RAW_MARK: LiteralString = """
 UPDATE agent_outbox SET state = 'delivered', delivered_at = now()
 WHERE (tenant_id, id) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
 """
+
+#: Rows per claim, for every drain.
+_RELAY_BATCH = 100
 
 #: ``drain(pool, batch)``: deliver every pending row; return how many were delivered.
 Drain: TypeAlias = Callable[[_db.Pool, int], Awaitable[int]]
@@ -127,3 +132,44 @@ RELAYS: tuple[tuple[str, str, Drain], ...] = (
         _relay_raw_transaction,
     ),
 )
+
+
+async def bench_relay(db: Database, sizes: Sizes, reps: int, probe: Probe) -> list[dict[str, Any]]:
+    """Every drain of :data:`~agentdb.tools.bench.relay.RELAYS` over the same seeded outbox.
+
+    Raises:
+        DatabaseUnavailable: the pool could not be opened; whatever a drain raises.
+    """
+    pool = await _db.create_pool(db.url, min_size=2, max_size=2)
+    try:
+        tenant = await tenancy.create_tenant(pool, "bench-relay")
+        await deliver_pending(pool)
+        out: dict[str, dict[str, Any]] = {
+            name: {
+                "name": name,
+                "how": how,
+                "batch": _RELAY_BATCH,
+                "rows_per_run": sizes.relay_rows,
+                "rows_per_s": [],
+                "client_cpu_share": [],
+                "errors": [],
+            }
+            for name, how, _ in RELAYS
+        }
+        for rep in range(reps):
+            for name, _, drain in RELAYS:
+                await seed_outbox(pool, tenant, sizes.relay_rows)
+                await pool.execute(ANALYZE)
+                work = functools.partial(drain, pool, _RELAY_BATCH)
+                delivered, window = await probe.timed(db.name, work)
+                if delivered != sizes.relay_rows:
+                    out[name]["errors"].append(
+                        f"rep {rep}: delivered {delivered} of {sizes.relay_rows}"
+                    )
+                out[name]["rows_per_s"].append(delivered / window.seconds)
+                out[name]["client_cpu_share"].append(
+                    probe.usage(window, delivered)["client_cpu_share"]
+                )
+        return list(out.values())
+    finally:
+        await pool.close()

@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import secrets
+import sys
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -53,17 +54,20 @@ from agentdb.tools.bench.peers import (
     procrastinate_install,
     procrastinate_run,
 )
-from agentdb.tools.bench.relay import RELAYS, deliver_pending, seed_outbox
+from agentdb.tools.bench.pickup import bench_pickup
+from agentdb.tools.bench.relay import bench_relay
 from agentdb.tools.bench.report import write_outputs
 from agentdb.tools.bench.scaling import bench_scaling, bench_tenant_scaling
+from agentdb.tools.bench.snapshot import bench_snapshot, offered_rate
 from agentdb.tools.bench.statements import STATEMENTS, Body, Slot, open_slots
+from agentdb.tools.bench.targets import WORKER_10, WORKER_100
+from agentdb.tools.bench.workers import worker_run
 from agentdb.tools.pgbouncer import find_binary, pgbouncer
 
-__all__ = ["Options", "bench_cycle", "bench_relay", "bench_statements", "run"]
+__all__ = ["Options", "bench_cycle", "bench_statements", "run"]
 
 # Untimed statements per connection and variant before the timed ones.
 _WARM = 4
-_RELAY_BATCH = 100
 _COUNT_DONE: LiteralString = (
     "SELECT count(*) FROM agent_tasks WHERE task_type = $1 AND state = 'succeeded'"
 )
@@ -78,6 +82,7 @@ class Options:
     reps: int
     out: Path
     skip_1m: bool
+    snapshot_seconds: float | None = None
 
 
 # --- 1. Statement overhead --------------------------------------------------
@@ -177,7 +182,7 @@ async def bench_statements(
 class _Contender:
     name: str
     workers: int
-    kind: str  # agentdb-single, agentdb-batched, agentdb-noop, pgqueuer or procrastinate
+    kind: str  # agentdb-single, -batched, -noop, -worker, pgqueuer or procrastinate
     batch: int
     note: str = ""
 
@@ -198,6 +203,10 @@ def _contenders(peers: set[str]) -> list[_Contender]:
                        "the same, 250 tasks per statement"),
             _Contender("agentdb no-op tasks, batch 250", w, "agentdb-noop", 250,
                        "claim, tasks.finish_many: no operation, no outbox row"),
+            _Contender(WORKER_10, w, "agentdb-worker", 10,
+                       f"{w} `agentdb worker` process(es), full cycle, group commit"),
+            _Contender(WORKER_100, w, "agentdb-worker", 100,
+                       f"{w} `agentdb worker` process(es), full cycle, group commit"),
             _Contender("PgQueuer default (batch 10)", w, "pgqueuer", 10, "no-op jobs"),
             _Contender("PgQueuer tuned (batch 250)", w, "pgqueuer", 250, "no-op jobs"),
             _Contender("Procrastinate", w, "procrastinate", 1,
@@ -259,6 +268,10 @@ class _CycleBench:
         Raises:
             whatever the contender raises (the caller decides whether that is fatal).
         """
+        if c.kind == "agentdb-worker":  # _record says if not all n succeeded
+            self.runs += 1
+            return await worker_run(self.db, self.pool, self.tenant, f"cycle-{self.runs}",
+                                    c.workers, c.batch, n, clock, self.probe)  # fmt: skip
         if c.kind.startswith("agentdb"):
             return await self._agentdb(c, n, clock, errors, rep)
         if c.kind == "pgqueuer":
@@ -280,6 +293,9 @@ def _record(
         row["errors"].append(f"rep {rep}: no work was timed")
         return
     usage = probe.usage(window, n)
+    if got.client_cpu is not None:  # the work ran in other processes: theirs is the client CPU
+        usage["client_cpu_share"] = got.client_cpu / (window.end - clock.first)
+        usage["client_cpu_us_per_unit"] = got.client_cpu * 1e6 / n if n else math.nan
     row["tasks_per_s"].append(got.done / (window.end - clock.first))
     row["client_cpu_share"].append(usage["client_cpu_share"])
     row["client_cpu_us_per_task"].append(usage["client_cpu_us_per_unit"])
@@ -333,50 +349,6 @@ async def bench_cycle(
     return [r for r in rows.values() if r["tasks_per_s"] or r["errors"]]
 
 
-# --- 3. Outbox relay ---------------------------------------------------------
-
-
-async def bench_relay(db: Database, sizes: Sizes, reps: int, probe: Probe) -> list[dict[str, Any]]:
-    """Every drain of :data:`~agentdb.tools.bench.relay.RELAYS` over the same seeded outbox.
-
-    Raises:
-        DatabaseUnavailable: the pool could not be opened; whatever a drain raises.
-    """
-    pool = await _db.create_pool(db.url, min_size=2, max_size=2)
-    try:
-        tenant = await tenancy.create_tenant(pool, "bench-relay")
-        await deliver_pending(pool)
-        out: dict[str, dict[str, Any]] = {
-            name: {
-                "name": name,
-                "how": how,
-                "batch": _RELAY_BATCH,
-                "rows_per_run": sizes.relay_rows,
-                "rows_per_s": [],
-                "client_cpu_share": [],
-                "errors": [],
-            }
-            for name, how, _ in RELAYS
-        }
-        for rep in range(reps):
-            for name, _, drain in RELAYS:
-                await seed_outbox(pool, tenant, sizes.relay_rows)
-                await pool.execute(ANALYZE)
-                work = functools.partial(drain, pool, _RELAY_BATCH)
-                delivered, window = await probe.timed(db.name, work)
-                if delivered != sizes.relay_rows:
-                    out[name]["errors"].append(
-                        f"rep {rep}: delivered {delivered} of {sizes.relay_rows}"
-                    )
-                out[name]["rows_per_s"].append(delivered / window.seconds)
-                out[name]["client_cpu_share"].append(
-                    probe.usage(window, delivered)["client_cpu_share"]
-                )
-        return list(out.values())
-    finally:
-        await pool.close()
-
-
 # --- The run -----------------------------------------------------------------
 
 
@@ -408,6 +380,19 @@ async def _install_peers(dbs: dict[str, Database], peers: Peers) -> dict[str, Da
     return installed
 
 
+#: The sections :func:`_bench` runs, in order (its progress lines count them).
+_PHASES = (
+    "statement overhead", "reserve with a budget", "statements through PgBouncer",
+    "task cycle", "outbox relay", "claim scaling with rows", "claim scaling with tenants",
+    "pickup latency", "held snapshot",
+)  # fmt: skip
+
+
+def _progress(line: str) -> None:
+    """A progress line on stderr (the report goes to stdout)."""
+    print(f"agentdb bench: {line}", file=sys.stderr, flush=True)
+
+
 async def _bench(
     admin: str,
     dbs: dict[str, Database],
@@ -426,12 +411,19 @@ async def _bench(
         peer_dbs = await _install_peers(dbs, peers)
         stamps: dict[str, float] = {}
         last = time.perf_counter()
+        phases = iter(enumerate(_PHASES, 1))
 
         def lap(section: str) -> None:
+            """Record ``section``'s seconds; say on stderr it is done and what runs next."""
             nonlocal last
             now = time.perf_counter()
             stamps[section], last = now - last, now
+            _progress(f"{section}: done in {stamps[section]:.0f} s")
+            following = next(phases, None)
+            if following is not None:
+                _progress(f"[{following[0]}/{len(_PHASES)}] {following[1]} ...")
 
+        _progress(f"[1/{len(_PHASES)}] {next(phases)[1]} ...")
         agentdb = dbs["agentdb"]
         statements = await bench_statements(agentdb, sizes, opts.reps, probe)
         lap("statements")
@@ -447,6 +439,12 @@ async def _bench(
         lap("scaling")
         tenant_scaling = await bench_tenant_scaling(tenant_scale, sizes, opts.reps)
         lap("scaling with tenants")
+        pickup = await bench_pickup(dbs["pickup"], sizes.pickup_samples)
+        lap("pickup latency")
+        snapshot = await bench_snapshot(
+            dbs["snapshot"], sizes.snapshot_seconds, offered_rate(cycle)
+        )
+        lap("held snapshot")
     finally:
         await probe.close()
     return {
@@ -471,6 +469,8 @@ async def _bench(
         "relay": relay,
         "scaling": scaling,
         "scaling_tenants": tenant_scaling,
+        "pickup": pickup,
+        "snapshot": snapshot,
         "notes": notes,
     }
 
@@ -518,6 +518,10 @@ def _sizes(opts: Options) -> Sizes:
     sizes = QUICK if opts.quick else FULL
     if opts.skip_1m and not opts.quick:
         sizes = replace(sizes, scale_large=SKIP_1M_LARGE)
+    if opts.snapshot_seconds is not None:
+        if not opts.snapshot_seconds >= 1:  # also NaN
+            raise ConfigurationError("--snapshot-seconds must be at least 1")
+        sizes = replace(sizes, snapshot_seconds=opts.snapshot_seconds)
     return sizes
 
 
@@ -564,6 +568,10 @@ def run(opts: Options) -> dict[str, Any]:
         main_db = dbs.name("agentdb")
         created = {"agentdb": dbs.create(main_db)}
         migrate_locked(admin, created["agentdb"].url)
+        # Its own database: a worker there claims whatever is due, of any section.
+        created["pickup"] = dbs.create(f"{main_db}_p", template=main_db)
+        # Its own too: the snapshot it holds would hold back every other section's vacuum.
+        created["snapshot"] = dbs.create(f"{main_db}_h", template=main_db)
         scale = {
             sizes.scale_small: dbs.create(f"{main_db}_s", template=main_db),
             sizes.scale_large: dbs.create(f"{main_db}_l", template=main_db),

@@ -18,7 +18,10 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     p.add_argument("--relays", type=int, default=2, help="relay processes (default 2)")
     p.add_argument(
-        "--kill-every", type=float, default=0.5, help="mean seconds between SIGKILLs (0: none)"
+        "--kill-every",
+        type=float,
+        default=0.5,
+        help="mean seconds between SIGKILLs, the first by half-way (0: none)",
     )
     p.add_argument(
         "--timeout",

@@ -1,7 +1,8 @@
 """The demo's processes: what one run asks for (:class:`Workload`) and the supervisor.
 
 Workers and relays are real ``python -m agentdb worker|relay`` processes
-running :mod:`agentdb.tools.demo.provider`. The supervisor kills them with
+running :mod:`agentdb.tools.demo.provider`; the workers are the schedulers
+too (each fires due schedules in its maintenance rounds, G24). The supervisor kills them with
 SIGKILL from outside at random, and replaces every one that died, whether
 killed from outside or by an armed fault point (:mod:`agentdb._faults`),
 which also logs the point it fired at.
@@ -139,10 +140,16 @@ class Fleet:
         return spawn_cli([*args, "--dsn", self.dsn, "--log-level", "warning"], env, self.log)
 
     def worker(self) -> subprocess.Popen[bytes]:
-        """Start one worker process (with the workload's worker faults armed)."""
+        """Start one worker process (with the workload's worker faults armed).
+
+        Its leases last the workload's ``lease_ttl`` whatever the task says: the
+        schedules' tasks carry the default (minutes), and a killed worker's must
+        come back as soon as an invoice's does.
+        """
+        ttl = max(1, round(self.workload.lease_ttl.total_seconds()))
         return self._spawn(
             self.workload.worker_faults,
-            "worker", WORKER_TARGET, "--concurrency", "4",
+            "worker", WORKER_TARGET, "--concurrency", "4", "--lease-ttl", str(ttl),
             "--poll-interval", "0.2", "--retry-base", "0.05", "--shutdown-grace", "1",
         )  # fmt: skip
 

@@ -1,15 +1,20 @@
 """``agentdb demo``: run one workload with crashes, then print what came of it.
 
-Several worker *processes* run invoice tasks; each task charges a card and
-sends an email through a fake provider (latency, refusals, timeouts whose
-effect did happen) and finishes with an outbox message. Relay processes
+Several worker *processes* run invoice tasks; each task prices its line
+items in child tasks (fan-out, fan-in), waits for a reviewer's approval when
+it is large, charges a card and sends an email through a fake provider
+(latency, refusals, timeouts whose effect did happen) and finishes with an
+outbox message; a share of them is cancelled along the way, and each tenant
+has a schedule ticking every second. Relay processes
 deliver those messages to a fake consumer that deduplicates with the inbox.
 Meanwhile worker and relay processes are killed with SIGKILL at random and
 restarted. At the end the report counts, from the database alone: effects
 the provider executed, duplicate effects (must be 0), repeat requests the
 provider answered from its key and how many of them agentdb's ledger does
 not justify (must be 0), operations reconciled after crashes, messages
-delivered, redeliveries the inbox absorbed, messages lost (must be 0).
+delivered, redeliveries the inbox absorbed, messages lost (must be 0), and
+approvals recorded and read once, signals lost, parents woken twice or never,
+effects after a cancel, ticks missed or doubled (all must be 0).
 
 ``--timeout`` holds the whole run, and SIGTERM or SIGINT end it early
 (:mod:`agentdb.tools.demo.limits`): then there is no report, the processes
@@ -35,16 +40,49 @@ from agentdb.tools.demo.workload import Result, run_workload, with_database
 __all__ = ["main", "report"]
 
 
+def _flows(c: dict[str, int]) -> list[tuple[str, str]]:
+    """The report's lines for the approvals, fan-outs, cancels and schedules."""
+    return [
+        ("invoices reviewed (G22)",
+         f"{c['approved']} approved, {c['rejected']} rejected ({c['reviews_twice']} reviews"
+         f" sent twice; {c['approvals_miscounted']} not recorded exactly once)"),
+        ("signals delivered once (read by their task)",
+         f"{c['approvals_read']} ({c['signals_read_twice']} read again after being marked read)"),
+        ("signals lost", str(c["lost_signals"])),
+        ("charges without an approval", str(c["unapproved_charges"])),
+        ("line items priced by child tasks (G23)",
+         f"{c['children']} for {c['parents']} invoices ({c['fan_in_wrong']} wrong totals)"),
+        ("parents woken by their last child",
+         f"{c['parents_woken']} ({c['double_wakes']} double wakes, {c['lost_wakes']} never woken)"),
+        ("cancels honoured (G20)",
+         f"{c['cancelled']} of {c['cancels']} ({c['cancelled_pending']} pending,"
+         f" {c['cancelled_running']} running, {c['cancelled_waiting']} waiting;"
+         f" {c['cancels_late']} had finished)"),
+        ("effects after a cancel",
+         f"{c['after_cancel']} ({c['in_flight_at_cancel']} in flight: granted before it,"
+         " landed after)"),
+        ("schedule ticks, one task each (G24)",
+         f"{c['ticks']} ticks of {c['schedules']} schedules"
+         f" ({c['ticks_missed']} missed, {c['ticks_doubled']} twice)"),
+    ]  # fmt: skip
+
+
 def report(w: Workload, r: Result) -> int:
     """Print the report of run ``r`` of ``w``; return the exit status (0 for OK)."""
     c = r.counts
     succeeded = r.tasks_by_state.get("succeeded", 0)
     stopped = c["budget_stopped"]
-    failed = r.tasks_by_state.get("failed", 0) - stopped
+    rejected = c["rejected_failed"]
+    cancelled = r.tasks_by_state.get("cancelled", 0)
+    failed = r.tasks_by_state.get("failed", 0) - stopped - rejected
+    # Completed: ended as the workload meant - paid, rejected by the reviewer, or cancelled.
+    completed = succeeded + rejected + cancelled
     lines = [
-        ("tasks completed", f"{succeeded} of {w.tasks}"
+        ("tasks completed", f"{completed} of {w.tasks}"
          + (f" ({r.tasks_by_state.get('dead', 0)} dead, {failed} failed, {stopped} stopped by "
-            "a budget)" if succeeded < w.tasks else "")),
+            "a budget)" if completed < w.tasks else "")),
+        ("of which paid, rejected, cancelled",
+         f"{succeeded} paid, {rejected} rejected, {cancelled} cancelled"),
         ("worker/relay processes killed (SIGKILL)", str(r.kills)),
         ("tasks taken over after a killed worker's lease expired", str(c["reclaimed"])),
         ("provider requests received", f"{c['requests']} ({c['refused']} refused with 503)"),
@@ -63,6 +101,7 @@ def report(w: Workload, r: Result) -> int:
          f"spent {c['budget_spent']} + held {c['budget_held']} of {c['budget_limit']}"),
         ("reservations the budget refused", f"{c['budget_refused']} ({stopped} tasks stopped)"),
         ("overspent", f"{c['overspent']} (charges paid for: {c['budget_charged']})"),
+        *_flows(c),
         ("throughput", f"{succeeded / r.elapsed:.1f} tasks/s over {r.elapsed:.1f}s"),
     ]  # fmt: skip
     width = max(len(k) for k, _ in lines)
@@ -73,7 +112,8 @@ def report(w: Workload, r: Result) -> int:
     ok = r.ok and (r.kills > 0 or w.kill_every == 0)
     verdict = (
         "every effect once, no blind repeat call, every message delivered, nothing lost, "
-        "no budget overspent"
+        "no budget overspent, every approval read once, every parent woken once, "
+        "nothing after a cancel"
         if ok
         else f"see the worker and relay logs in {r.log_path}"
     )

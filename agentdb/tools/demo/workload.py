@@ -2,8 +2,20 @@
 
 Everything :class:`Result` reports is counted from the database alone, by
 comparing agentdb's ledger (``agent_operations``, ``agent_events``,
-``agent_outbox``) with the provider's and the consumer's own
-(:mod:`agentdb.tools.demo.provider`).
+``agent_outbox``, ``agent_signals``, ``agent_schedules``) with the
+provider's and the consumer's own (:mod:`agentdb.tools.demo.provider`) and
+those of the reviewer and the canceller (:mod:`agentdb.tools.demo.actors`;
+their counts are :mod:`agentdb.tools.demo.checks`).
+
+Each invoice has one to four line items, priced by child tasks; one above
+:data:`~agentdb.tools.demo.provider.REVIEW_ABOVE` waits for the reviewer
+first. While the fleet runs, the driver's actors review, cancel and fire
+schedules; when every invoice is done it pauses the schedules and waits for
+the last tasks (the ticks', the children of cancelled invoices) and the
+outbox. A run in which every unfinished invoice sleeps although what it waits
+for is there (a signal unread, its children finished) for
+:data:`STALL_AFTER` seconds stops there and counts those as lost, instead
+of waiting for the deadline.
 
 Replays
 -------
@@ -53,22 +65,29 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from agentdb import _db, budgets, tasks, tenancy
+from agentdb.tools.demo import checks
+from agentdb.tools.demo.actors import Canceller, Invoice, Reviewer, Ticker
 from agentdb.tools.demo.fleet import Fleet, Workload, kills_by_point
 from agentdb.tools.demo.limits import REPORT_GRACE, Limits
 from agentdb.tools.demo.provider import BUDGET_UNIT, SCHEMA, TASK_TYPE
 
-__all__ = ["Result", "count", "run_workload", "with_database"]
+__all__ = ["STALL_AFTER", "Result", "count", "run_workload", "with_database"]
+
+#: Seconds every unfinished invoice may sleep on a wake-up that came before the run stops.
+STALL_AFTER = 10.0
 
 T = TypeVar("T")
 
 _TERMINAL = ("succeeded", "failed", "dead", "cancelled")
 
-# Two independent counts, not one aggregate with a sub-select beside it:
+# Independent counts, not one aggregate with a sub-select beside it:
 # Citus cannot push a sub-select in the target list down next to an aggregate.
 _PROGRESS = (
     "SELECT (SELECT count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
     " AND task_type = 'demo.invoice' AND state IN ('succeeded', 'failed', 'dead', 'cancelled')),"
-    " (SELECT count(*) FROM agent_outbox o WHERE o.tenant_id = ANY ($1) AND o.state = 'pending')"
+    " (SELECT count(*) FROM agent_outbox o WHERE o.tenant_id = ANY ($1) AND o.state = 'pending'),"
+    " (SELECT count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
+    " AND state NOT IN ('succeeded', 'failed', 'dead', 'cancelled'))"
 )
 
 # The provider's own tables: SCHEMA recreates them for every run, so all they
@@ -146,6 +165,9 @@ _LEDGER_COUNTS = {
     " AND event_type = 'operation.refused' AND payload->>'reason' = 'budget'",
     "budget_stopped": "SELECT count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
     " AND state = 'failed' AND last_error LIKE 'budget exhausted%'",  # provider.BUDGET_STOP
+    "rejected_failed": "SELECT count(*) FROM agent_tasks WHERE tenant_id = ANY ($1)"
+    " AND task_type = 'demo.invoice' AND state = 'failed'"
+    " AND last_error = 'rejected by the reviewer'",  # provider.REJECTED
     "budget_charged": "SELECT sum((t.params->>'amount')::bigint) FROM agent_operations o"
     " JOIN agent_tasks t ON t.tenant_id = o.tenant_id AND t.id = o.task_id"
     " JOIN agent_budgets b ON b.tenant_id = o.tenant_id AND b.task_id IS NULL"
@@ -176,21 +198,36 @@ class Result:
 
     @property
     def stuck(self) -> int:
-        return sum(n for s, n in self.tasks_by_state.items() if s not in _TERMINAL)
+        """Invoices unfinished, and the other tasks (children, ticks) too."""
+        unfinished = sum(n for s, n in self.tasks_by_state.items() if s not in _TERMINAL)
+        return unfinished + self.counts["other_stuck"]
 
     @property
     def ok(self) -> bool:
         """Finished with no duplicate effect, no unjustified replay, no lost message, none
-        stuck, no budget overspent and its books equal to the charges it paid for."""
+        stuck, no budget overspent and its books equal to the charges it paid for - and
+        every approval recorded once, read once, never lost nor skipped by a charge, every
+        parent woken once with the right total, nothing new after a cancel, one task per
+        tick (:mod:`agentdb.tools.demo.checks`)."""
+        c = self.counts
         return (
             self.finished
-            and self.counts["duplicates"] == 0
-            and self.counts["unjustified_replays"] == 0
-            and self.counts["lost"] == 0
+            and c["duplicates"] == 0
+            and c["unjustified_replays"] == 0
+            and c["lost"] == 0
             and self.stuck == 0
-            and self.counts["overspent"] == 0
-            and self.counts["budget_spent"] == self.counts["budget_charged"]
+            and c["overspent"] == 0
+            and c["budget_spent"] == c["budget_charged"]
+            and all(c[k] == 0 for k in _FLOW_FAILURES)
         )
+
+
+#: The counts of :mod:`agentdb.tools.demo.checks` that fail a run unless 0.
+_FLOW_FAILURES = (
+    "approvals_miscounted", "signals_read_twice", "lost_signals", "unapproved_charges",
+    "double_wakes", "lost_wakes", "fan_in_wrong", "after_cancel", "ticks_missed",
+    "ticks_doubled",
+)  # fmt: skip
 
 
 async def count(db: _db.Executor, tenant_ids: Sequence[uuid.UUID]) -> dict[str, int]:
@@ -198,7 +235,8 @@ async def count(db: _db.Executor, tenant_ids: Sequence[uuid.UUID]) -> dict[str, 
 
     Keys: requests, refused, effects, replayed, duplicates, redeliveries
     (the provider's and consumer's ledgers), unjustified_replays (see the
-    module docstring), reconciled, unknown, reclaimed, consumed, lost.
+    module docstring), reconciled, unknown, reclaimed, consumed, lost, the
+    budget's, rejected_failed, and :data:`~agentdb.tools.demo.checks.FLOW_KEYS`.
 
     Raises:
         asyncpg.PostgresError: the demo's schema is missing (not seeded).
@@ -211,6 +249,7 @@ async def count(db: _db.Executor, tenant_ids: Sequence[uuid.UUID]) -> dict[str, 
     found["unjustified_replays"] = await _unjustified_replays(db, list(tenant_ids))
     consumed = {r[0] for r in await db.fetch(_CONSUMED, list(tenant_ids))}
     found["lost"] = sum(r[0] not in consumed for r in await db.fetch(_SENT, list(tenant_ids)))
+    found.update(await checks.count_flows(db, tenant_ids))
     return found
 
 
@@ -224,60 +263,109 @@ def _bar(done: int, total: int, kills: int, elapsed: float, tty: bool) -> str:
     )
 
 
-async def _seed(pool: _db.Pool, w: Workload, rng: random.Random, limits: Limits) -> list[uuid.UUID]:
+def _lines(rng: random.Random, amount: int) -> list[int]:
+    """Split ``amount`` into one to four line items of at least 1 each."""
+    n = min(rng.randint(1, 4), amount)
+    cuts = sorted(rng.sample(range(1, amount), n - 1)) if n > 1 else []
+    return [b - a for a, b in zip([0, *cuts], [*cuts, amount], strict=True)]
+
+
+@dataclass
+class _Run:
+    """What a run seeded, and the actors of the driving process."""
+
+    tenants: list[uuid.UUID]
+    invoices: list[Invoice]
+    reviewer: Reviewer
+    canceller: Canceller
+    ticker: Ticker
+
+
+async def _seed(
+    pool: _db.Pool, w: Workload, rng: random.Random, limits: Limits, ticker: Ticker
+) -> _Run:
     async with pool.acquire() as conn:
         for statement in SCHEMA:
             await conn.execute(statement)
+    await ticker.pause_left_running(pool)
     run = uuid.uuid4().hex[:6]
     tenants = [await tenancy.create_tenant(pool, f"demo-{run}-{i}") for i in range(w.tenants)]
     first = 0  # what the first tenant's charges add up to
+    invoices: list[Invoice] = []
     for i in range(w.tasks):
         limits.at("seeding the tasks", f"{i} of {w.tasks} tasks created, none run")
         amount = rng.randint(1, 500)
         first += amount if i % len(tenants) == 0 else 0
-        await tasks.create(
+        task = await tasks.create(
             pool, tenants[i % len(tenants)], TASK_TYPE,
-            params={"invoice": i, "amount": amount},
+            params={"invoice": i, "amount": amount, "lines": _lines(rng, amount)},
             dedupe_key=f"invoice-{run}-{i}", max_attempts=w.max_attempts, lease_ttl=w.lease_ttl,
         )  # fmt: skip
+        invoices.append(Invoice(task.tenant_id, task.id, i, amount))
     # G19: the first tenant may spend about half of what its invoices would charge.
     await budgets.set_budget(pool, tenants[0], BUDGET_UNIT, first // 2)
-    return tenants
+    for tenant in tenants:  # G24: its schedule, ticking for the first actors.TICKING seconds
+        await ticker.create(pool, tenant)
+    # The plans are the seed's and each invoice's number's alone (actors.Plan).
+    plans = str(w.seed) if w.seed is not None else uuid.uuid4().hex
+    return _Run(tenants, invoices, Reviewer(invoices, plans), Canceller(invoices, plans), ticker)
 
 
-async def _drive(
-    pool: _db.Pool, fleet: Fleet, tenant_ids: list[uuid.UUID], limits: Limits
-) -> float:
+async def _drive(pool: _db.Pool, fleet: Fleet, run: _Run, limits: Limits) -> float:
     """Kill and replace processes until every task is terminal and the outbox drained.
 
-    Returns the seconds it took. It has no deadline of its own: the run's
-    (``limits``) cancels it, wherever it waits.
+    Meanwhile the reviewer, the canceller and the ticker act, each round. Returns
+    the seconds it took. It has no deadline of its own: the run's (``limits``)
+    cancels it, wherever it waits.
     """
     w = fleet.workload
+    tenant_ids = run.tenants
     rng = random.Random(w.seed)
     tty = w.progress and sys.stderr.isatty()
     start = time.monotonic()
     next_kill = start + (rng.expovariate(1 / w.kill_every) if w.kill_every > 0 else 1e18)
     last_line, done = 0.0, 0
+    moved, stalled_since, next_look = start, 0.0, 0.0  # the stall check's
     limits.at("running the workload", f"{w.tasks} of {w.tasks} tasks unfinished")
     try:
         while True:
             row = await pool.fetchrow(_PROGRESS, tenant_ids)
             assert row is not None
-            done, pending_out = int(row[0]), int(row[1])
+            now = time.monotonic()
+            if int(row[0]) != done:
+                moved, stalled_since = now, 0.0
+            done, pending_out, open_tasks = int(row[0]), int(row[1]), int(row[2])
             limits.at(
                 "running the workload",
                 f"{w.tasks - done} of {w.tasks} tasks unfinished,"
                 f" {pending_out} outbox messages undelivered",
             )
-            now = time.monotonic()
             if w.progress and (tty or now - last_line >= 5):
                 bar = _bar(done, w.tasks, fleet.died, now - start, tty)
                 print(bar, end="" if tty else "\n", file=sys.stderr, flush=True)
                 last_line = now
-            if done == w.tasks and pending_out == 0:
+            if done == w.tasks and not run.ticker.paused:
+                await run.ticker.pause(pool)  # the ticks' last tasks, then the end
+            elif done == w.tasks and open_tasks == 0 and pending_out == 0:
                 break
-            if now >= next_kill and done < w.tasks:
+            if done < w.tasks:
+                await run.reviewer.step(pool, now)
+                await run.canceller.step(pool, now)
+                await run.ticker.step(pool, now)
+                if now - moved >= 5 and now >= next_look:
+                    # Everything left asleep on a wake-up that came: lost, not slow.
+                    next_look = now + 1
+                    lost = await checks.stalled(pool, tenant_ids)
+                    if sum(lost.values()) < w.tasks - done:
+                        stalled_since = 0.0
+                    elif not stalled_since:
+                        stalled_since = now
+                    elif now - stalled_since >= STALL_AFTER:
+                        break
+            # A run that finished before its first kill proved nothing about crashes: the
+            # first comes by the time half the tasks are done, whatever the dice said.
+            first = w.kill_every > 0 and not fleet.external_kills and done >= w.tasks // 2
+            if (now >= next_kill or first) and done < w.tasks:
                 fleet.kill_one(rng)
                 next_kill = now + rng.expovariate(1 / w.kill_every)
             fleet.supervise()
@@ -299,7 +387,9 @@ async def run_workload(
 
     ``limits``: the run's deadline, when it started before this call (the
     demo's counts its migrations too); default ``w.timeout`` from now. Every
-    step is held to it, and however the run ends its processes are reaped.
+    step is held to it, and however the run ends its processes are reaped
+    and its schedules paused (at most a few seconds more, on a way out other
+    than the end).
 
     Raises:
         DemoTimeout: the deadline passed (the fleet was stopped).
@@ -311,39 +401,48 @@ async def run_workload(
     seed_rng = random.Random(w.seed)
     fault_log = log_path.with_suffix(".faults")
     fault_log.unlink(missing_ok=True)
-    async with limits.watch():
-        limits.at("connecting to the database", "no task was created")
-        pool = await _db.create_pool(dsn, min_size=1, max_size=3)
-        # First, when the run is stopped: a statement queued in PgBouncer ignores cancellation.
-        limits.on_stop(pool.terminate)
-        try:
-            tenant_ids = await _seed(pool, w, seed_rng, limits)
-            fleet = Fleet(dsn, w, log, fault_log)
-            limits.track(fleet.processes)
-            limits.log_path = log_path
-            with fleet:  # stopped and reaped on the way out, however the run ends
-                elapsed = await _drive(pool, fleet, tenant_ids, limits)
-            # The work is done: its counts may take a little longer than the deadline.
-            limits.extend(REPORT_GRACE)
-            limits.at("counting the results", f"all {w.tasks} tasks finished, none counted")
-            by_point = kills_by_point(fault_log)
-            result = Result(
-                finished=True,
-                elapsed=elapsed,
-                kills=fleet.external_kills + sum(by_point.values()),
-                kills_by_point=by_point,
-                counts=await count(pool, tenant_ids),
-                tasks_by_state={r[0]: r[1] for r in await pool.fetch(_TASKS_BY_STATE, tenant_ids)},
-                outbox_by_state={
-                    r[0]: r[1] for r in await pool.fetch(_OUTBOX_BY_STATE, tenant_ids)
-                },
-                log_path=log_path,
-            )
-        except BaseException:
-            # Closing would wait for whatever the connections were doing: the run is over.
-            pool.terminate()
-            raise
-        await pool.close()
+    ticker = Ticker()
+    try:
+        async with limits.watch():
+            limits.at("connecting to the database", "no task was created")
+            pool = await _db.create_pool(dsn, min_size=1, max_size=3)
+            # First, when the run is stopped: a statement queued in PgBouncer ignores cancellation.
+            limits.on_stop(pool.terminate)
+            try:
+                run = await _seed(pool, w, seed_rng, limits, ticker)
+                fleet = Fleet(dsn, w, log, fault_log)
+                limits.track(fleet.processes)
+                limits.log_path = log_path
+                with fleet:  # stopped and reaped on the way out, however the run ends
+                    elapsed = await _drive(pool, fleet, run, limits)
+                # The work is done: its counts may take a little longer than the deadline.
+                limits.extend(REPORT_GRACE)
+                limits.at("counting the results", f"all {w.tasks} tasks finished, none counted")
+                if not ticker.paused:
+                    await ticker.pause(pool)  # a run that stalled
+                by_point = kills_by_point(fault_log)
+                result = Result(
+                    finished=True,
+                    elapsed=elapsed,
+                    kills=fleet.external_kills + sum(by_point.values()),
+                    kills_by_point=by_point,
+                    counts=await count(pool, run.tenants),
+                    tasks_by_state={
+                        r[0]: r[1] for r in await pool.fetch(_TASKS_BY_STATE, run.tenants)
+                    },
+                    outbox_by_state={
+                        r[0]: r[1] for r in await pool.fetch(_OUTBOX_BY_STATE, run.tenants)
+                    },
+                    log_path=log_path,
+                )
+            except BaseException:
+                # Closing would wait for whatever the connections were doing: the run is over.
+                pool.terminate()
+                raise
+            await pool.close()
+    except BaseException:
+        await ticker.pause_quietly(dsn)  # else they would go on ticking, every second
+        raise
     return result
 
 

@@ -63,6 +63,7 @@ def all_mutants() -> tuple[Mutant, ...]:
         mutants_code,
         mutants_production,
         mutants_routed,
+        mutants_schedules,
         mutants_schema,
         mutants_signals,
         mutants_statements,
@@ -76,5 +77,6 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_budgets.MUTANTS
         + mutants_cancel.MUTANTS
         + mutants_signals.MUTANTS
+        + mutants_schedules.MUTANTS
         + mutants_routed.MUTANTS
     )

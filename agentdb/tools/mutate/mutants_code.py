@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, FENCES, Mutant, T, m
+from agentdb.tools.mutate.catalogue import ATTACKS, FENCES, TASKS_SQL, Mutant, T, m
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---- the driver layer and the error mapping -------------------------------------------------
@@ -200,6 +200,54 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    refund_attempt=False,",
         (T + "test_worker.py",),
         "worker: a SIGTERM release counts the interrupted attempt",
+    ),
+    m(
+        "worker-group-commit-ignores-refusal",
+        "agentdb/worker/finish.py",
+        "                raise landed  # this element's refusal, handled as its own write's",
+        "                pass",
+        (T + "test_group_commit.py",),
+        "group commit: an element the batch refused (cancelled, taken over) counts as landed",
+    ),
+    m(
+        "worker-group-commit-shared-payload",
+        "agentdb/worker/completer.py",
+        "            payloads={s.task.id: s.payload for s in batch if s.payload is not None},",
+        "            payload=batch[0].payload,",
+        (T + "test_group_commit.py",),
+        "group commit: every element's event gets the first element's payload",
+    ),
+    m(
+        "finish-many-shared-payload",
+        TASKS_SQL,
+        "coalesce(event_payload, $10, '{}'::jsonb)",
+        "coalesce($10, '{}'::jsonb)",
+        (T + "test_group_commit.py", T + "test_complete_many.py"),
+        "task_finish_many: an element's own event payload is dropped for the batch's",
+    ),
+    m(
+        "worker-group-commit-lost-answer-not-checked",
+        "agentdb/worker/finish.py",
+        "                if (failures or maybe_landed) and await self._landed(job, lands_in):",
+        "                if failures and await self._landed(job, lands_in):",
+        (T + "test_group_commit.py",),
+        "group commit: a batch whose answer was lost is not checked for having landed",
+    ),
+    m(
+        "worker-completions-ignore-refusal",
+        "agentdb/worker/job.py",
+        "                raise done  # this element's refusal, as its own write's",
+        "                return op",
+        (T + "test_group_commit.py",),
+        "group commit: a completion the batch refused (taken over, cancelled) counts as recorded",
+    ),
+    m(
+        "worker-completions-lost-answer-not-checked",
+        "agentdb/worker/job.py",
+        '            if now.state == "succeeded" and now.state_version == op.state_version + 1:',
+        "            if False:",
+        (T + "test_group_commit.py",),
+        "group commit: completions whose answer was lost are not checked for having landed",
     ),
     m(
         "relay-marks-failed-as-delivered",

@@ -8,6 +8,8 @@ from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
 
 SIGNALS = "sql/0020.signals.sql"
 CHILDREN = "sql/0021.children.sql"
+# 0022 replaces the guards, the fan-in and the purge of 0020 and 0021: their mutants live here.
+WAIT_RULES = "sql/0022.wait_rules.sql"
 KIDS = T + "test_children.py"
 TESTS = T + "test_signals.py"
 MODEL = T + "test_model.py"
@@ -16,7 +18,7 @@ ATTACK = ATTACKS + "::test_attack_is_refused"
 MUTANTS: tuple[Mutant, ...] = (
     m(
         "signal-guard-without-lock",
-        SIGNALS,
+        WAIT_RULES,
         "    WHERE k.tenant_id = NEW.tenant_id AND k.id = NEW.task_id\n    FOR NO KEY UPDATE;",
         "    WHERE k.tenant_id = NEW.tenant_id AND k.id = NEW.task_id;",
         (
@@ -28,7 +30,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-to-a-finished-task",
-        SIGNALS,
+        WAIT_RULES,
         "    IF task.state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
         "    IF task.state IN ('succeeded', 'failed', 'dead') THEN",
         (ATTACK, TESTS, MODEL),
@@ -36,7 +38,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-to-a-late-task",
-        SIGNALS,
+        WAIT_RULES,
         "    IF task.deadline_at <= now() THEN",
         "    IF task.deadline_at <= now() - interval '1000 years' THEN",
         (ATTACK, TESTS),
@@ -44,15 +46,15 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-self-approval",
-        SIGNALS,
-        "    IF NEW.kind = 'approval' AND NEW.sender = task.lease_owner THEN",
-        "    IF NEW.kind = 'approval' AND NEW.sender = task.lease_owner AND false THEN",
+        WAIT_RULES,
+        "    IF NEW.kind = 'approval' AND (NEW.sender = task.lease_owner\n",
+        "    IF NEW.kind = 'approval' AND false AND (NEW.sender = task.lease_owner\n",
         (ATTACK, TESTS),
         "agentdb_guard_signal: the task's lease holder approves its own work",
     ),
     m(
         "signal-seq-from-the-insert",
-        SIGNALS,
+        WAIT_RULES,
         "    NEW.seq := 1 + coalesce(",
         "    NEW.seq := coalesce(NEW.seq, 1) + 0 * coalesce(",
         (TESTS, MODEL),
@@ -86,7 +88,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-lost-before-the-wait",
-        SIGNALS,
+        WAIT_RULES,
         "                     AND s.seq > NEW.signal_cursor AND s.name = NEW.wait_signal) THEN",
         "                     AND s.seq > NEW.signal_cursor AND s.name = NEW.wait_signal"
         " AND false) THEN",
@@ -99,7 +101,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-cursor-moves-back",
-        SIGNALS,
+        WAIT_RULES,
         "    IF NEW.signal_cursor < OLD.signal_cursor THEN",
         "    IF NEW.signal_cursor < OLD.signal_cursor AND false THEN",
         (ATTACK, TESTS),
@@ -107,7 +109,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-cursor-past-the-end",
-        SIGNALS,
+        WAIT_RULES,
         "    IF NEW.signal_cursor > OLD.signal_cursor\n       AND NOT EXISTS",
         "    IF NEW.signal_cursor > OLD.signal_cursor + 1000000\n       AND NOT EXISTS",
         (ATTACK, TESTS),
@@ -136,6 +138,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "            WITH CHECK (kind = 'signal');",
         (T + "test_access.py",),
         "agent_signals_agent_send: the agent role signals another tenant's task",
+        equivalent="since 0022 agent_signals_access refuses it first: the agent sees no other "
+        "tenant's task (agent_tasks_agent_scope), so no INSERT reaches this second wall",
     ),
     m(
         "signal-wait-forgets-what-it-read",
@@ -163,8 +167,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "fan-in-without-lock",
-        CHILDREN,
-        "    WHERE p.tenant_id = NEW.tenant_id AND p.id = NEW.parent_id\n    FOR UPDATE;",
+        WAIT_RULES,
+        "    WHERE p.tenant_id = NEW.tenant_id AND p.id = NEW.parent_id\n    FOR NO KEY UPDATE;",
         "    WHERE p.tenant_id = NEW.tenant_id AND p.id = NEW.parent_id;",
         (KIDS + "::test_G23_the_last_of_many_concurrent_finishes_wakes_the_parent_once",),
         "agentdb_fan_in: children finishing at once count without taking turns - none sees "
@@ -172,15 +176,15 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "fan-in-wakes-early",
-        CHILDREN,
-        "       OR agentdb_children_done(NEW.tenant_id, NEW.parent_id) < parent.wait_children THEN",
-        "       OR agentdb_children_done(NEW.tenant_id, NEW.parent_id) < 1 THEN",
+        WAIT_RULES,
+        "    IF agentdb_children_done(NEW.tenant_id, NEW.parent_id) < parent.wait_children THEN",
+        "    IF agentdb_children_done(NEW.tenant_id, NEW.parent_id) < 1 THEN",
         (KIDS,),
         "agentdb_fan_in: the first finished child wakes the parent",
     ),
     m(
         "fan-in-wakes-twice",
-        CHILDREN,
+        WAIT_RULES,
         "    SET state = 'pending', state_version = p.state_version + 1, wake_at = now(),\n"
         "        wait_children = NULL, updated_at = now()",
         "    SET state = 'waiting', state_version = p.state_version + 1, wake_at = now(),\n"
@@ -199,28 +203,123 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "children-late-wait-lost",
-        CHILDREN,
-        "    IF NEW.wake_at > now() AND agentdb_children_done(NEW.tenant_id, NEW.id) >= NEW.wait_children THEN",
-        "    IF false THEN",
+        WAIT_RULES,
+        "        IF agentdb_children_done(NEW.tenant_id, NEW.id) >= NEW.wait_children THEN",
+        "        IF false THEN",
         (KIDS + "::test_G23_a_wait_that_begins_after_the_children_finished_is_due_at_once",),
         "agentdb_guard_children_wait: a wait for children that already finished sleeps for ever",
     ),
     m(
         "child-of-a-finished-parent",
-        CHILDREN,
-        "    IF parent_state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
-        "    IF parent_state IN ('succeeded', 'failed', 'dead') THEN",
+        WAIT_RULES,
+        "    IF parent.state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
+        "    IF parent.state IN ('succeeded', 'failed', 'dead') THEN",
         (ATTACK, KIDS),
         "agentdb_guard_child: a cancelled parent takes new children",
     ),
     m(
         "purge-takes-a-parent",
-        CHILDREN,
+        WAIT_RULES,
         "                 AND NOT EXISTS (SELECT 1 FROM agent_tasks c\n"
         "                                 WHERE c.tenant_id = k.tenant_id AND c.parent_id = k.id)",
         "",
         (KIDS + "::test_G23_retention_keeps_a_parent_while_its_children_stay",),
         "agentdb_purge_tasks: the purge picks a parent whose child stays, and fails on it",
+    ),
+    m(
+        "signal-past-holder-approves",
+        WAIT_RULES,
+        "                     AND e.actor_id = NEW.sender)) THEN",
+        "                     AND e.actor_id = NEW.sender AND false)) THEN",
+        (TESTS + "::test_G22_a_past_holder_cannot_approve_the_work_it_did",),
+        "agentdb_guard_signal: a holder that waited (its lease released) approves its own work",
+    ),
+    m(
+        "signal-any-isolation",
+        WAIT_RULES,
+        "    PERFORM agentdb_require_read_committed('AG015', TG_NAME, TG_TABLE_NAME);\n"
+        "    SELECT k.state",
+        "    SELECT k.state",
+        (ATTACK,),
+        "agentdb_guard_signal: a signal at REPEATABLE READ takes its place from a stale snapshot",
+    ),
+    m(
+        "signal-wait-any-isolation",
+        WAIT_RULES,
+        "        ELSE\n            PERFORM agentdb_require_read_committed('AG015'",
+        "        ELSE\n            PERFORM coalesce('AG015'",
+        (ATTACK,),
+        "agentdb_guard_signal_cursor: a wait at REPEATABLE READ sleeps on a signal it cannot see",
+    ),
+    m(
+        "fan-in-any-isolation",
+        WAIT_RULES,
+        "    PERFORM agentdb_require_read_committed('AG016', TG_NAME, TG_TABLE_NAME);\n"
+        "    IF agentdb_children_done",
+        "    IF agentdb_children_done",
+        (ATTACK,),
+        "agentdb_fan_in: two children finishing at REPEATABLE READ each count the other as open",
+    ),
+    m(
+        "children-wait-any-isolation",
+        WAIT_RULES,
+        "        ELSE\n            PERFORM agentdb_require_read_committed('AG016'",
+        "        ELSE\n            PERFORM coalesce('AG016'",
+        (ATTACK,),
+        "agentdb_guard_children_wait: a wait at REPEATABLE READ sleeps on a count it cannot trust",
+    ),
+    m(
+        "isolation-check-admits-repeatable-read",
+        WAIT_RULES,
+        "NOT IN ('read committed', 'read uncommitted') THEN",
+        "NOT IN ('read committed', 'read uncommitted', 'repeatable read') THEN",
+        (ATTACK,),
+        "agentdb_require_read_committed: REPEATABLE READ passes",
+    ),
+    m(
+        "signal-access-told",
+        WAIT_RULES,
+        "    FOR EACH ROW EXECUTE FUNCTION agentdb_signal_access();",
+        "    FOR EACH ROW WHEN (false) EXECUTE FUNCTION agentdb_signal_access();",
+        (
+            T
+            + "test_access.py::test_G22_an_agent_learns_nothing_of_another_tenants_task_by_signalling_it",
+        ),
+        "agent_signals_access: the owner's guard tells an agent another tenant's task is finished",
+    ),
+    m(
+        "child-of-a-late-parent",
+        WAIT_RULES,
+        "    IF parent.deadline_at <= now() THEN",
+        "    IF parent.deadline_at <= now() - interval '1000 years' THEN",
+        (ATTACK, KIDS),
+        "agentdb_guard_child: a parent past its deadline takes new children",
+    ),
+    m(
+        "child-key-squatted",
+        WAIT_RULES,
+        "           OR (parent_id IS NOT NULL AND child_key IS NOT NULL\n"
+        "               AND dedupe_key = 'child/' || parent_id::text || '/' || child_key));",
+        "           OR true);",
+        (ATTACK, KIDS),
+        "agent_tasks_child_dedupe_reserved: any task takes a child's dedupe key first",
+    ),
+    m(
+        "purge-signals-unbounded",
+        WAIT_RULES,
+        "               LIMIT p_batch) v\n        WHERE s.tenant_id = v.tenant_id AND s.id = v.id;",
+        "               ) v\n        WHERE s.tenant_id = v.tenant_id AND s.id = v.id;",
+        (TESTS + "::test_G22_a_tenants_signals_go_with_its_deletion_and_a_purged_task",),
+        "agentdb_purge_task_signals: one statement takes every purgeable signal, not a batch",
+    ),
+    m(
+        "purge-takes-a-signalled-task",
+        WAIT_RULES,
+        "                 AND NOT EXISTS (SELECT 1 FROM agent_signals s\n"
+        "                                 WHERE s.tenant_id = k.tenant_id AND s.task_id = k.id)\n",
+        "",
+        (TESTS + "::test_G22_a_tenants_signals_go_with_its_deletion_and_a_purged_task",),
+        "agentdb_purge_tasks: the purge picks a task whose signals stay, and fails on it",
     ),
     m(
         "worker-waits-for-no-children",

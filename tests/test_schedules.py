@@ -1,0 +1,344 @@
+"""Schedules (G24): at most one task per tick, however many schedulers fire it.
+
+The raw-SQL attacks on the tick key, the tick guard and the CHECKs are in
+tests/test_attacks.py; here the runtime: the catch-up policies, pause and
+resume, schedulers racing on separate connections (and one that bypasses the
+lock), a worker that fires what is due, and the cron arithmetic checked
+against a brute-force reading of the same expression.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentdb import schedules, tasks, tenancy
+from agentdb.errors import ConfigurationError, IdempotencyConflict, InvariantViolation, NotFound
+from agentdb.models import Schedule
+from agentdb.worker import Job, Succeed, Worker
+from tests import _pg
+from tests import factories as F
+from tests.conftest import Database, Tenants
+
+
+def _ago(**kw: float) -> datetime:
+    return (datetime.now(UTC) - timedelta(**kw)).replace(microsecond=0)
+
+
+async def _made(admin: asyncpg.Connection, schedule: Schedule) -> list[tuple[datetime, str]]:
+    """The ticks of the tasks a schedule made, in order, with each task's creation event."""
+    rows = await admin.fetch(
+        "SELECT k.schedule_tick, e.payload FROM agent_tasks k"
+        " JOIN agent_events e ON e.tenant_id = k.tenant_id AND e.task_id = k.id"
+        "  AND e.event_type = 'task.created'"
+        " WHERE k.tenant_id = $1 AND k.schedule_id = $2 ORDER BY k.schedule_tick",
+        schedule.tenant_id,
+        schedule.id,
+    )
+    return [(r["schedule_tick"], r["payload"]) for r in rows]
+
+
+async def test_G24_an_interval_schedule_catches_up_every_missed_tick_once(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    start = _ago(minutes=5, seconds=30)
+    s = await schedules.create(pool, tenants.a, "sync", "s-sync", every=timedelta(minutes=1),
+                               start_at=start, catch_up="all", params={"n": 1})  # fmt: skip
+    assert (s.created, s.next_tick_at) == (True, start)
+    fired = await schedules.fire_due(pool)
+    assert [f.tick for f in fired] == [start + timedelta(minutes=i) for i in range(6)]
+    assert await schedules.fire_due(pool) == []  # the next tick is still ahead
+    made = await _made(admin_conn, s)
+    assert [t for t, _ in made] == [f.tick for f in fired]
+    assert json.loads(made[0][1]) == {"schedule": "sync", "tick": start.isoformat()}
+    task = await tasks.get(pool, tenants.a, fired[0].task_id)
+    assert (task.task_type, task.params, task.state) == ("s-sync", {"n": 1}, "pending")
+    after = await schedules.get(pool, tenants.a, "sync")
+    assert (after.last_tick_at, after.next_tick_at) == (
+        fired[-1].tick,
+        start + timedelta(minutes=6),
+    )
+
+
+async def test_G24_the_latest_policy_fires_one_task_and_says_what_it_skipped(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    start = _ago(minutes=5, seconds=30)
+    s = await schedules.create(pool, tenants.a, "digest", "s-digest", every=timedelta(minutes=1),
+                               start_at=start, task_deadline=timedelta(hours=1))  # fmt: skip
+    [fired] = await schedules.fire_due(pool)
+    assert fired.tick == start + timedelta(minutes=5)
+    [(tick, payload)] = await _made(admin_conn, s)
+    assert json.loads(payload)["skipped_from"] == start.isoformat()
+    task = await tasks.get(pool, tenants.a, fired.task_id)
+    assert task.deadline_at == tick + timedelta(hours=1)
+    assert await schedules.fire_due(pool) == []
+
+
+async def test_G24_a_paused_schedule_fires_nothing_and_never_fires_its_paused_ticks(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    start = _ago(minutes=3, seconds=30)
+    await schedules.create(pool, tenants.a, "nightly", "s-night", every=timedelta(minutes=1),
+                           start_at=start, catch_up="all")  # fmt: skip
+    paused = await schedules.pause(pool, tenants.a, "nightly")
+    assert paused.paused
+    assert await schedules.fire_due(pool) == []
+    # Nor does the firing itself, called directly (fire_due does not even pick it).
+    fired = await admin_conn.fetch(
+        "SELECT * FROM agentdb_fire_schedule($1, $2)", paused.tenant_id, paused.id
+    )
+    assert fired == []
+    resumed = await schedules.resume(pool, tenants.a, "nightly")
+    assert not resumed.paused
+    assert resumed.next_tick_at > datetime.now(UTC) - timedelta(seconds=1)
+    assert await schedules.fire_due(pool) == []  # the three ticks of the pause are gone
+    assert await _made(admin_conn, resumed) == []
+    with pytest.raises(NotFound):
+        await schedules.pause(pool, tenants.b, "nightly")  # another tenant's name
+
+
+async def test_G24_schedulers_racing_on_one_tick_create_one_task(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Five schedulers on five connections fire at once; then one holds the schedule's lock
+    while another tries (and skips it); then a scheduler that ignores the lock altogether
+    writes the same tick itself - the tick key refuses it."""
+    start = _ago(minutes=2, seconds=30)
+    s = await schedules.create(pool, tenants.a, "race", "s-race", every=timedelta(minutes=1),
+                               start_at=start, catch_up="all")  # fmt: skip
+    conns = [await asyncpg.connect(db.dsn) for _ in range(5)]
+    try:
+        results = await asyncio.gather(*(schedules.fire_due(c) for c in conns))
+    finally:
+        for c in conns:
+            await c.close()
+    ticks = sorted(f.tick for fired in results for f in fired)
+    assert ticks == [start + timedelta(minutes=i) for i in range(3)]
+    assert len(await _made(admin_conn, s)) == 3
+
+    # A second schedule, due: while one scheduler holds its row, another skips it (it
+    # neither waits nor fires it); once the row is free, it fires it.
+    due = await schedules.create(pool, tenants.a, "held", "s-race", every=timedelta(hours=1),
+                                 start_at=_ago(seconds=30))  # fmt: skip
+    holder, other = await asyncpg.connect(db.dsn), await asyncpg.connect(db.dsn)
+    try:
+        async with holder.transaction():
+            await holder.execute(
+                "SELECT 1 FROM agent_schedules WHERE tenant_id = $1 AND id = $2 FOR UPDATE",
+                due.tenant_id, due.id,
+            )  # fmt: skip
+            skipped = await asyncio.wait_for(schedules.fire_due(other), 10)
+            assert skipped == []
+        [fired] = await schedules.fire_due(other)
+        assert (fired.schedule_id, fired.tick) == (due.id, due.next_tick_at)
+        # Rewound to a tick that has its task: firing again makes none.
+        await admin_conn.execute(
+            "UPDATE agent_schedules SET next_tick_at = $3 WHERE tenant_id = $1 AND id = $2",
+            s.tenant_id, s.id, start,
+        )  # fmt: skip
+        assert await schedules.fire_due(other) == []
+    finally:
+        await holder.close()
+        await other.close()
+    assert len(await _made(admin_conn, s)) == 3
+    with pytest.raises(asyncpg.UniqueViolationError) as refused:
+        await F.create_task(admin_conn, tenants.a, schedule_id=s.id, schedule_tick=start)
+    assert _pg.constraint_of(refused.value) == "agent_tasks_schedule_tick_key"
+
+
+async def test_G24_a_cron_schedule_fires_on_its_minutes_in_utc(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    start = _ago(minutes=10)
+    await schedules.create(pool, tenants.a, "every-3", "s-cron", cron="*/3 * * * *",
+                           start_at=start, catch_up="all")  # fmt: skip
+    fired = await schedules.fire_due(pool)
+    assert len(fired) >= 3  # ten minutes hold three or four of them
+    for f in fired:
+        assert (f.tick.second, f.tick.microsecond, f.tick.minute % 3) == (0, 0, 0)
+        assert start <= f.tick <= datetime.now(UTC)
+    gaps = {b.tick - a.tick for a, b in itertools.pairwise(fired)}
+    assert gaps == {timedelta(minutes=3)}
+
+
+async def test_G24_create_is_idempotent_by_name_and_refuses_bad_rules(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    first = await schedules.create(pool, tenants.a, "weekly", "s-week", cron="0 9 * * 1")
+    again = await schedules.create(pool, tenants.a, "weekly", "s-week", cron="0 9 * * 1")
+    assert (first.created, again.created, again.id) == (True, False, first.id)
+    with pytest.raises(IdempotencyConflict):
+        await schedules.create(pool, tenants.a, "weekly", "s-week", cron="0 10 * * 1")
+    for bad in ({}, {"every": timedelta(minutes=1), "cron": "* * * * *"}):
+        with pytest.raises(ConfigurationError):
+            await schedules.create(pool, tenants.a, "bad", "s-bad", **bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        await schedules.create(pool, tenants.a, "bad", "s-bad", cron="* * * * *", catch_up="some")
+    with pytest.raises(ConfigurationError):  # a rule that never fires
+        await schedules.create(pool, tenants.a, "bad", "s-bad", cron="0 0 31 2 *")
+    for rule, constraint in (
+        ({"cron": "61 * * * *"}, "agent_schedules_cron_valid"),
+        ({"every": timedelta(days=30, microseconds=5)}, "agent_schedules_every_valid"),
+    ):
+        with pytest.raises(InvariantViolation) as refused:
+            await schedules.create(pool, tenants.a, "bad", "s-bad", **rule)
+        assert refused.value.constraint == constraint
+    assert [s.name for s in await schedules.of_tenant(pool, tenants.a)] == ["weekly"]
+
+
+async def test_G24_a_deleted_schedule_leaves_its_tasks_and_a_tenant_deletion_takes_it(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    s = await schedules.create(pool, tenants.b, "gone", "s-gone", every=timedelta(minutes=1),
+                               start_at=_ago(seconds=30))  # fmt: skip
+    [fired] = await schedules.fire_due(pool)
+    assert await schedules.delete(admin_conn, tenants.b, "gone")
+    assert not await schedules.delete(admin_conn, tenants.b, "gone")
+    kept = await admin_conn.fetchrow(
+        "SELECT schedule_id, schedule_tick FROM agent_tasks WHERE id = $1", fired.task_id
+    )
+    assert kept is not None
+    assert (kept["schedule_id"], kept["schedule_tick"]) == (s.id, fired.tick)  # what made it
+    await schedules.create(pool, tenants.b, "again", "s-gone", every=timedelta(hours=1))
+    dry = await tenancy.delete_tenant(admin_conn, tenants.b, dry_run=True)
+    assert [(x.object, x.affected) for x in dry.steps if x.step == 20] == [("agent_schedules", 1)]
+    await tenancy.delete_tenant(admin_conn, tenants.b, dry_run=False)
+    assert (
+        await admin_conn.fetchval(
+            "SELECT count(*) FROM agent_schedules WHERE tenant_id = $1", tenants.b
+        )
+        == 0
+    )
+
+
+async def test_G24_a_worker_fires_due_schedules_as_it_sweeps(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    ran: list[uuid.UUID] = []
+
+    async def report(job: Job) -> Succeed:
+        ran.append(job.task.id)
+        return Succeed()
+
+    await schedules.create(pool, tenants.a, "w", "s-worker", every=timedelta(hours=1),
+                           start_at=_ago(seconds=5))  # fmt: skip
+    worker = Worker(pool, {"s-worker": report}, poll_interval=0.05, maintenance_interval=0.1)
+    runner = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        await F.until(lambda: len(ran) == 1)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(runner, 30)
+    assert len(ran) == 1
+
+
+# ---- the cron arithmetic against a brute-force reading --------------------------------
+
+_FIELD = re.compile(r"^(\*|(\d{1,2})(-(\d{1,2}))?)(/(\d{1,2}))?$")
+
+
+def _values(field: str, lo: int, hi: int) -> set[int]:
+    out: set[int] = set()
+    for part in field.split(","):
+        m = _FIELD.match(part)
+        assert m is not None, part
+        a, b = (lo, hi) if m[1] == "*" else (int(m[2]), int(m[4] or (hi if m[6] else m[2])))
+        out |= set(range(a, b + 1, int(m[6] or 1)))
+    return out
+
+
+def _matches(cron: str, t: datetime) -> bool:
+    mi, h, dom, mon, dow = cron.split()
+    days = {d % 7 for d in _values(dow, 0, 7)}
+    weekday = (t.weekday() + 1) % 7  # cron: Sunday is 0
+    in_dom, in_dow = t.day in _values(dom, 1, 31), weekday in days
+    either = not dom.startswith("*") and not dow.startswith("*")
+    return (
+        t.minute in _values(mi, 0, 59)
+        and t.hour in _values(h, 0, 23)
+        and t.month in _values(mon, 1, 12)
+        and ((in_dom or in_dow) if either else (in_dom and in_dow))
+    )
+
+
+def _field(lo: int, hi: int) -> st.SearchStrategy[str]:
+    one = st.integers(lo, hi)
+    part = st.one_of(
+        st.just("*"),
+        one.map(str),
+        st.tuples(one, one).map(lambda ab: f"{min(ab)}-{max(ab)}"),
+        st.tuples(st.sampled_from(["*", str(lo)]), st.integers(1, 9)).map(
+            lambda p: f"{p[0]}/{p[1]}"
+        ),
+    )
+    return st.lists(part, min_size=1, max_size=3).map(",".join)
+
+
+_CRON = st.tuples(
+    _field(0, 59), _field(0, 23), st.sampled_from(["*", "1-15", "*/2", "10,20"]),
+    st.sampled_from(["*", "1-6", "*/2"]), st.sampled_from(["*", "1-5", "0,6", "7"]),
+).map(" ".join)  # fmt: skip
+_AT = st.datetimes(datetime(2026, 1, 1), datetime(2030, 12, 31)).map(
+    lambda d: d.replace(tzinfo=UTC)
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(cron=_CRON, at=_AT)
+async def test_G24_cron_ticks_agree_with_a_brute_force_reading(
+    admin_conn: asyncpg.Connection, cron: str, at: datetime
+) -> None:
+    forward = await admin_conn.fetchval("SELECT agentdb_cron_tick($1, $2, true)", cron, at)
+    back = await admin_conn.fetchval("SELECT agentdb_cron_tick($1, $2, false)", cron, at)
+    assert (_matches(cron, forward), _matches(cron, back)) == (True, True), (cron, at)
+    assert back <= at < forward
+    # Nothing in between: the minutes from back to forward match only at both ends
+    # (checked within two days either side, which every expression drawn here fires in).
+    step = at.replace(second=0, microsecond=0)
+    t = step
+    while t > back and step - t < timedelta(days=2):
+        assert not _matches(cron, t), (cron, t)
+        t -= timedelta(minutes=1)
+    t = step + timedelta(minutes=1)
+    while t < forward and t - step < timedelta(days=2):
+        assert not _matches(cron, t), (cron, t)
+        t += timedelta(minutes=1)
+
+
+async def test_G24_a_schedule_whose_task_is_refused_does_not_hold_up_the_others(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The most overdue schedule comes first every time: were its refusal to stop
+    fire_due, no schedule due after it would ever fire."""
+    if _pg.ON_CITUS:  # a trigger reaches the shards only so (as the migrations do)
+        await admin_conn.execute("SET citus.enable_unsafe_triggers = on")
+    await admin_conn.execute(
+        "CREATE FUNCTION test_refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN RAISE EXCEPTION 'poisoned' USING ERRCODE = 'AG017',"
+        " CONSTRAINT = 'agent_tasks_schedule_guard'; END $$"
+    )
+    await admin_conn.execute(
+        "CREATE TRIGGER test_refuse_poison BEFORE INSERT ON agent_tasks FOR EACH ROW"
+        " WHEN (NEW.task_type = 's-poison') EXECUTE FUNCTION test_refuse_poison()"
+    )
+    await schedules.create(pool, tenants.a, "poison", "s-poison", every=timedelta(hours=1),
+                           start_at=_ago(minutes=10))  # fmt: skip
+    await schedules.create(pool, tenants.a, "fine", "s-fine", every=timedelta(hours=1),
+                           start_at=_ago(minutes=5))  # fmt: skip
+    fired = await schedules.fire_due(pool)
+    assert [(await tasks.get(pool, tenants.a, f.task_id)).task_type for f in fired] == ["s-fine"]
+    assert "not fired" in caplog.text
+    assert (await schedules.get(pool, tenants.a, "poison")).last_tick_at is None
