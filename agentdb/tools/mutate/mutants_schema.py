@@ -15,11 +15,11 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-running-count-zero",
-        "sql/0012.fair_claim.sql",
+        "sql/0024.plpgsql_checks.sql",  # 0024 replaces agentdb_running_count (0012's is gone)
         "    WHERE t.tenant_id = p_tenant AND t.state = 'running'\n",
         "    WHERE false AND t.tenant_id = p_tenant AND t.state = 'running'\n",
         (ATTACKS, T + "test_fairness.py"),
-        "0012: agentdb_running_count counts nothing, so no cap ever fills",
+        "0024: agentdb_running_count counts nothing, so no cap ever fills",
     ),
     # ---- migrations ---------------------------------------------------------------------------
     m(
@@ -58,11 +58,23 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-setting-beats-pin",
-        "sql/0001.foundation.sql",
-        "    SELECT coalesce(\n        (SELECT p.tenant_id FROM agent_principals p WHERE p.role_name = session_user::text),\n        nullif(current_setting('agentdb.tenant_id', true), '')::uuid\n    )",
-        "    SELECT coalesce(\n        nullif(current_setting('agentdb.tenant_id', true), '')::uuid,\n        (SELECT p.tenant_id FROM agent_principals p WHERE p.role_name = session_user::text)\n    )",
+        "sql/0024.plpgsql_checks.sql",  # 0024 replaces agentdb_current_tenant (0001's is gone)
+        "    RETURN coalesce(\n        (SELECT p.tenant_id FROM agent_principals p WHERE p.role_name = session_user::text),\n        nullif(current_setting('agentdb.tenant_id', true), '')::uuid\n    );",
+        "    RETURN coalesce(\n        nullif(current_setting('agentdb.tenant_id', true), '')::uuid,\n        (SELECT p.tenant_id FROM agent_principals p WHERE p.role_name = session_user::text)\n    );",
         (T + "test_access.py",),
-        "0001: a session setting overrides a pinned login's tenant",
+        "0024: a session setting overrides a pinned login's tenant",
+    ),
+    m(
+        "sql-current-tenant-back-to-sql",
+        "sql/0024.plpgsql_checks.sql",
+        "    LANGUAGE plpgsql STABLE SECURITY DEFINER\nAS $$\nBEGIN\n    RETURN coalesce(\n"
+        "        (SELECT p.tenant_id FROM agent_principals p WHERE p.role_name = session_user::text),\n"
+        "        nullif(current_setting('agentdb.tenant_id', true), '')::uuid\n    );\nEND\n$$;",
+        "    LANGUAGE sql STABLE SECURITY DEFINER\nAS $$\n    SELECT coalesce(\n"
+        "        (SELECT p.tenant_id FROM agent_principals p WHERE p.role_name = session_user::text),\n"
+        "        nullif(current_setting('agentdb.tenant_id', true), '')::uuid\n    )\n$$;",
+        (T + "test_hot_functions.py",),
+        "0024: agentdb_current_tenant stays SQL, planned again by every agent statement",
     ),
     m(
         "sql-edge-succeeded-pending",
@@ -122,7 +134,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-secret-prefilter-pem",
-        "sql/0016.secret_prefilter.sql",  # 0016 replaces agentdb_jsonb_has_secrets (0004's is gone)
+        "sql/0024.plpgsql_checks.sql",  # 0024 replaces agentdb_jsonb_has_secrets (0016's is gone)
         "(access|refresh|id|auth|session)[_-]?token|cookie|-----BEGIN|",
         "(access|refresh|id|auth|session)[_-]?token|cookie|",
         (ATTACKS, T + "test_redaction.py"),
@@ -130,7 +142,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-secret-prefilter-token",
-        "sql/0016.secret_prefilter.sql",
+        "sql/0024.plpgsql_checks.sql",
         "private[_-]?key|(access|refresh|id|auth|session)[_-]?token|cookie|-----BEGIN|",
         "private[_-]?key|(access|refresh|session)[_-]?token|cookie|-----BEGIN|",
         (ATTACKS, T + "test_redaction.py"),

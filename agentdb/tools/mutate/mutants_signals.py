@@ -183,6 +183,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "agentdb_fan_in: the first finished child wakes the parent",
     ),
     m(
+        "children-done-counts-unfinished",
+        "sql/0024.plpgsql_checks.sql",
+        "      AND c.state IN ('succeeded', 'failed', 'cancelled', 'dead');",
+        "      AND c.state IN ('succeeded', 'failed', 'cancelled', 'dead', 'running', 'pending');",
+        (KIDS,),
+        "agentdb_children_done: children still running count as done, so the parent wakes early",
+    ),
+    m(
         "fan-in-wakes-twice",
         WAIT_RULES,
         "    SET state = 'pending', state_version = p.state_version + 1, wake_at = now(),\n"
