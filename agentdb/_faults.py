@@ -23,6 +23,7 @@ __all__ = ["MEANING", "POINTS", "point"]
 #: has happened by then (the crash reports quote it).
 MEANING = {
     "after_claim": "worker: leases taken, before any handler ran",
+    "before_reserve_commit": "worker: reservations queued for one group commit, none written",
     "after_reserve": "worker: the operation's reservation committed, provider not called yet",
     "during_call": "provider: request received, effect not yet recorded",
     "after_call": "worker: the provider succeeded, outcome not yet recorded",

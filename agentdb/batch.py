@@ -45,13 +45,23 @@ _PER_ELEMENT = (StaleWrite, IdempotencyConflict, OperationInFlight)
 class ReserveRequest:
     """One element of :func:`reserve_many`: :func:`reserve` by the holder of ``lease``.
 
-    The lease names the tenant and the task the operation belongs to.
+    The lease names the tenant and the task the operation belongs to;
+    ``trace_id`` / ``span_id`` (G16), when given, are this element's own
+    (else the batch's).
     """
 
     lease: Lease
     idempotency_key: str
     action: str
     input: Any
+    trace_id: str | None = None
+    span_id: str | None = None
+
+    def ids(self, trace_id: str | None, span_id: str | None) -> tuple[str | None, str | None]:
+        """This element's trace and span ids: its own if it has any, else the batch's."""
+        if self.trace_id is not None or self.span_id is not None:
+            return self.trace_id, self.span_id
+        return trace_id, span_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +103,7 @@ async def _reserve_batch(
     span_id: str | None,
 ) -> list[_db.Record]:
     """operation_reserve_many's rows for ``batch``."""
+    ids = [req.ids(trace_id, span_id) for req in batch]
     return await _db.fetch_many(
         db,
         q,
@@ -105,8 +116,8 @@ async def _reserve_batch(
         lease_owners=[req.lease.owner for req in batch],
         lease_tokens=[req.lease.token for req in batch],
         actor_id=actor,
-        trace_id=trace_id,
-        span_id=span_id,
+        trace_ids=[trace for trace, _ in ids],
+        span_ids=[span for _, span in ids],
     )
 
 
@@ -119,16 +130,14 @@ async def _one_by_one(
     span_id: str | None,
 ) -> list[Reservation | AgentDBError]:
     """Each request through :func:`~agentdb.operations.reserve`, its answer in its slot."""
-    return [
-        await _each(
-            operations.reserve(
-                db, r.lease.tenant_id, r.lease.task_id, r.idempotency_key, r.action, r.input,
-                lease=r.lease, retry_failed=retry_failed, actor=actor, trace_id=trace_id,
-                span_id=span_id,
-            )
-        )
-        for r in batch
-    ]  # fmt: skip
+    results: list[Reservation | AgentDBError] = []
+    for r in batch:
+        trace, span = r.ids(trace_id, span_id)
+        results.append(await _each(operations.reserve(
+            db, r.lease.tenant_id, r.lease.task_id, r.idempotency_key, r.action, r.input,
+            lease=r.lease, retry_failed=retry_failed, actor=actor, trace_id=trace, span_id=span,
+        )))  # fmt: skip
+    return results
 
 
 async def reserve_many(
@@ -190,6 +199,7 @@ async def reserve_many(
             if row is None:
                 # Refused lease, missing task or a concurrent reservation: the
                 # single-row path says which (and reruns a lost race).
+                trace, span = req.ids(trace_id, span_id)
                 again = await operations.reserve(
                     db,
                     lease.tenant_id,
@@ -200,8 +210,8 @@ async def reserve_many(
                     lease=lease,
                     retry_failed=retry_failed,
                     actor=actor,
-                    trace_id=trace_id,
-                    span_id=span_id,
+                    trace_id=trace,
+                    span_id=span,
                 )
                 results.append(again)
             elif row["created"]:

@@ -20,7 +20,16 @@ from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import ConfigurationError
 from agentdb.models import OutboxMessage
 
-__all__ = ["Delivery", "Failure", "claim", "enqueue", "get", "mark_delivered", "mark_failed"]
+__all__ = [
+    "Delivery",
+    "Failure",
+    "claim",
+    "deliver_and_claim",
+    "enqueue",
+    "get",
+    "mark_delivered",
+    "mark_failed",
+]
 
 _Q = _db.queries(__name__)
 
@@ -122,6 +131,53 @@ async def mark_delivered(db: _db.Executor, messages: Sequence[OutboxMessage]) ->
         lease_tokens=[m.lease_token for m in messages],
     )
     return {r["id"] for r in rows}
+
+
+async def deliver_and_claim(
+    db: _db.Executor,
+    relay: str,
+    delivered: Sequence[OutboxMessage],
+    *,
+    batch: int = 100,
+    visibility: timedelta = timedelta(seconds=30),
+    after_tenant: uuid.UUID | None = None,
+) -> tuple[set[uuid.UUID], list[OutboxMessage]]:
+    """:func:`mark_delivered` then :func:`claim`, in one statement on plain Postgres.
+
+    For a relay under load: the batch it published is marked and the next
+    one leased in one round trip and one commit. Each mark is fenced by its
+    lease token as :func:`mark_delivered`'s; the claim is :func:`claim`'s and
+    never takes a message being marked. On a Citus schema the two run one
+    after the other (each routed tenant by tenant).
+
+    Returns:
+        the ids marked (see :func:`mark_delivered`), and the messages claimed.
+
+    Raises:
+        ConfigurationError: ``batch`` is not positive.
+    """
+    if batch < 1:
+        raise ConfigurationError("batch must be at least 1")
+    if await schema.distributed(db):
+        marked = await mark_delivered(db, delivered)
+        claimed = await claim(
+            db, relay, batch=batch, visibility=visibility, after_tenant=after_tenant
+        )
+        return marked, claimed
+    rows = await _db.fetch_many(
+        db,
+        _Q["outbox_deliver_and_claim"],
+        lease_owner=relay,
+        batch=batch,
+        visibility=visibility,
+        tenant_ids=[m.tenant_id for m in delivered],
+        ids=[m.id for m in delivered],
+        lease_tokens=[m.lease_token for m in delivered],
+    )
+    return (
+        {r["id"] for r in rows if r["delivered"]},
+        [OutboxMessage.from_record(r) for r in rows if not r["delivered"]],
+    )
 
 
 @dataclass(frozen=True, slots=True)

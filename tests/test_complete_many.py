@@ -247,6 +247,35 @@ async def test_G4_reserve_many_answers_each_key_like_reserve(
     assert await operations.reserve_many(pool, []) == []
 
 
+async def test_G16_reserve_many_gives_each_operation_its_own_trace_ids(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Elements carrying their own ids keep them (operation and event); an element
+    without takes the batch's."""
+    first, second, third = await _claimed(pool, tenants.a, 3)
+    own = [("a" * 32, "1" * 16), ("b" * 32, "2" * 16)]
+    results = await operations.reserve_many(
+        pool,
+        [
+            ReserveRequest(first.lease, "k1", "send", {}, *own[0]),  # type: ignore[arg-type]
+            ReserveRequest(second.lease, "k2", "send", {}, *own[1]),  # type: ignore[arg-type]
+            ReserveRequest(third.lease, "k3", "send", {}),  # type: ignore[arg-type]
+        ],
+        trace_id="c" * 32,
+        span_id="3" * 16,
+    )
+    wanted = [*own, ("c" * 32, "3" * 16)]
+    for res, ids in zip(results, wanted, strict=True):
+        assert not isinstance(res, Exception)
+        assert (res.operation.trace_id, res.operation.span_id) == ids
+        event = await admin_conn.fetchrow(
+            "SELECT trace_id, span_id FROM agent_events WHERE operation_id = $1",
+            res.operation.id,
+        )
+        assert event is not None
+        assert (event["trace_id"], event["span_id"]) == ids
+
+
 async def test_G12_reserve_many_and_complete_many_refuse_a_fenced_out_lease(
     db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

@@ -166,6 +166,11 @@ async def test_G11_crash_after_publish_before_mark_delivered_is_absorbed_by_the_
 # recorded failed and re-armed, and the one call it is granted executes. A
 # crash after the effect is reconciled from the provider, never called again.
 _G13 = {
+    # Killed before the reservation was written: nothing reserved, nothing called.
+    "before_reserve_commit": (
+        [("charge", "executed"), ("email", "executed")],
+        ["operation.reserved", "operation.succeeded"],
+    ),
     "after_reserve": (
         [("charge", "executed"), ("email", "executed")],
         ["operation.reserved", "operation.failed", "operation.retried", "operation.succeeded"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -19,7 +19,7 @@ from asyncpg.transaction import Transaction
 
 from agentdb import leases, operations, outbox, tasks
 from agentdb.errors import LeaseLost, OperationInFlight, OutboxLeaseLost, StaleVersion
-from agentdb.models import Lease, Task
+from agentdb.models import Lease, OutboxMessage, Task
 from agentdb.operations import Completion, ReserveRequest
 from tests import factories as F
 from tests.conftest import RUNTIME, Database, Tenants
@@ -278,6 +278,29 @@ async def test_G12_a_claim_skips_an_expired_lease_another_transaction_holds_lock
     assert [(t.id, t.lease_token) for t in claimed] == [(other, 2)]
 
 
+async def _claim_past_a_locked_message(
+    tenant: uuid.UUID,
+    runtime_conn: asyncpg.Connection,
+    locker: asyncpg.Connection,
+    claim: Callable[[], Awaitable[list[OutboxMessage]]],
+) -> tuple[uuid.UUID, list[uuid.UUID]]:
+    """Two due messages, the older one row-locked by ``locker``'s open transaction:
+    ``claim()``'s ids (its connection would time out waiting for the lock), and the
+    younger message's id."""
+    first = await outbox.enqueue(runtime_conn, tenant, "t", {"n": 1})
+    second = await outbox.enqueue(runtime_conn, tenant, "t", {"n": 2})
+    await runtime_conn.execute(
+        "UPDATE agent_outbox SET next_attempt_at = now() - interval '1 minute' WHERE id = $1",
+        first,
+    )
+    tx = await _hold(locker, "agent_outbox", tenant, first)
+    try:
+        claimed = await claim()
+    finally:
+        await tx.rollback()
+    return second, [m.id for m in claimed]
+
+
 async def test_G10_a_relay_skips_a_message_another_transaction_holds_locked(
     pool: asyncpg.Pool,
     tenants: Tenants,
@@ -285,18 +308,29 @@ async def test_G10_a_relay_skips_a_message_another_transaction_holds_locked(
     locker: asyncpg.Connection,
     impatient: asyncpg.Connection,
 ) -> None:
-    first = await outbox.enqueue(runtime_conn, tenants.a, "t", {"n": 1})
-    second = await outbox.enqueue(runtime_conn, tenants.a, "t", {"n": 2})
-    await runtime_conn.execute(
-        "UPDATE agent_outbox SET next_attempt_at = now() - interval '1 minute' WHERE id = $1",
-        first,
-    )
-    tx = await _hold(locker, "agent_outbox", tenants.a, first)
-    try:
-        claimed = await outbox.claim(impatient, "relay-1", batch=1)
-    finally:
-        await tx.rollback()
-    assert [m.id for m in claimed] == [second]
+    async def claim() -> list[OutboxMessage]:
+        return await outbox.claim(impatient, "relay-1", batch=1)
+
+    second, claimed = await _claim_past_a_locked_message(tenants.a, runtime_conn, locker, claim)
+    assert claimed == [second]
+
+
+async def test_G10_a_relay_marking_and_claiming_skips_a_message_another_transaction_holds(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    runtime_conn: asyncpg.Connection,
+    locker: asyncpg.Connection,
+    impatient: asyncpg.Connection,
+) -> None:
+    """outbox.deliver_and_claim's claim skips a locked due message, as outbox.claim does."""
+
+    async def claim() -> list[OutboxMessage]:
+        marked, claimed = await outbox.deliver_and_claim(impatient, "relay-1", [], batch=1)
+        assert marked == set()
+        return claimed
+
+    second, claimed = await _claim_past_a_locked_message(tenants.a, runtime_conn, locker, claim)
+    assert claimed == [second]
 
 
 async def test_G12_a_live_lease_and_a_future_wake_up_are_not_claimed(

@@ -18,9 +18,9 @@ import asyncpg
 import pytest
 
 from agentdb import leases, operations, tasks
-from agentdb.errors import TransientError
+from agentdb.errors import ConfigurationError, TransientError
 from agentdb.models import Message
-from agentdb.worker import Job, Succeed, Worker
+from agentdb.worker import Fail, Job, Succeed, Worker
 from agentdb.worker.outcomes import Handler
 from tests import factories as F
 from tests.conftest import Tenants
@@ -54,12 +54,13 @@ async def _run_together(
     nul_in: int | None = None,
     meanwhile: Callable[[list[uuid.UUID]], Awaitable[None]] | None = None,
     staged: tuple[Handler, asyncio.Event, list[Job]] | None = None,
+    traced: bool = False,
 ) -> tuple[Worker, list[uuid.UUID]]:
     """``n`` tasks on one worker of concurrency ``n``, whose handlers (``staged``, default
     :func:`_together`'s) all go on at once (after ``meanwhile(ids)``, when given); back
-    when every outcome is settled."""
+    when every outcome is settled. ``traced``: each task has a trace id of its own."""
     handler, go, arrived = staged or _together(nul_in=nul_in)
-    ids = await _seed(pool, tenant, n)
+    ids = await _seed(pool, tenant, n, traced=traced)
     worker = Worker(pool, {KIND: handler}, concurrency=n, poll_interval=0.05)
     async with running(worker):
         await _until(lambda: _arrived(arrived, n))
@@ -70,11 +71,19 @@ async def _run_together(
     return worker, ids
 
 
-async def _seed(pool: asyncpg.Pool, tenant: uuid.UUID, n: int) -> list[uuid.UUID]:
+async def _seed(
+    pool: asyncpg.Pool, tenant: uuid.UUID, n: int, *, traced: bool = False
+) -> list[uuid.UUID]:
     return [
-        (await tasks.create(pool, tenant, KIND, params={"n": i}, lease_ttl=LONG)).id
+        (
+            await tasks.create(
+                pool, tenant, KIND, params={"n": i}, lease_ttl=LONG,
+                trace_id=f"{i + 1:032x}" if traced else None,
+                span_id=f"{i + 1:016x}" if traced else None,
+            )
+        ).id
         for i in range(n)
-    ]
+    ]  # fmt: skip
 
 
 async def _written(
@@ -285,3 +294,124 @@ async def test_a_completion_group_commit_whose_answer_was_lost_is_found_landed(
     assert worker.stats.succeeded == 3
     for i, task_id in enumerate(ids):
         assert await _operation(admin_conn, task_id) == ("succeeded", f"ref-{i}", 1)
+
+
+# ---- reservations ----------------------------------------------------------------------
+
+
+def _reserving(key: Callable[[Job], str] | None = None) -> tuple[Handler, asyncio.Event, list[Job]]:
+    """A handler that waits at one event with the others, then reserves its operation
+    (key ``key(job)``, default its own) and, if fresh, completes it and succeeds."""
+    go = asyncio.Event()
+    arrived: list[Job] = []
+
+    async def handler(job: Job) -> Fail | None:
+        n = job.task.params["n"]
+        arrived.append(job)
+        await go.wait()
+        try:
+            res = await job.reserve(key(job) if key else f"op-{job.task.id}", "send", {"n": 0})
+        except ConfigurationError as exc:  # Postgres refused this key
+            return Fail(str(exc))
+        if res.fresh:
+            await job.complete(res.operation, result={"n": n}, provider_reference=f"ref-{n}")
+        return None
+
+    return handler, go, arrived
+
+
+async def _reserved(admin: asyncpg.Connection, task_id: uuid.UUID) -> list[tuple[Any, ...]]:
+    """The task's operations: trace id, and the trace id and actor of their reserved event."""
+    rows = await admin.fetch(
+        "SELECT o.trace_id, e.trace_id AS event_trace, e.actor_id FROM agent_operations o"
+        " JOIN agent_events e ON e.operation_id = o.id AND e.event_type = 'operation.reserved'"
+        " WHERE o.task_id = $1",
+        task_id,
+    )
+    return [tuple(r.values()) for r in rows]
+
+
+async def test_G13_G16_reservations_that_come_together_share_one_statement_each_its_own(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Five jobs reserve at once: one statement reserves all five (each job goes on only
+    once it has committed, G13), and each operation and its event carry their own task's
+    trace id (G16) and its worker as the actor - not the first element's."""
+    worker, ids = await _run_together(pool, tenants.a, 5, staged=_reserving(), traced=True)
+    reservations = worker._reservations
+    assert reservations.grouped == 5, "the five reservations were not written together"
+    assert reservations.group_commits == 1
+    assert worker.stats.succeeded == 5
+    for i, task_id in enumerate(ids):
+        trace = f"{i + 1:032x}"
+        assert await _reserved(admin_conn, task_id) == [(trace, trace, worker.worker_id)]
+        assert await _operation(admin_conn, task_id) == ("succeeded", f"ref-{i}", 1)
+
+
+async def test_G12_G20_a_reservation_refused_in_a_group_commit_is_that_jobs_alone(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Of four reservations written together, one task was cancelled and one taken over
+    meanwhile: nothing is reserved for either (G12, G20) - the cancelled job stops, the
+    taken-over one loses its lease - and the other two reserve in one statement and
+    succeed."""
+
+    async def meanwhile(ids: list[uuid.UUID]) -> None:
+        await tasks.cancel(pool, tenants.a, ids[1], reason="test")
+        await F.expire_lease(admin_conn, ids[2])
+        [thief] = await leases.claim(pool, "thief", lease_ttl=LONG, task_types=[KIND])
+        assert thief.id == ids[2]
+
+    worker, ids = await _run_together(pool, tenants.a, 4, meanwhile=meanwhile, staged=_reserving())
+    reservations = worker._reservations
+    assert (reservations.group_commits, reservations.grouped) == (1, 2)
+    assert (worker.stats.succeeded, worker.stats.cancelled, worker.stats.lease_lost) == (2, 1, 2)
+    for refused in (ids[1], ids[2]):
+        assert await _reserved(admin_conn, refused) == []
+    states = [(await tasks.get(pool, tenants.a, t)).state for t in ids]
+    assert states == ["succeeded", "cancelled", "running", "succeeded"]
+
+
+async def test_G3_two_jobs_reserving_one_key_together_reserve_it_once(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Three jobs reserve the same key at once (one batch cannot hold a key twice): the
+    first of them reserves it in the group commit, the others reserve alone after it and
+    are told it is in flight for another task (and retry) or replay its result - one
+    operation, one effect (G3, G4)."""
+    worker, _ = await _run_together(
+        pool, tenants.a, 3, staged=_reserving(key=lambda job: "shared-key")
+    )
+    ops = await admin_conn.fetch(
+        "SELECT task_id, state FROM agent_operations WHERE idempotency_key = 'shared-key'"
+    )
+    assert len(ops) == 1
+    assert ops[0]["state"] == "succeeded"
+    completed = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_events e JOIN agent_operations o ON o.id = e.operation_id"
+        " WHERE o.idempotency_key = 'shared-key' AND e.event_type = 'operation.succeeded'"
+    )
+    assert completed == 1
+    # The others met the key in flight (and retried) or settled (and replayed its
+    # result): all three succeed on the one effect.
+    assert worker.stats.succeeded == 3
+    # The first went in the flush (a batch of its own: the others were held apart,
+    # not refused with it), the others alone.
+    assert (worker._reservations.group_commits, worker._reservations.grouped) == (1, 1)
+
+
+async def test_a_reservation_group_commit_refused_as_a_whole_leaves_each_job_to_reserve_alone(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """One of three keys carries a NUL byte, which text cannot hold: Postgres refuses the
+    shared statement, and each job reserves alone - the two good ones reserve and
+    succeed, the bad one's reserve raises, as it would have without grouping."""
+
+    def key(job: Job) -> str:
+        return f"op-\x00-{job.task.id}" if job.task.params["n"] == 1 else f"op-{job.task.id}"
+
+    worker, ids = await _run_together(pool, tenants.a, 3, staged=_reserving(key=key))
+    assert (worker._reservations.group_commits, worker._reservations.grouped) == (0, 0)
+    assert [len(await _reserved(admin_conn, t)) for t in ids] == [1, 0, 1]
+    states = [(await tasks.get(pool, tenants.a, t)).state for t in ids]
+    assert states == ["succeeded", "failed", "succeeded"]

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from agentdb import inbox, outbox
-from agentdb.errors import LeaseLost, NotFound
+from agentdb.errors import ConfigurationError, LeaseLost, NotFound
 from tests.conftest import Database, Tenants
 
 
@@ -107,3 +107,55 @@ async def test_G10_delivery_state_is_queryable(pool: asyncpg.Pool, tenants: Tena
     assert after.delivered_at is not None
     with pytest.raises(NotFound):
         await outbox.get(pool, tenants.b, mid)
+
+
+async def test_G10_deliver_and_claim_marks_the_held_and_claims_the_next(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """One statement marks what relay-1 still holds (fenced by token, as mark_delivered)
+    and leases the next due messages; a message relay-1 lost to relay-2 stays relay-2's."""
+    async with pool.acquire() as conn:
+        for i in range(2):
+            await outbox.enqueue(conn, tenants.a, "t", {"n": i})
+    held = await outbox.claim(pool, "relay-1", batch=2, visibility=timedelta(milliseconds=1))
+    await admin_conn.execute("SELECT pg_sleep(0.01)")
+    # relay-2 takes one of them over (relay-1's visibility ran out).
+    [taken] = await outbox.claim(pool, "relay-2", batch=1)
+    [kept] = [m for m in held if m.id != taken.id]
+    async with pool.acquire() as conn:
+        later = {await outbox.enqueue(conn, tenants.a, "t", {"n": i}) for i in range(3)}
+    marked, claimed = await outbox.deliver_and_claim(pool, "relay-1", held, batch=10)
+    assert marked == {kept.id}
+    assert {m.id for m in claimed} == later  # not the delivered one, not relay-2's
+    assert all(m.lease_owner == "relay-1" for m in claimed)
+    rows = {r["id"]: r for r in await admin_conn.fetch("SELECT * FROM agent_outbox")}
+    assert rows[kept.id]["state"] == "delivered"
+    assert rows[taken.id]["state"] == "pending"
+    assert rows[taken.id]["lease_owner"] == "relay-2"
+    # Nothing to mark: a plain claim (of nothing left here).
+    assert await outbox.deliver_and_claim(pool, "relay-1", [], batch=10) == (set(), [])
+    with pytest.raises(ConfigurationError):
+        await outbox.deliver_and_claim(pool, "relay-1", [], batch=0)
+
+
+async def test_G10_deliver_and_claim_never_claims_a_message_it_marks(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A relay that stalled past its visibility marks its batch: those messages are due
+    again by their next_attempt_at, yet the same statement does not lease them anew - they
+    end delivered, not pending under a new token. Control: a message not being marked
+    whose visibility ran out is claimed."""
+    async with pool.acquire() as conn:
+        for i in range(3):
+            await outbox.enqueue(conn, tenants.a, "t", {"n": i})
+    held = await outbox.claim(pool, "relay-1", batch=3, visibility=timedelta(milliseconds=1))
+    await admin_conn.execute("SELECT pg_sleep(0.01)")
+    marked, claimed = await outbox.deliver_and_claim(pool, "relay-1", held[:2], batch=10)
+    assert marked == {held[0].id, held[1].id}
+    assert [m.id for m in claimed] == [held[2].id]
+    assert claimed[0].lease_token == held[2].lease_token + 1
+    states = await admin_conn.fetch(
+        "SELECT id, state, lease_token FROM agent_outbox ORDER BY created_at"
+    )
+    for row, before in zip(states[:2], held[:2], strict=True):
+        assert (row["state"], row["lease_token"]) == ("delivered", before.lease_token)

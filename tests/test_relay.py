@@ -285,3 +285,76 @@ def test_demo_against_a_database_kills_workers_and_loses_nothing(db: Database) -
     assert int(done.group(1)) + int(done.group(2) or 0) == 60
     assert report["overspent"].startswith("0 ")
     assert int(report["worker/relay processes killed (SIGKILL)"]) >= 1
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, *names: str) -> dict[str, int]:
+    """Count the calls of ``outbox.<name>`` (each still does its work)."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(outbox, name)
+
+        async def counted(
+            *args: object, _real: object = real, _n: str = name, **kw: object
+        ) -> object:
+            calls[_n] += 1
+            return await _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(outbox, name, counted)
+    return calls
+
+
+async def test_G10_a_relay_under_load_marks_and_claims_in_one_statement(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """35 messages, batches of 10: after each full batch the mark and the next claim are
+    one statement; the short last batch is marked alone, at once. Each message is
+    published once and ends delivered."""
+    ids = await _enqueue(pool, tenants.a, 35)
+    calls = _count_calls(monkeypatch, "claim", "deliver_and_claim", "mark_delivered")
+    published: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        published.append(message.id)
+
+    relay = Relay(pool, publish, batch=10)
+    assert await relay.drain() == 35
+    assert sorted(published) == sorted(ids)
+    assert calls == {"claim": 2, "deliver_and_claim": 3, "mark_delivered": 1}
+    assert (relay.stats.claimed, relay.stats.delivered, relay.stats.lost_claims) == (35, 35, 0)
+    states = await admin_conn.fetch("SELECT DISTINCT state FROM agent_outbox")
+    assert [r["state"] for r in states] == ["delivered"]
+
+
+async def test_G10_a_relay_stopped_after_marking_delivers_what_that_mark_claimed(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stop comes as the mark of a full batch claims the next one: the relay publishes
+    and marks that batch before it returns - nothing is left leased and unpublished until
+    its visibility runs out."""
+    await _enqueue(pool, tenants.a, 15)
+    published: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        published.append(message.id)
+
+    relay = Relay(pool, publish, batch=10, poll_interval=0.05)
+    real = outbox.deliver_and_claim
+
+    async def then_stop(*args: object, **kw: object) -> object:
+        answer = await real(*args, **kw)  # type: ignore[arg-type]
+        relay.stop()
+        return answer
+
+    monkeypatch.setattr(outbox, "deliver_and_claim", then_stop)
+    await asyncio.wait_for(relay.run(install_signals=False), 30)
+    assert len(published) == len(set(published)) == 15
+    pending = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_outbox WHERE state <> 'delivered'"
+    )
+    assert pending == 0

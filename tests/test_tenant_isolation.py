@@ -150,3 +150,29 @@ async def test_G2_a_message_id_in_two_tenants_is_read_and_marked_per_tenant(
     assert await _row(admin_conn, "agent_outbox", tenants.b) == before
     assert (await outbox.get(pool, tenants.a, SHARED)).state == "delivered"
     assert (await outbox.get(pool, tenants.b, SHARED)).state == "pending"
+
+
+async def test_G2_a_message_id_in_two_tenants_is_marked_and_claimed_per_tenant(
+    pool: asyncpg.Pool, tenants: Tenants, runtime_conn: asyncpg.Connection,
+    admin_conn: asyncpg.Connection,
+) -> None:  # fmt: skip
+    """deliver_and_claim marks tenant a's message alone, though tenant b's of the same id
+    holds the same token; and its claim leaves out only the marked tenant's message:
+    b's of the same id, due, is claimed in the same statement."""
+    for tenant in (tenants.a, tenants.b):
+        await outbox.enqueue(runtime_conn, tenant, "t", {"n": 1}, message_id=SHARED)
+    claimed = await outbox.claim(pool, "relay", batch=2)  # token 1 each
+    mine = next(m for m in claimed if m.tenant_id == tenants.a)
+    before = await _row(admin_conn, "agent_outbox", tenants.b)
+    assert await outbox.deliver_and_claim(pool, "relay", [mine], batch=5) == ({SHARED}, [])
+    assert await _row(admin_conn, "agent_outbox", tenants.b) == before
+    assert (await outbox.get(pool, tenants.a, SHARED)).state == "delivered"
+    # Another id in both tenants: a's claimed (to be marked), b's due.
+    other = uuid.uuid4()
+    await outbox.enqueue(runtime_conn, tenants.a, "t", {"n": 2}, message_id=other)
+    [again] = await outbox.claim(pool, "relay", batch=1)
+    assert again.id == other
+    await outbox.enqueue(runtime_conn, tenants.b, "t", {"n": 2}, message_id=other)
+    marked, taken = await outbox.deliver_and_claim(pool, "relay", [again], batch=5)
+    assert marked == {other}
+    assert [(m.tenant_id, m.id) for m in taken] == [(tenants.b, other)]

@@ -251,14 +251,20 @@ async def test_charging_before_reserving_is_caught_naming_the_steps(
     with pytest.raises(NotIdempotent) as caught:
         await crash_test(db, example.CHARGING_FIRST, work, example.payments)
     message = str(caught.value)
-    failed = "after_reserve, after_call, after_complete, before_group_commit"
-    assert message.startswith(f"not idempotent at {failed} (4 of 8")
+    failed = "before_reserve_commit, after_reserve, after_call, after_complete, before_group_commit"
+    assert message.startswith(f"not idempotent at {failed} (5 of 9")
     assert (
         'payments: charge({"invoice":12}) was performed 2 time(s) when the worker was killed at'
         " after_reserve, 1 without a crash: the step is not idempotent"
     ) in message
     report = await crash_test(db, example.CHARGING_FIRST, work, example.payments, check=False)
-    assert report.failed == ("after_reserve", "after_call", "after_complete", "before_group_commit")
+    assert report.failed == (
+        "before_reserve_commit",
+        "after_reserve",
+        "after_call",
+        "after_complete",
+        "before_group_commit",
+    )
 
 
 async def test_two_providers_through_pgbouncer(

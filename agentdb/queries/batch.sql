@@ -87,17 +87,20 @@ ORDER BY ord;
 -- snapshot - the caller checks the lease, else runs it again. The
 -- statement's own inserts are invisible to its snapshot, so the lookup of
 -- existing keys finds only rows that were there before.
--- guarantee: G3, G4, G12, G13
--- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 task_ids uuid[], $4 idempotency_keys text[], $5 actions text[], $6 input_hashes text[], $7 lease_owners text[], $8 lease_tokens int8[], $9 actor_id text, $10 trace_id text, $11 span_id text
+-- Each element carries its own trace and span ids ($10, $11: G16), so the
+-- operations of many tasks reserved together each lead to their own run.
+-- guarantee: G3, G4, G12, G13, G16
+-- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 task_ids uuid[], $4 idempotency_keys text[], $5 actions text[], $6 input_hashes text[], $7 lease_owners text[], $8 lease_tokens int8[], $9 actor_id text, $10 trace_ids text[], $11 span_ids text[]
 WITH input AS (
     SELECT i.ord, i.tenant_id, i.id, i.task_id, i.idempotency_key, i.action, i.input_hash,
-           i.lease_owner, i.lease_token
+           i.lease_owner, i.lease_token, i.trace_id, i.span_id
     FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::int8[])
+                $7::text[], $8::int8[], $10::text[], $11::text[])
          WITH ORDINALITY AS i (tenant_id, id, task_id, idempotency_key, action, input_hash,
-                               lease_owner, lease_token, ord)
+                               lease_owner, lease_token, trace_id, span_id, ord)
 ), fence AS (
-    SELECT i.ord, i.tenant_id, i.id, i.task_id, i.idempotency_key, i.action, i.input_hash
+    SELECT i.ord, i.tenant_id, i.id, i.task_id, i.idempotency_key, i.action, i.input_hash,
+           i.trace_id, i.span_id
     FROM input i
     JOIN agent_tasks t ON t.tenant_id = i.tenant_id AND t.id = i.task_id
     WHERE t.state = 'running' AND t.lease_owner = i.lease_owner
@@ -106,7 +109,7 @@ WITH input AS (
 ), ins AS (
     INSERT INTO agent_operations (id, tenant_id, task_id, idempotency_key, action, input_hash,
                                   trace_id, span_id)
-    SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, $10, $11
+    SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, trace_id, span_id
     FROM fence
     ORDER BY ord
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING

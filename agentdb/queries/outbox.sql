@@ -25,6 +25,51 @@ WHERE o.tenant_id = due.tenant_id AND o.id = due.id
 RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
           o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at;
 
+-- name: outbox_deliver_and_claim :many
+-- outbox_mark_delivered and outbox_claim in one statement (one round trip,
+-- one commit): mark the messages this relay published ($4-$6, each fenced
+-- by its lease token) delivered, and lease up to $2 due pending messages to
+-- relay $1 for $3, as outbox_claim does. A relay under load pays one
+-- statement per batch instead of two. Rows with delivered = true are the
+-- marked messages (only tenant_id and id are set; one missing was no longer
+-- held by this relay); the others are the claimed messages. The claim never takes a message this statement marks: those are
+-- invisible until their visibility ends, and named apart as well for a
+-- relay that stalled past it.
+-- guarantee: G10, G11
+-- params: $1 lease_owner text, $2 batch int8, $3 visibility interval, $4 tenant_ids uuid[], $5 ids uuid[], $6 lease_tokens int8[]
+WITH marked AS (
+    UPDATE agent_outbox o
+    SET state = 'delivered', delivered_at = now(), last_error = NULL
+    FROM unnest($4::uuid[], $5::uuid[], $6::int8[]) AS m (tenant_id, id, lease_token)
+    WHERE o.tenant_id = m.tenant_id AND o.id = m.id
+      AND o.lease_token = m.lease_token AND o.state = 'pending'
+    RETURNING o.tenant_id, o.id
+), due AS (
+    SELECT q.tenant_id, q.id
+    FROM agent_outbox q
+    WHERE q.state = 'pending' AND q.next_attempt_at <= now()
+      -- NOT IN, not NOT EXISTS: a hashed subplan, built once (the arrays hold no NULLs).
+      AND (q.tenant_id, q.id) NOT IN (SELECT x.tenant_id, x.id
+                                      FROM unnest($4::uuid[], $5::uuid[]) AS x (tenant_id, id))
+    ORDER BY q.next_attempt_at
+    LIMIT $2
+    FOR UPDATE OF q SKIP LOCKED
+), claimed AS (
+    UPDATE agent_outbox o
+    SET lease_owner = $1, attempts = o.attempts + 1, lease_token = o.lease_token + 1,
+        next_attempt_at = now() + $3
+    FROM due
+    WHERE o.tenant_id = due.tenant_id AND o.id = due.id
+    RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
+              o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at
+)
+SELECT false AS delivered, id, tenant_id, task_id, topic, payload, attempts, max_attempts,
+       lease_owner, lease_token, trace_id, span_id, created_at
+FROM claimed
+UNION ALL
+SELECT true, id, tenant_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM marked;
+
 -- name: outbox_enqueue :one
 -- Add a message in the caller's transaction, so it commits (or not) with the
 -- business rows it announces.

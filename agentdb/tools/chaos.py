@@ -42,6 +42,7 @@ _IDLE_RERUNS = 3
 # chance than points passed twice (once per operation).
 _RATE = {
     "after_claim": 0.3,
+    "before_reserve_commit": 0.2,
     "after_reserve": 0.2,
     "during_call": 0.2,
     "after_call": 0.2,

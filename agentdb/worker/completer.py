@@ -7,11 +7,13 @@ while one commit is in flight into the next one's batch
 (:func:`agentdb.tasks.finish_many`), as Postgres's own group commit and
 River's batch completer do: a lone success is written at once, alone, with
 no timer to wait for; under load each commit carries everything that
-finished during the previous one, up to :data:`MAX_BATCH`. Two writes go
-so: a job's success (:func:`successes`, by :func:`agentdb.tasks.finish_many`)
-and the completion of an operation it reserved (:func:`completions`, by
-:func:`agentdb.operations.complete_many`; one with an actual cost is written
-alone, as that statement cannot carry it).
+finished during the previous one, up to :data:`MAX_BATCH`. Three writes go
+so: a job's reservation of an operation (:func:`reservations`, by
+:func:`agentdb.operations.reserve_many`; one with a cost is written alone, as
+that statement cannot hold it), the completion of an operation it reserved
+(:func:`completions`, by :func:`agentdb.operations.complete_many`; one with an
+actual cost is written alone, as that statement cannot carry it) and a job's
+success (:func:`successes`, by :func:`agentdb.tasks.finish_many`).
 
 Nothing is weaker than one write per job. Every element keeps its own fence
 (state version, lease owner and token: G7, G12) and its own refusal: a
@@ -24,23 +26,34 @@ refusal is that one job's and a write whose answer was lost is checked for
 having landed. A crash before a flush loses nothing the database had: the
 queued tasks are still 'running' under leases that expire, and the
 operation ledger answers their retry (G13). Nothing here holds a transaction
-open while a handler runs; each flush is one autocommit statement.
+open while a handler runs; each flush is one autocommit statement, and a
+job waiting for its reservation gets it only once it has committed, so no
+provider is called for an operation the database has not recorded (G13).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
 from agentdb import _db, _faults, operations, tasks
-from agentdb.batch import Completion
+from agentdb.batch import Completion, ReserveRequest
 from agentdb.errors import AgentDBError
-from agentdb.models import Message, Operation, Task
+from agentdb.models import Message, Operation, Reservation, Task
 
-__all__ = ["ALONE", "MAX_BATCH", "GroupCommit", "Success", "completions", "successes"]
+__all__ = [
+    "ALONE",
+    "MAX_BATCH",
+    "GroupCommit",
+    "Success",
+    "completions",
+    "reservations",
+    "successes",
+]
 
 log = logging.getLogger("agentdb.worker")
 
@@ -84,14 +97,15 @@ class GroupCommit(Generic[Item, Result]):
     """One kind of write of one worker's jobs, many per statement when they come together.
 
     ``write_many(items)`` writes a batch in one statement and answers each item
-    with its result or its typed refusal, in order. One flush is in flight at
+    with its result, its typed refusal or :data:`ALONE` (this item must be
+    written by its job alone), in order. One flush is in flight at
     a time; what arrives meanwhile waits for the next. ``fault``: the fault
     point passed before each flush (:mod:`agentdb._faults`), if any.
     """
 
     def __init__(
         self,
-        write_many: Callable[[list[Item]], Awaitable[Sequence[Result | AgentDBError]]],
+        write_many: Callable[[list[Item]], Awaitable[Sequence[Result | AgentDBError | _Alone]]],
         *,
         what: str,
         fault: str | None = None,
@@ -195,7 +209,7 @@ class GroupCommit(Generic[Item, Result]):
         else:
             answers = list(results)
             self.group_commits += 1
-            self.grouped += sum(not isinstance(r, AgentDBError) for r in results)
+            self.grouped += sum(not isinstance(r, AgentDBError | _Alone) for r in results)
         for p, answer in zip(batch, answers, strict=True):
             _answer(p, answer)
 
@@ -227,3 +241,26 @@ def completions(pool: _db.Pool) -> GroupCommit[Completion, Operation]:
         return await operations.complete_many(pool, batch)
 
     return GroupCommit(complete, what="completions")
+
+
+def reservations(pool: _db.Pool) -> GroupCommit[ReserveRequest, Reservation]:
+    """The group commit of jobs' reservations: :func:`agentdb.operations.reserve_many`.
+
+    Two jobs reserving the same key together are not one batch's (the
+    statement refuses a key twice): the later one is answered :data:`ALONE`
+    and reserves alone, after the first, as it would have without group
+    commit (and is told the key is in flight, or replayed).
+    """
+
+    async def reserve(batch: list[ReserveRequest]) -> Sequence[Reservation | AgentDBError | _Alone]:
+        seen: set[tuple[uuid.UUID, str]] = set()
+        is_first: list[bool] = []
+        for r in batch:
+            key = (r.lease.tenant_id, r.idempotency_key)
+            is_first.append(key not in seen)
+            seen.add(key)
+        firsts = [r for r, first in zip(batch, is_first, strict=True) if first]
+        done = iter(await operations.reserve_many(pool, firsts))
+        return [next(done) if first else ALONE for first in is_first]
+
+    return GroupCommit(reserve, what="reservations", fault="before_reserve_commit")

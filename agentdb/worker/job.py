@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentdb import _db, _faults, children, operations, signals
-from agentdb.batch import Completion
+from agentdb.batch import Completion, ReserveRequest
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
@@ -42,6 +42,7 @@ class Job:
         reconcilers: Mapping[str, ReconcileHook],
         on_reconciled: Callable[[], None] = lambda: None,
         completions: GroupCommit[Completion, Operation] | None = None,
+        reservations: GroupCommit[ReserveRequest, Reservation] | None = None,
     ) -> None:
         lease = task.lease
         if lease is None:
@@ -58,8 +59,9 @@ class Job:
         self.past_deadline = False
         self._reconcilers = reconcilers
         self._on_reconciled = on_reconciled
-        #: the worker's group commit of completions; None: each written alone.
+        #: the worker's group commits of completions and reservations; None: each alone.
         self._completions = completions
+        self._reservations = reservations
         self._fresh: dict[uuid.UUID, Operation] = {}
         #: the last signal ``seq`` this attempt read (None: it read none).
         self.signals_read: int | None = None
@@ -126,18 +128,28 @@ class Job:
         return res
 
     async def _reserve(self, key: str, action: str, input: Any, cost: Cost | None) -> Reservation:
-        return await operations.reserve(
-            self.pool,
-            self.task.tenant_id,
-            self.task.id,
-            key,
-            action,
-            input,
-            lease=self.lease,
-            trace_id=self.task.trace_id,
-            span_id=self.task.span_id,
-            cost=cost,
+        lease = self.lease
+
+        def alone() -> Awaitable[Reservation]:
+            return operations.reserve(
+                self.pool, self.task.tenant_id, self.task.id, key, action, input, lease=lease,
+                trace_id=self.task.trace_id, span_id=self.task.span_id, cost=cost,
+            )  # fmt: skip
+
+        if self._reservations is None or cost is not None:  # a cost is held alone
+            return await alone()
+        request = ReserveRequest(
+            lease, key, action, input, trace_id=self.task.trace_id, span_id=self.task.span_id
         )
+        done = await self._reservations.submit(request, alone)
+        if isinstance(done, AgentDBError):
+            raise done  # this element's refusal, as its own write's
+        if isinstance(done, Reservation):
+            return done
+        # The batch was refused whole (or held this key twice): reserve alone. If
+        # the batch landed and its answer was lost, that finds the key reserved by
+        # this task, as a reserve whose answer was lost does (G13).
+        return await alone()
 
     async def _recover(
         self, op: Operation, key: str, action: str, input: Any, cost: Cost | None

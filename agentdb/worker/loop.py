@@ -50,7 +50,7 @@ from agentdb.errors import (
     StaleWrite,
     TransientError,
 )
-from agentdb.worker.completer import completions
+from agentdb.worker.completer import completions, reservations
 from agentdb.worker.finish import Finisher, abandon, storable
 from agentdb.worker.job import Job
 from agentdb.worker.outcomes import (
@@ -184,8 +184,10 @@ class Worker:
         self._finisher = Finisher(
             pool, self.stats, retry_base=retry_base, on_fatal=self._fatal_error
         )
-        #: the group commit of the jobs' operation completions (the successes' is the finisher's).
+        #: the group commits of the jobs' reservations and operation completions (the
+        #: successes' is the finisher's).
         self._completions = completions(pool)
+        self._reservations = reservations(pool)
 
     def stop(self) -> None:
         """Stop claiming; running jobs get ``shutdown_grace`` seconds, then are released."""
@@ -289,7 +291,7 @@ class Worker:
             self.stats.claimed += 1
             job = Job(
                 self.pool, task, reconcilers=self.reconcilers, on_reconciled=self._reconciled,
-                completions=self._completions,
+                completions=self._completions, reservations=self._reservations,
             )  # fmt: skip
             runner = asyncio.create_task(self._run_job(job))
             self._running[runner] = job

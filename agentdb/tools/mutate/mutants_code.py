@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, FENCES, TASKS_SQL, Mutant, T, m
+from agentdb.tools.mutate.catalogue import (
+    ATTACKS,
+    BATCH_SQL,
+    FENCES,
+    OUTBOX_SQL,
+    TASKS_SQL,
+    TENANTS,
+    Mutant,
+    T,
+    m,
+)
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---- the driver layer and the error mapping -------------------------------------------------
@@ -248,6 +258,78 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if False:",
         (T + "test_group_commit.py",),
         "group commit: completions whose answer was lost are not checked for having landed",
+    ),
+    m(
+        "worker-reservations-same-key-in-one-batch",
+        "agentdb/worker/completer.py",
+        "            is_first.append(key not in seen)",
+        "            is_first.append(True)",
+        (T + "test_group_commit.py",),
+        "group commit: two jobs' reservations of one key go into one batch (refused whole)",
+    ),
+    m(
+        "reserve-many-batch-trace-id",
+        BATCH_SQL,
+        "    SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, trace_id, span_id\n    FROM fence",
+        "    SELECT id, tenant_id, task_id, idempotency_key, action, input_hash,\n           $10[1], $11[1]\n    FROM fence",
+        (T + "test_group_commit.py", T + "test_complete_many.py"),
+        "operation_reserve_many: every element gets the first element's trace and span ids (G16)",
+    ),
+    m(
+        "outbox-deliver-and-claim-no-token",
+        OUTBOX_SQL,
+        "      AND o.lease_token = m.lease_token AND o.state = 'pending'",
+        "      AND o.state = 'pending'",
+        (T + "test_outbox.py",),
+        "outbox_deliver_and_claim: a relay whose claim expired marks the message delivered",
+    ),
+    m(
+        "outbox-deliver-and-claim-no-tenant",
+        OUTBOX_SQL,
+        "    WHERE o.tenant_id = m.tenant_id AND o.id = m.id\n      AND o.lease_token",
+        "    WHERE o.id = m.id\n      AND o.lease_token",
+        (TENANTS,),
+        "outbox_deliver_and_claim: the mark loses the tenant predicate",
+    ),
+    m(
+        "outbox-deliver-and-claim-reclaims-marked",
+        OUTBOX_SQL,
+        "      AND (q.tenant_id, q.id) NOT IN (SELECT x.tenant_id, x.id",
+        "      AND (q.tenant_id, q.id) NOT IN (SELECT x.tenant_id, gen_random_uuid()",
+        (T + "test_outbox.py",),
+        "outbox_deliver_and_claim: a stalled relay's marked messages are leased again",
+    ),
+    m(
+        "outbox-deliver-and-claim-not-due",
+        OUTBOX_SQL,
+        "    WHERE q.state = 'pending' AND q.next_attempt_at <= now()",
+        "    WHERE q.state = 'pending'",
+        (T + "test_outbox.py",),
+        "outbox_deliver_and_claim: claim messages still backing off (or leased to other relays)",
+    ),
+    m(
+        "outbox-deliver-and-claim-same-token",
+        OUTBOX_SQL,
+        "attempts = o.attempts + 1, lease_token = o.lease_token + 1,",
+        "attempts = o.attempts + 1, lease_token = o.lease_token,",
+        (T + "test_outbox.py",),
+        "outbox_deliver_and_claim: a new claim keeps the old token",
+    ),
+    m(
+        "outbox-deliver-and-claim-no-skip-locked",
+        OUTBOX_SQL,
+        "    FOR UPDATE OF q SKIP LOCKED",
+        "    FOR UPDATE OF q",
+        (FENCES,),
+        "outbox_deliver_and_claim: FOR UPDATE SKIP LOCKED -> FOR UPDATE",
+    ),
+    m(
+        "relay-stop-drops-claimed",
+        "agentdb/relay.py",
+        "            while self._next:  # claimed by the last mark before the stop: deliver them",
+        "            while False:",
+        (T + "test_relay.py",),
+        "relay: a batch claimed by the last mark before a stop is left leased, unpublished",
     ),
     m(
         "relay-marks-failed-as-delivered",
