@@ -74,7 +74,6 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_artifacts_operation_fkey",
         "agent_credential_refs_tenant_fkey",
         "agent_operations_task_idx",
-        "agent_events_task_idx",
         "agent_outbox_task_idx",
         "agent_artifacts_task_idx",
         "agent_artifacts_operation_idx",
@@ -179,7 +178,6 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_events_retain_until_idx",
         "agent_events_payload_expiry_idx",
         "agent_operations_settled_idx",
-        "agent_events_operation_idx",
         "agent_tasks_finished_idx",
     ),
     # G10: the relay's paths over delivery state.

@@ -137,15 +137,20 @@ class Relay:
         ok = [m for m, error in zip(claimed, results, strict=True) if error is None]
         if ok:
             _faults.point("after_publish")
+        marked: set[uuid.UUID] | None = None
         if len(claimed) >= self.batch and not self._stopping.is_set():
             # A full batch: more is probably due. Mark and claim the next at once.
-            marked, self._next = await outbox.deliver_and_claim(
-                self.pool, self.relay_id, ok, batch=self.batch, visibility=self.visibility,
-                after_tenant=self._claim_after,
-            )  # fmt: skip
+            try:
+                marked, self._next = await outbox.deliver_and_claim(
+                    self.pool, self.relay_id, ok, batch=self.batch,
+                    visibility=self.visibility, after_tenant=self._claim_after,
+                )  # fmt: skip
+            except (TransientError, OSError) as exc:
+                # As a failed claim is: logged, retried - the mark alone, at once.
+                log.warning("mark and claim failed, marking alone: %s", exc)
             if self._next:
                 self._count_claim(self._next)
-        else:
+        if marked is None:
             marked = await outbox.mark_delivered(self.pool, ok)
         self.stats.delivered += len(marked)
         self.stats.lost_claims += len(ok) - len(marked)

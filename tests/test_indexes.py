@@ -1,4 +1,5 @@
-"""Each non-unique index serves the path it was built for (claim, relay, retention, lookups).
+"""Each non-unique index serves the path it was built for (claim, relay, retention, lookups),
+and so does each unique key that also serves a lookup.
 
 Sequential scans are switched off so the planner's choice on tiny tables
 shows which index can answer the query at all; the claim path at 10k and 1M
@@ -27,11 +28,6 @@ INDEX_QUERIES: dict[str, str] = {
     "agent_operations_settled_idx": (
         "SELECT id FROM agent_operations WHERE state IN ('succeeded', 'failed')"
         " AND updated_at <= now() - interval '30 days' LIMIT 100"
-    ),
-    "agent_events_operation_idx": (
-        "SELECT id FROM agent_events"
-        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
-        " AND operation_id = '00000000-0000-4000-8000-000000000001'"
     ),
     "agent_tasks_finished_idx": (
         "SELECT id FROM agent_tasks WHERE state IN ('succeeded', 'failed', 'cancelled', 'dead')"
@@ -68,10 +64,17 @@ INDEX_QUERIES: dict[str, str] = {
         "SELECT id FROM agent_operations"
         " WHERE state IN ('reserved', 'in_flight', 'unknown') AND updated_at < now()"
     ),
-    "agent_events_task_idx": (
+    # Unique keys that took over the lookups of the indexes 0025 dropped: a task's
+    # events (in order: a sort of a few rows), an operation's events.
+    "agent_events_task_version_key": (
         "SELECT id FROM agent_events"
         " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
-        " AND task_id = '00000000-0000-4000-8000-000000000001' ORDER BY id"
+        " AND task_id = '00000000-0000-4000-8000-000000000001'"
+    ),
+    "agent_events_operation_version_key": (
+        "SELECT id FROM agent_events"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND operation_id = '00000000-0000-4000-8000-000000000001'"
     ),
     "agent_events_retain_until_idx": (
         "SELECT id FROM agent_events WHERE retain_until < now() LIMIT 100"

@@ -271,7 +271,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 lease=lease, outbox=[msg],
             )  # fmt: skip
             mt = self.m.tasks[tid]
-            if self.current(w, tid) and mt.late:  # whatever version it expects
+            if self.current(w, tid) and mt.late and mt.version == version:
                 self.refused_and_unchanged(call, DeadlineExceeded)
             elif self.current(w, tid) and mt.version == version:
                 h.run(call)
@@ -382,9 +382,10 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             finished = self.m.tasks[tid].state in tasks.FINISHED_STATES
             self.refused_and_unchanged(call, TaskFinished if finished else DeadlineExceeded)
 
-        @rule(data=st.data())
-        def deadline_passes(self, data: st.DataObject) -> None:
-            """An unfinished task's deadline is moved into the past (a versioned raw write)."""
+        @rule(data=st.data(), reload=st.booleans())
+        def deadline_passes(self, data: st.DataObject, reload: bool) -> None:
+            """An unfinished task's deadline is moved into the past (a versioned raw write);
+            ``reload``: its holder, if any, reloads the task and so expects the new version."""
             alive = [
                 t for t, mt in self.m.tasks.items()
                 if mt.state not in tasks.FINISHED_STATES and not mt.late
@@ -397,6 +398,9 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
             h.run(F.update_task(h.admin, self.tenant, tid, deadline_at=past,
                                 state_version=mt.version + 1))  # fmt: skip
             mt.version, mt.late = mt.version + 1, True
+            for held in self.held:
+                if reload and tid in held:
+                    held[tid] = (held[tid][0], mt.version)
 
         @rule()
         def sweep(self) -> None:

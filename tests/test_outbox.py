@@ -154,8 +154,7 @@ async def test_G10_deliver_and_claim_never_claims_a_message_it_marks(
     assert marked == {held[0].id, held[1].id}
     assert [m.id for m in claimed] == [held[2].id]
     assert claimed[0].lease_token == held[2].lease_token + 1
-    states = await admin_conn.fetch(
-        "SELECT id, state, lease_token FROM agent_outbox ORDER BY created_at"
-    )
-    for row, before in zip(states[:2], held[:2], strict=True):
+    rows = {r["id"]: r for r in await admin_conn.fetch("SELECT * FROM agent_outbox")}
+    for before in held[:2]:
+        row = rows[before.id]
         assert (row["state"], row["lease_token"]) == ("delivered", before.lease_token)

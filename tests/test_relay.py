@@ -19,8 +19,10 @@ import asyncpg
 import pytest
 
 from agentdb import inbox, outbox
+from agentdb.errors import TransientError
 from agentdb.models import OutboxMessage
 from agentdb.relay import Relay
+from tests._pg import ON_CITUS
 from tests.conftest import Database, Tenants
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -310,8 +312,8 @@ async def test_G10_a_relay_under_load_marks_and_claims_in_one_statement(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """35 messages, batches of 10: after each full batch the mark and the next claim are
-    one statement; the short last batch is marked alone, at once. Each message is
-    published once and ends delivered."""
+    one statement (on plain Postgres); the short last batch is marked alone, at once.
+    Each message is published once and ends delivered."""
     ids = await _enqueue(pool, tenants.a, 35)
     calls = _count_calls(monkeypatch, "claim", "deliver_and_claim", "mark_delivered")
     published: list[uuid.UUID] = []
@@ -322,7 +324,10 @@ async def test_G10_a_relay_under_load_marks_and_claims_in_one_statement(
     relay = Relay(pool, publish, batch=10)
     assert await relay.drain() == 35
     assert sorted(published) == sorted(ids)
-    assert calls == {"claim": 2, "deliver_and_claim": 3, "mark_delivered": 1}
+    if ON_CITUS:  # there deliver_and_claim is mark_delivered, then claim
+        assert calls == {"claim": 5, "deliver_and_claim": 3, "mark_delivered": 4}
+    else:
+        assert calls == {"claim": 2, "deliver_and_claim": 3, "mark_delivered": 1}
     assert (relay.stats.claimed, relay.stats.delivered, relay.stats.lost_claims) == (35, 35, 0)
     states = await admin_conn.fetch("SELECT DISTINCT state FROM agent_outbox")
     assert [r["state"] for r in states] == ["delivered"]
@@ -358,3 +363,37 @@ async def test_G10_a_relay_stopped_after_marking_delivers_what_that_mark_claimed
         "SELECT count(*) FROM agent_outbox WHERE state <> 'delivered'"
     )
     assert pending == 0
+
+
+async def test_G10_a_failed_mark_and_claim_is_marked_alone_and_the_relay_goes_on(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The merged statement fails once (a dropped connection): the batch it would have
+    marked is marked alone, at once, and the relay claims on - every message is published
+    once and ends delivered, nothing waits for a visibility timeout."""
+    ids = await _enqueue(pool, tenants.a, 25)
+    real = outbox.deliver_and_claim
+    failures: list[int] = []
+
+    async def fails_once(*args: object, **kw: object) -> object:
+        if not failures:
+            failures.append(1)
+            raise TransientError("connection lost: test")
+        return await real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(outbox, "deliver_and_claim", fails_once)
+    published: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        published.append(message.id)
+
+    relay = Relay(pool, publish, batch=10)
+    assert await relay.drain() == 25
+    assert failures == [1]
+    assert sorted(published) == sorted(ids)
+    assert relay.stats.lost_claims == 0
+    states = await admin_conn.fetch("SELECT DISTINCT state FROM agent_outbox")
+    assert [r["state"] for r in states] == ["delivered"]

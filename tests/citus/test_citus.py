@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
@@ -200,6 +201,17 @@ _LATE = (
 
 _CONFIG = "SELECT proconfig FROM pg_proc WHERE proname = %s"
 
+_MIGRATIONS = sorted(
+    p.stem for p in (Path(__file__).resolve().parents[2] / "sql").glob("*.sql")
+    if not p.name.endswith(".rollback.sql")
+)  # fmt: skip
+
+
+def _back_to(migration: str) -> str:
+    """``rollback --count`` that leaves ``migration`` the newest applied: the count of
+    those after it (a later migration does not shift what a test rolls back)."""
+    return str(len(_MIGRATIONS) - 1 - _MIGRATIONS.index(migration))
+
 
 def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
     """Each node's agentdb functions (name, body hash, settings), and whether it has
@@ -227,9 +239,9 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
     with fresh_database(citus.dsn, "agentdb_up") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
         assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
-        # 0023 and 0022 back to 0021: the functions 0022 replaced get their bodies and
-        # settings back.
-        assert _cli("rollback", "--count", "2", "--dsn", fresh.dsn).returncode == 0
+        # Back to 0021: the functions 0022 replaced get their bodies and settings back.
+        back = _cli("rollback", "--count", _back_to("0021.children"), "--dsn", fresh.dsn)
+        assert back.returncode == 0, back.stderr
         [coord, *workers] = _bodies(fresh)
         assert workers == [coord] * len(workers)
         with _pg.admin(fresh.dsn) as conn:
@@ -238,7 +250,7 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
                 [config] = conn.execute(_CONFIG, (fn,)).fetchone() or [None]
                 assert "citus.allow_nested_distributed_execution=on" in (config or []), fn
         assert _cli("migrate", "--dsn", fresh.dsn).returncode == 0
-        down = _cli("rollback", "--count", "7", "--dsn", fresh.dsn)
+        down = _cli("rollback", "--count", _back_to("0016.secret_prefilter"), "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         [coord, *workers] = _bodies(fresh)
         assert coord[1] is False  # 0017 is rolled back on the coordinator...
@@ -564,7 +576,7 @@ def test_rolling_back_the_waits_on_citus_wakes_the_waiting_tasks(citus: Cluster)
                         (tenant, task_id),
                     )
                 waiting.append(task_id)
-        down = _cli("rollback", "--count", "4", "--dsn", fresh.dsn)
+        down = _cli("rollback", "--count", _back_to("0019.deadlines"), "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         with _pg.admin(fresh.dsn) as conn:
             states = conn.execute(

@@ -205,7 +205,13 @@ def _cycle_section(r: dict[str, Any]) -> list[str]:
         "Client CPU is the bench process's CPU time over the run's wall time (100 % = one core "
         "busy: the Python client is the bottleneck); server CPU is the run database's backends "
         "on the same scale (the machine has "
-        f"{r['meta']['cpu_count']} cores for both); WAL is cluster-wide.",
+        f"{r['meta']['cpu_count']} cores for both); WAL is cluster-wide: "
+        + (
+            "the bench's own embedded cluster, which nothing else writes to."
+            if r["meta"]["server"].startswith("embedded")
+            else "on a shared server other databases' writes count too (the embedded "
+            "default measures it alone)."
+        ),
         "",
     ]
 

@@ -324,6 +324,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "outbox_deliver_and_claim: FOR UPDATE SKIP LOCKED -> FOR UPDATE",
     ),
     m(
+        "relay-mark-and-claim-failure-fatal",
+        "agentdb/relay.py",
+        "            except (TransientError, OSError) as exc:\n                # As a failed claim is",
+        "            except ZeroDivisionError as exc:\n                # As a failed claim is",
+        (T + "test_relay.py",),
+        "relay: a dropped connection during the merged mark and claim stops the relay",
+    ),
+    m(
         "relay-stop-drops-claimed",
         "agentdb/relay.py",
         "            while self._next:  # claimed by the last mark before the stop: deliver them",
