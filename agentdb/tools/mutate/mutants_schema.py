@@ -133,6 +133,38 @@ MUTANTS: tuple[Mutant, ...] = (
         "agentdb_is_secret_key: forget password-like keys",
     ),
     m(
+        "sql-events-task-version-not-unique",
+        "sql/0025.events_diet.sql",
+        "CREATE UNIQUE INDEX agent_events_task_version_key",
+        "CREATE INDEX agent_events_task_version_key",
+        (ATTACKS, T + "test_events_diet.py"),
+        "agent_events_task_version_key (0025): two events may record one task state_version",
+    ),
+    m(
+        "sql-events-operation-version-not-unique",
+        "sql/0025.events_diet.sql",
+        "CREATE UNIQUE INDEX agent_events_operation_version_key",
+        "CREATE INDEX agent_events_operation_version_key",
+        (ATTACKS, T + "test_events_diet.py"),
+        "agent_events_operation_version_key (0025): two events may record one operation version",
+    ),
+    m(
+        "sql-check-prefilter-pem",
+        "sql/0025.events_diet.sql",
+        "    CHECK (payload::text !~* '(passw|secret|api[_-]?key|authori[sz]ation|bearer|private[_-]?key|(access|refresh|id|auth|session)[_-]?token|cookie|-----BEGIN|",
+        "    CHECK (payload::text !~* '(passw|secret|api[_-]?key|authori[sz]ation|bearer|private[_-]?key|(access|refresh|id|auth|session)[_-]?token|cookie|",
+        (ATTACKS, T + "test_events_diet.py"),
+        "agent_events_payload_no_secrets (0025): the inline prefilter forgets PEM keys",
+    ),
+    m(
+        "sql-check-skips-the-function",
+        "sql/0025.events_diet.sql",
+        "           OR NOT agentdb_jsonb_has_secrets(payload))",
+        "           OR true)",
+        (ATTACKS,),
+        "agent_events_payload_no_secrets (0025): a payload the prefilter matches is never walked",
+    ),
+    m(
         "sql-secret-prefilter-pem",
         "sql/0024.plpgsql_checks.sql",  # 0024 replaces agentdb_jsonb_has_secrets (0016's is gone)
         "(access|refresh|id|auth|session)[_-]?token|cookie|-----BEGIN|",
