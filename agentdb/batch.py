@@ -17,10 +17,7 @@ from agentdb.budgets import Cost
 from agentdb.errors import (
     AgentDBError,
     ConfigurationError,
-    IdempotencyConflict,
-    OperationInFlight,
     RateLimited,
-    StaleWrite,
 )
 from agentdb.hashing import input_hash
 from agentdb.models import Lease, Operation, Reservation
@@ -37,9 +34,6 @@ T = TypeVar("T")
 # index decides (G3, G4), the caller's lease fences it (G12), and it gets its
 # own event (G8).
 
-#: Errors that concern one element of a batch: returned in its slot, never raised.
-_PER_ELEMENT = (StaleWrite, IdempotencyConflict, OperationInFlight)
-
 
 @dataclass(frozen=True, slots=True)
 class ReserveRequest:
@@ -47,7 +41,9 @@ class ReserveRequest:
 
     The lease names the tenant and the task the operation belongs to;
     ``trace_id`` / ``span_id`` (G16), when given, are this element's own
-    (else the batch's).
+    (else the batch's). ``operation_id``: the id a new operation gets (default
+    a fresh one) - a caller that lost the answer can look it up to tell its
+    own reservation from an earlier attempt's.
     """
 
     lease: Lease
@@ -56,6 +52,7 @@ class ReserveRequest:
     input: Any
     trace_id: str | None = None
     span_id: str | None = None
+    operation_id: uuid.UUID | None = None
 
     def ids(self, trace_id: str | None, span_id: str | None) -> tuple[str | None, str | None]:
         """This element's trace and span ids: its own if it has any, else the batch's."""
@@ -108,7 +105,7 @@ async def _reserve_batch(
         db,
         q,
         tenant_ids=[req.lease.tenant_id for req in batch],
-        ids=[uuid.uuid4() for _ in batch],
+        ids=[req.operation_id or uuid.uuid4() for req in batch],
         task_ids=[req.lease.task_id for req in batch],
         idempotency_keys=[req.idempotency_key for req in batch],
         actions=[req.action for req in batch],
@@ -229,7 +226,12 @@ async def reserve_many(
                         actor=actor or lease.owner,
                     )
                 )
-        except _PER_ELEMENT as exc:
+        except ConfigurationError:
+            raise
+        except AgentDBError as exc:
+            # The statement committed: whatever this element's own follow-up
+            # says (a lost race, a re-arm over a rate limit, a dropped
+            # connection) is this element's, never the batch's.
             results.append(exc)
     return results
 

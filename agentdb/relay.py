@@ -137,6 +137,9 @@ class Relay:
         ok = [m for m, error in zip(claimed, results, strict=True) if error is None]
         if ok:
             _faults.point("after_publish")
+        # Failures first: backed off (not due) before a merged claim could lease
+        # them again and fence their own record out.
+        await self._record_failures(claimed, results)
         marked: set[uuid.UUID] | None = None
         if len(claimed) >= self.batch and not self._stopping.is_set():
             # A full batch: more is probably due. Mark and claim the next at once.
@@ -154,6 +157,12 @@ class Relay:
             marked = await outbox.mark_delivered(self.pool, ok)
         self.stats.delivered += len(marked)
         self.stats.lost_claims += len(ok) - len(marked)
+        return len(claimed)
+
+    async def _record_failures(
+        self, claimed: list[OutboxMessage], results: list[str | None]
+    ) -> None:
+        """Back off each message whose publish failed (dead after its last attempt)."""
         for m, error in zip(claimed, results, strict=True):
             if error is None:
                 continue
@@ -174,7 +183,6 @@ class Relay:
                     failure.attempts,
                     error,
                 )
-        return len(claimed)
 
     def _count_claim(self, claimed: list[OutboxMessage]) -> None:
         self._claim_after = claimed[-1].tenant_id
@@ -186,14 +194,16 @@ class Relay:
         A few lanes take the messages in turn: one asyncio task per lane, not
         per message (a task costs more than a fast publisher's call).
         """
-        errors: list[str | None] = [None] * len(claimed)
+        # Not published until a lane says so: a message no lane reached is never
+        # marked delivered.
+        errors: list[str | None] = ["not published"] * len(claimed)
         turns = iter(range(len(claimed)))
 
         async def lane() -> None:
             for i in turns:
                 errors[i] = await self._publish(claimed[i])
 
-        lanes = min(self.publish_concurrency, len(claimed))
+        lanes = max(1, min(self.publish_concurrency, len(claimed)))
         if lanes == 1:
             await lane()
         else:

@@ -12,7 +12,7 @@
 -- per recorded version) and serves the lookups the others served: the
 -- foreign-key checks of a task or operation delete, the deferred event
 -- check, a task's events in order (a small sort), a child's finishing
--- event. Two index insertions fewer per operation event, one per task event.
+-- event. One index insertion fewer per event.
 --
 -- The secret check (G9) called agentdb_jsonb_has_secrets for every event;
 -- the call itself (a PL/pgSQL frame, its pinned search_path) cost more than
@@ -21,26 +21,32 @@
 -- the same answer for every payload, as the function's own first step is
 -- the same regex (tests/test_events_diet.py keeps the two texts equal).
 --
--- Both steps hold agent_events' locks until the migration commits: the
--- index builds block event writes (not reads) while they run (0025 and 0026
--- took 2.9 s together for 1.2 million events on the 2-core development
--- machine). The constraint is added NOT VALID, which scans nothing; 0026
--- validates it in its own transaction, letting writes through meanwhile.
--- Every row already passed the old, equivalent check.
+-- Upgrading an install that holds events: the new keys are built first, under
+-- other names, with the SHARE lock CREATE INDEX takes (event writes wait,
+-- reads go on); the old indexes are then dropped and the new ones renamed,
+-- and the check re-made NOT VALID (no scan) - those take ACCESS EXCLUSIVE
+-- locks (reads wait too), held from there to the commit, a moment later.
+-- 0025 and 0026 took 2.9 s together for 1.2 million events on the 2-core
+-- development machine. 0026 validates the check in a transaction of its own
+-- (SHARE UPDATE EXCLUSIVE: writes go on). Every row already passed the old,
+-- equivalent check.
 
--- G8: one event per task state_version; also the task's event lookup.
-DROP INDEX agent_events_task_idx;
-DROP INDEX agent_events_task_version_key;
-CREATE UNIQUE INDEX agent_events_task_version_key
+-- One event per task state_version (G8, renamed below to 0004's key); also the
+-- task's event lookup.
+CREATE UNIQUE INDEX agent_events_task_version_key_0025
     ON agent_events (tenant_id, task_id, task_state_version);
-
--- G8: one event per operation state_version; also the operation's event lookup
--- (retention, tenant deletion).
-DROP INDEX agent_events_operation_idx;
-DROP INDEX agent_events_operation_version_key;
-CREATE UNIQUE INDEX agent_events_operation_version_key
+-- One event per operation state_version (G8, renamed below to 0004's key); also
+-- the operation's event lookup (retention, tenant deletion).
+CREATE UNIQUE INDEX agent_events_operation_version_key_0025
     ON agent_events (tenant_id, operation_id, operation_state_version)
     WHERE operation_id IS NOT NULL;
+DROP INDEX agent_events_task_idx;
+DROP INDEX agent_events_task_version_key;
+ALTER INDEX agent_events_task_version_key_0025 RENAME TO agent_events_task_version_key;
+DROP INDEX agent_events_operation_idx;
+DROP INDEX agent_events_operation_version_key;
+ALTER INDEX agent_events_operation_version_key_0025
+    RENAME TO agent_events_operation_version_key;
 
 -- G9: bounded, redacted payloads - the function only for a payload the
 -- prefilter matches (the regex is agentdb_jsonb_has_secrets's first step).

@@ -14,7 +14,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from agentdb import Message, leases, operations, tasks
+from agentdb import Message, budgets, leases, operations, tasks
 from agentdb.errors import (
     ConfigurationError,
     IdempotencyConflict,
@@ -22,6 +22,7 @@ from agentdb.errors import (
     NotFound,
     OperationInFlight,
     PayloadTooLarge,
+    RateLimited,
     StaleVersion,
 )
 from agentdb.models import Task
@@ -274,6 +275,42 @@ async def test_G16_reserve_many_gives_each_operation_its_own_trace_ids(
         )
         assert event is not None
         assert (event["trace_id"], event["span_id"]) == ids
+
+
+async def test_G19_a_refusal_after_the_statement_committed_is_that_elements_alone(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """3 calls of 'send' per hour. One task re-arms its failed key while two others reserve
+    fresh keys in the same batch: the statement reserves the two (calls 2 and 3), then the
+    re-arm, the fourth call, is over the limit - refused in its own slot; the two fresh
+    reservations stand and are answered."""
+    x, b, c = await _claimed(pool, tenants.a, 3)
+    await budgets.set_rate_limit(pool, tenants.a, "send", 3, timedelta(hours=1))
+    assert x.lease is not None
+    assert b.lease is not None
+    assert c.lease is not None
+    first = await operations.reserve(pool, tenants.a, x.id, "kx", "send", {}, lease=x.lease)
+    await operations.fail(pool, first.operation, "502", lease=x.lease)
+    again, fresh_b, fresh_c = await operations.reserve_many(
+        pool,
+        [
+            ReserveRequest(x.lease, "kx", "send", {}),
+            ReserveRequest(b.lease, "kb", "send", {}),
+            ReserveRequest(c.lease, "kc", "send", {}),
+        ],
+    )
+    assert isinstance(again, RateLimited)
+    for fresh in (fresh_b, fresh_c):
+        assert not isinstance(fresh, Exception)
+        assert fresh.fresh
+    states = await admin_conn.fetch(
+        "SELECT idempotency_key, state FROM agent_operations WHERE tenant_id = $1"
+        " ORDER BY idempotency_key",
+        tenants.a,
+    )
+    assert [(r["idempotency_key"], r["state"]) for r in states] == [
+        ("kb", "reserved"), ("kc", "reserved"), ("kx", "failed"),
+    ]  # fmt: skip
 
 
 async def test_G12_reserve_many_and_complete_many_refuse_a_fenced_out_lease(

@@ -94,6 +94,27 @@ def test_migrate_rollback_all_migrate_gives_an_identical_schema(empty_db: str) -
     assert "CREATE TABLE public.agent_tasks" in migrated  # the dump is not vacuous
 
 
+def test_each_rollback_restores_exactly_the_schema_before_its_migration(empty_db: str) -> None:
+    """Step by step: yoyo applies the migrations one at a time (a dump after each), then
+    agentdb rolls them back one at a time - each rollback must give the dump from before
+    its migration, constraint validity and function settings included (a round trip of
+    them all would hide a rollback that leaves what the next one takes away)."""
+    dumps = [_pg.schema_dump(empty_db)]
+    with _yoyo(empty_db) as (backend, migrations), backend.lock():
+        for m in migrations:
+            one = migrations.filter(lambda x, wanted=m.id: x.id == wanted)
+            backend.apply_migrations(backend.to_apply(one))
+            dumps.append(_pg.schema_dump(empty_db))
+    ids = migrate.migration_ids()
+    assert len(dumps) == len(ids) + 1
+    inexact = []
+    for k in range(len(ids), 0, -1):
+        assert migrate.rollback(empty_db, count=1) == [ids[k - 1]]
+        if _pg.schema_dump(empty_db) != dumps[k - 1]:
+            inexact.append(ids[k - 1])
+    assert inexact == []
+
+
 def test_migrate_is_idempotent_and_status_follows(empty_db: str) -> None:
     ids = migrate.migration_ids()
     assert migrate.migrate(empty_db) == ids

@@ -279,8 +279,10 @@ def run_machine(h: Harness, *, max_examples: int) -> None:
                 self.finished(tid)
                 self.m.committed.add(msg.id)
                 del self.held[w][tid]
+            elif self.current(w, tid):  # its lease holds, its version does not (late or not)
+                self.refused_and_unchanged(call, StaleVersion)
             else:
-                self.lease_refused(tid, call, StaleVersion)
+                self.lease_refused(tid, call)
 
         @rule(w=st.integers(0, WORKERS - 1), data=st.data())
         def release(self, w: int, data: st.DataObject) -> None:

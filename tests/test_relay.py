@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
@@ -371,9 +372,10 @@ async def test_G10_a_failed_mark_and_claim_is_marked_alone_and_the_relay_goes_on
     admin_conn: asyncpg.Connection,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The merged statement fails once (a dropped connection): the batch it would have
-    marked is marked alone, at once, and the relay claims on - every message is published
-    once and ends delivered, nothing waits for a visibility timeout."""
+    """The merged statement fails once before it ran (a dropped connection): the batch it
+    would have marked is marked alone, at once, and the relay claims on - every message
+    is published once and ends delivered. (Had it failed after its commit, the batch it
+    claimed would wait for its visibility to end, as after a relay's crash.)"""
     ids = await _enqueue(pool, tenants.a, 25)
     real = outbox.deliver_and_claim
     failures: list[int] = []
@@ -397,3 +399,31 @@ async def test_G10_a_failed_mark_and_claim_is_marked_alone_and_the_relay_goes_on
     assert relay.stats.lost_claims == 0
     states = await admin_conn.fetch("SELECT DISTINCT state FROM agent_outbox")
     assert [r["state"] for r in states] == ["delivered"]
+
+
+async def test_G10_a_failure_is_recorded_before_the_next_claim_can_take_it_again(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A full batch whose publishes fail after outliving the visibility: each failure is
+    recorded (backed off, its error kept) before the merged mark-and-claim runs - which
+    would otherwise lease the failed messages again and fence their record out - so
+    both end dead after their two attempts, with nothing lost on the way."""
+    await _enqueue(pool, tenants.a, 2, max_attempts=2)
+
+    async def slow_failure(message: OutboxMessage) -> None:
+        await asyncio.sleep(1.2)  # past the 1 s visibility
+        raise RuntimeError("downstream 503")
+
+    relay = Relay(
+        pool, slow_failure, batch=2, visibility=timedelta(seconds=1), retry_base=0.05,
+        retry_cap=0.05,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while relay.stats.dead < 2:
+        assert time.monotonic() < deadline, relay.stats
+        if not await relay.run_once():
+            await asyncio.sleep(0.05)
+    rows = await admin_conn.fetch("SELECT state, attempts, last_error FROM agent_outbox")
+    assert [(r["state"], r["attempts"]) for r in rows] == [("dead", 2), ("dead", 2)]
+    assert all("downstream 503" in (r["last_error"] or "") for r in rows)
+    assert (relay.stats.failed_attempts, relay.stats.lost_claims) == (4, 0)

@@ -7,12 +7,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from agentdb import _db, _faults, children, operations, signals
+from agentdb import _db, _faults, children, operations, signals, telemetry
 from agentdb.batch import Completion, ReserveRequest
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
     ConfigurationError,
+    NotFound,
     OperationInFlight,
     OperationUnsettled,
     PastDeadline,
@@ -138,18 +139,28 @@ class Job:
 
         if self._reservations is None or cost is not None:  # a cost is held alone
             return await alone()
+        # The ids are resolved here, in this job's context (its current span), not in
+        # the flush's, which runs in whichever job's context started it (G16).
+        trace_id, span_id = telemetry.ids(self.task.trace_id, self.task.span_id)
+        op_id = uuid.uuid4()
         request = ReserveRequest(
-            lease, key, action, input, trace_id=self.task.trace_id, span_id=self.task.span_id
+            lease, key, action, input, trace_id=trace_id, span_id=span_id, operation_id=op_id
         )
         done = await self._reservations.submit(request, alone)
         if isinstance(done, AgentDBError):
             raise done  # this element's refusal, as its own write's
         if isinstance(done, Reservation):
             return done
-        # The batch was refused whole (or held this key twice): reserve alone. If
-        # the batch landed and its answer was lost, that finds the key reserved by
-        # this task, as a reserve whose answer was lost does (G13).
-        return await alone()
+        # The batch was refused whole (or held this key twice), or its answer was
+        # lost: if it committed, the operation with the id this job chose is its own
+        # reservation - not an earlier attempt's, to reconcile (G13). Else alone.
+        try:
+            mine = await operations.get(self.pool, self.task.tenant_id, op_id)
+        except NotFound:
+            return await alone()
+        if mine.state != "reserved":  # moved on since (a takeover's reconcile): decide alone
+            return await alone()
+        return Reservation(mine, fresh=True)
 
     async def _recover(
         self, op: Operation, key: str, action: str, input: Any, cost: Cost | None
