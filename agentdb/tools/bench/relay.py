@@ -117,7 +117,7 @@ async def _relay_raw_transaction(pool: _db.Pool, batch: int) -> int:
 RELAYS: tuple[tuple[str, str, Drain], ...] = (
     (
         "agentdb Relay.drain()",
-        "claim + mark_delivered, publish per message (gather)",
+        "claim, publish in lanes, mark + claim the next in one statement",
         _relay_agentdb,
     ),
     ("agentdb outbox.claim + mark_delivered", "the helpers in a plain loop", _relay_helpers),
