@@ -57,7 +57,7 @@ CITUS_SUITES ?= tests/test_attacks.py tests/test_fences.py tests/test_tenant_iso
 	tests/test_retention.py tests/test_fairness.py tests/test_status.py tests/test_worker.py \
 	tests/test_worker_finishing.py tests/test_worker_misbehaving.py tests/test_relay.py \
 	tests/test_crash.py tests/test_model.py tests/test_cancel.py tests/test_deadlines.py \
-	tests/test_signals.py tests/test_children.py tests/test_schedules.py
+	tests/test_signals.py tests/test_children.py tests/test_schedules.py tests/test_budgets.py
 
 test-citus: $(VENV)/.dev ## Citus tests + attacks/runtime/worker/relay/crash/model suites + chaos-quick on AGENTDB_CITUS_DSN (not in make test)
 	@test -n "$$AGENTDB_CITUS_DSN" || { echo "make test-citus: set AGENTDB_CITUS_DSN to a database on a Citus coordinator (citus installed, workers added); see README 'Scaling out with Citus'" >&2; exit 2; }

@@ -135,11 +135,22 @@ async def refusal(
             sqlstate=sqlstate, constraint=constraint, action=action, retry_after=retry_after,
         )  # fmt: skip
         payload.update(reason="rate_limit", retry_after=retry_after.isoformat())
-    await _db.execute_rows(
-        db, _Q["budget_refused"], tenant_id=tenant_id, task_id=task_id, actor_id=actor,
-        payload=document(payload, cap=EVENT_PAYLOAD_CAP, what="refusal event"),
-        trace_id=ids[0], span_id=ids[1],
-    )  # fmt: skip
+    event = {
+        "tenant_id": tenant_id, "task_id": task_id, "actor_id": actor,
+        "payload": document(payload, cap=EVENT_PAYLOAD_CAP, what="refusal event"),
+        "trace_id": ids[0], "span_id": ids[1],
+    }  # fmt: skip
+    if not await schema.distributed(db):
+        await _db.execute_rows(db, _Q["budget_refused"], **event)
+        return out
+    async with _db.transaction(db) as conn:  # Citus: budget_refused_row says why
+        task = await _db.fetch_optional(
+            conn, _Q["budget_refused_task"], tenant_id=tenant_id, id=task_id
+        )
+        if task is not None:
+            await _db.execute_rows(
+                conn, _Q["budget_refused_row"], policy_version=task["workflow_version"], **event
+            )
     return out
 
 

@@ -29,6 +29,7 @@ from agentdb import _db, _explain, _routed, budgets, schema, telemetry
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
 from agentdb.budgets import Cost
 from agentdb.errors import (
+    AgentDBError,
     BudgetExceeded,
     ConfigurationError,
     IdempotencyConflict,
@@ -232,15 +233,18 @@ async def _decide(
     if op.state == "failed" and cost:
         return Reservation(await _rearm_costed(db, op, cost, lease=lease, actor=actor), True)
     if op.state == "failed":
-        rearmed = await _settle(
-            db,
-            op,
-            ("failed",),
-            "reserved",
-            lease=lease,
-            actor=actor,
-            event_type="operation.retried",
-        )
+        try:
+            rearmed = await _settle(
+                db,
+                op,
+                ("failed",),
+                "reserved",
+                lease=lease,
+                actor=actor,
+                event_type="operation.retried",
+            )
+        except RateLimited as refused:  # a re-arm is a call too (G19)
+            raise await _refusal(db, refused, op, None, actor) from refused
         return Reservation(rearmed, fresh=True)
     raise OperationInFlight(
         f"operation {op.id} for key {op.idempotency_key!r} is {op.state}; "
@@ -260,10 +264,21 @@ async def _rearm_costed(
             return await _settle(conn, op, ("failed",), "reserved", lease=lease, actor=actor,
                                  event_type="operation.retried")  # fmt: skip
     except (BudgetExceeded, RateLimited) as refused:
-        raise await budgets.refusal(
-            db, refused, op.tenant_id, op.task_id, op.idempotency_key, op.action, cost,
-            actor or "agentdb", (op.trace_id, op.span_id),
-        ) from refused  # fmt: skip
+        raise await _refusal(db, refused, op, cost, actor) from refused
+
+
+async def _refusal(
+    db: _db.Executor,
+    refused: BudgetExceeded | RateLimited,
+    op: Operation,
+    cost: Cost | None,
+    actor: str | None,
+) -> AgentDBError:
+    """:func:`budgets.refusal` for a re-arm of ``op``: its event written, the refusal told."""
+    return await budgets.refusal(
+        db, refused, op.tenant_id, op.task_id, op.idempotency_key, op.action, cost,
+        actor or "agentdb", (op.trace_id, op.span_id),
+    )  # fmt: skip
 
 
 async def _settle(

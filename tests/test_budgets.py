@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 from agentdb import budgets, operations, retention, tasks
 from agentdb.errors import BudgetExceeded, ConfigurationError, InvariantViolation, RateLimited
 from agentdb.models import Operation
+from agentdb.testing._postgres import ON_CITUS
 from tests import factories as F
 from tests._procs import stop_workers, worker_processes
 from tests.conftest import RUNTIME, Database, Tenants
@@ -246,13 +247,16 @@ async def test_G19_a_day_budget_starts_again_in_a_new_window(
     await operations.complete(admin_conn, res.operation)
     with pytest.raises(BudgetExceeded):
         await operations.reserve(admin_conn, tenants.a, task, "k2", "llm", {}, cost={"tokens": 1})
-    # Yesterday's window (as the owner with the guard off: time cannot be moved otherwise).
-    await admin_conn.execute("SET session_replication_role = replica")
-    await admin_conn.execute(
-        "UPDATE agent_budgets SET window_start = window_start - interval '1 day' WHERE id = $1",
-        b.id,
-    )
-    await admin_conn.execute("SET session_replication_role = origin")
+    # Yesterday's window (as the owner with the guard off: time cannot be moved otherwise;
+    # the instant computed first, as Citus refuses a STABLE operator on a column in a SET).
+    start = await admin_conn.fetchval("SELECT window_start FROM agent_budgets WHERE id = $1", b.id)
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_budgets SET window_start = $2 WHERE id = $1",
+            b.id,
+            start - timedelta(days=1),
+        )
     await operations.reserve(admin_conn, tenants.a, task, "k2", "llm", {}, cost={"tokens": 100})
     [now] = await budgets.list_budgets(admin_conn, tenants.a)
     assert (now.spent, now.held) == (0, 100)
@@ -468,6 +472,10 @@ _LOCK_WAIT = (
 )
 
 
+@pytest.mark.plain_postgres(
+    "it watches pg_stat_activity; on Citus the lock is waited for on a worker:"
+    " tests/citus/test_citus_budgets.py runs the same interleaving with citus_lock_waits"
+)
 async def test_G19_a_reservation_locks_budgets_before_rate_limits(
     db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
@@ -501,6 +509,35 @@ async def test_G19_a_rate_limit_refuses_the_call_over_it_and_says_when(
     assert (rl.max_calls, rl.used) == (3, 3)
 
 
+async def test_G19_a_retry_over_the_rate_limit_is_refused_with_its_event_and_when(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Re-arming a failed key is a call (it counts against the limit): over the limit it is
+    refused as a fresh call is - the refusal says when to retry, and its event is written."""
+    await budgets.set_rate_limit(pool, tenants.a, "chat", 1, timedelta(hours=1))
+    task = await _task(pool, tenants.a)
+    first = await operations.reserve(pool, tenants.a, task, "k", "chat", {})
+    await operations.fail(pool, first.operation, "502")
+    with pytest.raises(RateLimited) as refused:
+        await operations.reserve(pool, tenants.a, task, "k", "chat", {})
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after > datetime.now(UTC)
+    events = await admin_conn.fetch(
+        "SELECT payload->>'idempotency_key' AS key, payload->>'reason' AS reason"
+        " FROM agent_events WHERE tenant_id = $1 AND event_type = 'operation.refused'",
+        tenants.a,
+    )
+    assert [(e["key"], e["reason"]) for e in events] == [("k", "rate_limit")]
+    [op] = await admin_conn.fetch(
+        "SELECT state FROM agent_operations WHERE tenant_id = $1", tenants.a
+    )
+    assert op["state"] == "failed"  # nothing re-armed
+
+
+@pytest.mark.plain_postgres(
+    "global rate limits are refused on Citus by design (every reservation would be a"
+    " two-phase commit); tests/citus/test_citus_budgets.py checks that refusal"
+)
 async def test_G19_a_global_rate_limit_spans_tenants(pool: asyncpg.Pool, tenants: Tenants) -> None:
     action = f"provider-{uuid.uuid4().hex[:8]}"
     await budgets.set_global_rate_limit(pool, action, 2, timedelta(hours=1))
@@ -510,7 +547,17 @@ async def test_G19_a_global_rate_limit_spans_tenants(pool: asyncpg.Pool, tenants
         await operations.reserve(pool, tenants.a, await _task(pool, tenants.a), "k2", action, {})
 
 
-@pytest.mark.parametrize("scope", ["tenant", "global"])
+@pytest.mark.parametrize(
+    "scope",
+    [
+        "tenant",
+        "tenant-rearm",
+        pytest.param(
+            "global",
+            marks=pytest.mark.plain_postgres("global rate limits are refused on Citus by design"),
+        ),
+    ],
+)
 async def test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_the_next(
     scope: str, pool: asyncpg.Pool, tenants: Tenants
 ) -> None:
@@ -518,12 +565,16 @@ async def test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_
     event will carry that instant), another call starts the next window, then the first
     one reserves. Counted in the new window it would let the old one hold more than the
     limit, as the events tell it; it is refused, and its retry is counted where its own
-    event lies."""
-    if scope == "tenant":
+    event lies. ``tenant-rearm``: the late call re-arms a failed key (an UPDATE, where
+    the others insert)."""
+    if scope.startswith("tenant"):
         await budgets.set_rate_limit(pool, tenants.a, "tick", 5, timedelta(seconds=1))
     else:
         await budgets.set_global_rate_limit(pool, "tick", 5, timedelta(seconds=1))
     task = await _task(pool, tenants.a)
+    if scope == "tenant-rearm":
+        failed = await operations.reserve(pool, tenants.a, task, "late", "tick", {})
+        await operations.fail(pool, failed.operation, "502")
     async with pool.acquire() as late:
         began = late.transaction()
         await began.start()
@@ -538,7 +589,10 @@ async def test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_
         await operations.reserve(pool, tenants.a, task, "next", "tick", {})  # the next window
         with pytest.raises(RateLimited) as refused:
             await operations.reserve(late, tenants.a, task, "late", "tick", {})
-        assert refused.value.constraint == "agent_operations_rate_limit"
+        assert refused.value.sqlstate == "AG011"
+        # Citus drops the constraint field of an error a worker's trigger raised.
+        trigger = "agent_operations_rate_limit" + ("_retry" if scope == "tenant-rearm" else "")
+        assert refused.value.constraint == (None if ON_CITUS else trigger)
         await began.rollback()
     retried = await operations.reserve(pool, tenants.a, task, "late", "tick", {})
     assert retried.fresh  # control: the same call in a transaction of its own is counted
@@ -548,6 +602,7 @@ async def test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_
 
 _WINDOW_START = {
     "tenant": "SELECT window_start FROM agent_rate_limits WHERE action = 'tick'",
+    "tenant-rearm": "SELECT window_start FROM agent_rate_limits WHERE action = 'tick'",
     "global": "SELECT window_start FROM agent_global_rate_limits WHERE action = 'tick'",
 }
 
@@ -627,7 +682,9 @@ async def test_G19_retention_purges_the_books_of_what_it_purges(
     old = datetime.now(UTC) - timedelta(days=90)
     # Rows past every retention, as they are after their events expired: written with
     # the guards off, since no writer may backdate them otherwise.
-    await conn.execute("SET session_replication_role = replica")
+    backdating = conn.transaction()
+    await backdating.start()
+    await F.replica_mode(conn)
     task = await F.insert(conn, "agent_tasks", F.task_row(tenants.a, state="succeeded",
                                                          updated_at=old))  # fmt: skip
     done = await F.insert(conn, "agent_operations", F.operation_row(
@@ -640,7 +697,7 @@ async def test_G19_retention_purges_the_books_of_what_it_purges(
             " amount, state, settled) VALUES ($1, $2, 1, $3, 'tokens', 50, $4, $5)",
             tenants.a, op, budget.id, state, settled,
         )  # fmt: skip
-    await conn.execute("SET session_replication_role = origin")
+    await backdating.commit()
     ages = {"operations": timedelta(days=30), "tasks": timedelta(days=30)}
     await retention.purge(conn, ages=ages, classes=("operations",))
     left = {r[0] for r in await conn.fetch(
@@ -650,10 +707,10 @@ async def test_G19_retention_purges_the_books_of_what_it_purges(
         "SELECT array_agg(id) FROM agent_operations WHERE tenant_id = $1", tenants.a
     ) == [open_]
     # A finished task's own budget goes with the task, once its operations are gone.
-    await conn.execute("SET session_replication_role = replica")
-    await conn.execute("DELETE FROM agent_budget_holds WHERE tenant_id = $1", tenants.a)
-    await conn.execute("DELETE FROM agent_operations WHERE tenant_id = $1", tenants.a)
-    await conn.execute("SET session_replication_role = origin")
+    async with conn.transaction():
+        await F.replica_mode(conn)
+        await conn.execute("DELETE FROM agent_budget_holds WHERE tenant_id = $1", tenants.a)
+        await conn.execute("DELETE FROM agent_operations WHERE tenant_id = $1", tenants.a)
     await budgets.set_budget(conn, tenants.a, "tokens", 100, task_id=task)
     await retention.purge(conn, ages=ages, classes=("tasks",))
     assert [b.task_id for b in await budgets.list_budgets(conn, tenants.a)] == [None]
@@ -670,7 +727,9 @@ async def test_G19_retention_of_many_settled_operations_in_small_batches(
     conn = admin_conn
     budget = await budgets.set_budget(conn, tenants.a, "tokens", 1_000_000)
     old = datetime.now(UTC) - timedelta(days=90)
-    await conn.execute("SET session_replication_role = replica")
+    backdating = conn.transaction()
+    await backdating.start()
+    await F.replica_mode(conn)
     task = await F.insert(conn, "agent_tasks", F.task_row(tenants.a, state="succeeded",
                                                          updated_at=old))  # fmt: skip
     ops = [
@@ -690,7 +749,7 @@ async def test_G19_retention_of_many_settled_operations_in_small_batches(
                 " unit, amount, state, settled) VALUES ($1, $2, $3, $4, 'tokens', 5, 'settled', 5)",
                 tenants.a, op, attempt, budget.id,
             )  # fmt: skip
-    await conn.execute("SET session_replication_role = origin")
+    await backdating.commit()
     report = await retention.purge(
         conn, batch=2, ages={"operations": timedelta(days=30)}, classes=("operations",)
     )

@@ -27,6 +27,7 @@ from agentdb.errors import (
 )
 from agentdb.models import Task
 from agentdb.operations import Completion, ReserveRequest
+from agentdb.testing._postgres import ON_CITUS
 from tests import factories as F
 from tests.conftest import RUNTIME, Database, Tenants
 
@@ -277,18 +278,14 @@ async def test_G16_reserve_many_gives_each_operation_its_own_trace_ids(
         assert (event["trace_id"], event["span_id"]) == ids
 
 
-@pytest.mark.plain_postgres(
-    "on Citus the refusal's own event (budget_refused, an INSERT ... SELECT) is refused"
-    " before the answer: Citus runs it as a COPY, which row-level security forbids -"
-    " a gap of G19 there, not of reserve_many"
-)
 async def test_G19_a_refusal_after_the_statement_committed_is_that_elements_alone(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
     """3 calls of 'send' per hour. One task re-arms its failed key while two others reserve
-    fresh keys in the same batch: the statement reserves the two (calls 2 and 3), then the
-    re-arm, the fourth call, is over the limit - refused in its own slot; the two fresh
-    reservations stand and are answered."""
+    fresh keys in the same batch: the fourth call is refused in its own slot, with its
+    event, and the other two reservations stand and are answered. On plain Postgres the
+    statement reserves the fresh keys first (calls 2 and 3), so the re-arm is the fourth;
+    on Citus the elements go one by one in order, so the last fresh key is."""
     x, b, c = await _claimed(pool, tenants.a, 3)
     await budgets.set_rate_limit(pool, tenants.a, "send", 3, timedelta(hours=1))
     assert x.lease is not None
@@ -296,26 +293,51 @@ async def test_G19_a_refusal_after_the_statement_committed_is_that_elements_alon
     assert c.lease is not None
     first = await operations.reserve(pool, tenants.a, x.id, "kx", "send", {}, lease=x.lease)
     await operations.fail(pool, first.operation, "502", lease=x.lease)
-    again, fresh_b, fresh_c = await operations.reserve_many(
-        pool,
-        [
-            ReserveRequest(x.lease, "kx", "send", {}),
-            ReserveRequest(b.lease, "kb", "send", {}),
-            ReserveRequest(c.lease, "kc", "send", {}),
-        ],
-    )
-    assert isinstance(again, RateLimited)
-    for fresh in (fresh_b, fresh_c):
-        assert not isinstance(fresh, Exception)
-        assert fresh.fresh
+    # The refusal's event used to be an INSERT ... SELECT, which Citus pushes through
+    # the coordinator as a COPY (refused under row-level security) once a connection
+    # plans it generically, from its sixth run: refuse more than that on one connection.
+    await budgets.set_rate_limit(pool, tenants.a, "flood", 1, timedelta(hours=1))
+    await operations.reserve(pool, tenants.a, x.id, "flood", "flood", {}, lease=x.lease)
+    async with pool.acquire() as conn:
+        for i in range(7):
+            with pytest.raises(RateLimited):
+                await operations.reserve(
+                    conn, tenants.a, x.id, f"over-{i}", "flood", {}, lease=x.lease
+                )
+        answers = await operations.reserve_many(
+            conn,
+            [
+                ReserveRequest(x.lease, "kx", "send", {}),
+                ReserveRequest(b.lease, "kb", "send", {}),
+                ReserveRequest(c.lease, "kc", "send", {}),
+            ],
+        )
+    refused_key = "kc" if ON_CITUS else "kx"
+    keys = ["kx", "kb", "kc"]
+    for key, answer in zip(keys, answers, strict=True):
+        if key == refused_key:
+            assert isinstance(answer, RateLimited)
+        else:
+            assert not isinstance(answer, Exception)
+            assert answer.fresh
     states = await admin_conn.fetch(
         "SELECT idempotency_key, state FROM agent_operations WHERE tenant_id = $1"
         " ORDER BY idempotency_key",
         tenants.a,
     )
-    assert [(r["idempotency_key"], r["state"]) for r in states] == [
-        ("kb", "reserved"), ("kc", "reserved"), ("kx", "failed"),
-    ]  # fmt: skip
+    expected = {"flood": "reserved", "kb": "reserved", "kc": "reserved", "kx": "reserved"}
+    expected[refused_key] = "failed" if refused_key == "kx" else "absent"
+    assert [(r["idempotency_key"], r["state"]) for r in states] == sorted(
+        (k, v) for k, v in expected.items() if v != "absent"
+    )
+    refusals = await admin_conn.fetch(
+        "SELECT payload->>'idempotency_key' AS key FROM agent_events WHERE tenant_id = $1"
+        " AND event_type = 'operation.refused' AND payload->>'reason' = 'rate_limit'",
+        tenants.a,
+    )
+    assert sorted(r["key"] for r in refusals) == sorted(
+        [f"over-{i}" for i in range(7)] + [refused_key]
+    )
 
 
 async def test_G12_reserve_many_and_complete_many_refuse_a_fenced_out_lease(

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentdb import tasks
+from agentdb._db.jsonb import document
 from agentdb.errors import PayloadTooLarge
 from agentdb.redaction import MASK, Redactor, redact
 from tests.conftest import Tenants
@@ -186,3 +187,32 @@ async def test_G9_a_cost_in_tokens_is_no_secret(admin_conn: asyncpg.Connection) 
             "SELECT agentdb_jsonb_has_secrets($1::jsonb)", json.dumps(doc)
         )
         assert found is False
+
+
+# Keys and strings full of the characters the size bound counts (',' and ':'
+# inside strings get no space in jsonb's rendering) and of multi-byte ones.
+_TEXT = st.text(alphabet=st.sampled_from(list(',: a\u00e9\u20ac\U0001f600"\\')), max_size=12)
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(doc=st.dictionaries(_TEXT, _JSON, max_size=5), slack=st.integers(-3, 3))
+async def test_G9_document_refuses_exactly_what_jsonb_renders_over_the_cap(
+    doc: dict[str, Any], slack: int, admin_conn: asyncpg.Connection
+) -> None:
+    """The client-side cap check (its one-encoding bound included) agrees with the size
+    the CHECKs measure, octet_length(payload::text), at and around the cap."""
+    text = json.dumps(doc, ensure_ascii=False)
+    rendered = await admin_conn.fetchval("SELECT octet_length($1::jsonb::text)", text)
+    cap = max(2, rendered + slack)
+    if rendered > cap:
+        with pytest.raises(PayloadTooLarge):
+            document(doc, cap=cap, what="payload")
+    else:
+        assert document(doc, cap=cap, what="payload") is not None

@@ -37,7 +37,7 @@ def document(value: Mapping[str, Any] | None, *, cap: int, what: str) -> str | N
         )
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        text.encode("utf-8")  # a lone surrogate survives json.dumps, not the wire
+        size = len(text.encode("utf-8"))  # a lone surrogate survives json.dumps, not the wire
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"{what} is not JSON-serialisable: {exc}") from exc
     except RecursionError:
@@ -47,7 +47,12 @@ def document(value: Mapping[str, Any] | None, *, cap: int, what: str) -> str | N
         # not one); jsonb refuses it (22P05).
         raise ConfigurationError(f"{what} contains a NUL character, which jsonb cannot store")
     # The CHECKs measure jsonb's own rendering, which puts a space after every
-    # ',' and ':'; measure the same way. The CHECK stays the final guard.
+    # ',' and ':' between items; measure the same way. The CHECK stays the
+    # final guard. That rendering is at most the compact text plus one byte
+    # per ',' and ':' in it (those inside strings get none): a document under
+    # the cap by that bound is not encoded a second time.
+    if size + text.count(",") + text.count(":") <= cap:
+        return text
     rendered = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), allow_nan=False)
     size = len(rendered.encode("utf-8"))
     if size > cap:

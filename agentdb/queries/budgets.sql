@@ -73,6 +73,30 @@ SELECT t.tenant_id, t.id, 'operation.refused', $3, t.workflow_version, $4, $5, $
 FROM agent_tasks t
 WHERE t.tenant_id = $1 AND t.id = $2;
 
+-- name: budget_refused_row :execrows
+-- budget_refused on Citus: the event of a reservation the
+-- budgets or rate limits refused (G19), one row of VALUES. Citus runs an
+-- INSERT ... SELECT whose SELECT it does not prune at plan time through the
+-- coordinator as a COPY, which row-level security refuses ("COPY FROM not
+-- supported with row-level security"): the version comes first from
+-- budget_refused_task, in the same transaction.
+-- guarantee: G19, G8
+-- zero rows: never; the insert either writes its row or raises.
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 actor_id text, $4 policy_version text, $5 payload jsonb, $6 trace_id text, $7 span_id text
+INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version, payload,
+                          trace_id, span_id)
+VALUES ($1, $2, 'operation.refused', $3, $4, $5, $6, $7);
+
+-- name: budget_refused_task :one
+-- The workflow version of tenant $1's task $2: the policy_version an event
+-- written without its task's UPDATE carries (budget_refused_row).
+-- guarantee: G19, G8
+-- zero rows: no such task in this tenant.
+-- params: $1 tenant_id uuid, $2 id uuid
+SELECT t.workflow_version
+FROM agent_tasks t
+WHERE t.tenant_id = $1 AND t.id = $2;
+
 -- name: budget_set :one
 -- Set tenant $1's budget in unit $3 (for task $2, or the whole tenant when
 -- NULL): its limit $4 and window $5. Changing the window starts a new one.

@@ -5,13 +5,46 @@ from __future__ import annotations
 from agentdb.tools.mutate.catalogue import ATTACKS, OPS_SQL, Mutant, T, m
 
 BUDGETS = "sql/0014.budgets.sql"
-COUNT = "sql/0017.rate_window_late.sql"  # replaces 0014's agentdb_count_call
+COUNT = "sql/0027.call_instant.sql"  # replaces 0017's agentdb_count_call, 0014's step
 TESTS = T + "test_budgets.py"
 RACE = TESTS + "::test_G19_fifty_concurrent_reservations_against_a_budget_that_fits_ten"
 MODEL = TESTS + "::test_G19_stateful_model_of_reserve_complete_fail_unknown_reconcile"
 ATTACK = ATTACKS + "::test_attack_is_refused"
 
 MUTANTS: tuple[Mutant, ...] = (
+    m(
+        "rate-limit-worker-instant",
+        COUNT,
+        "        at := least(at, NEW.created_at);",
+        "        at := at;",
+        (
+            TESTS
+            + "::test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_the_next[tenant]",
+        ),
+        "agentdb_count_call on Citus: a call is counted at the worker's now(), after its "
+        "coordinator transaction (and its event) began",
+        citus=True,
+    ),
+    m(
+        "rate-limit-worker-instant-rearm",
+        COUNT,
+        "        at := least(at, NEW.updated_at);",
+        "        at := at;",
+        (
+            TESTS + "::test_G19_a_call_that_waited_past_its_window_is_refused_not_counted_in_the_"
+            "next[tenant-rearm]",
+        ),
+        "agentdb_count_call on Citus: a re-arm is counted at the worker's now()",
+        citus=True,
+    ),
+    m(
+        "budget-rearm-refusal-bare",
+        "agentdb/operations.py",
+        "        except RateLimited as refused:  # a re-arm is a call too (G19)",
+        "        except ZeroDivisionError as refused:  # a re-arm is a call too (G19)",
+        (TESTS + "::test_G19_a_retry_over_the_rate_limit_is_refused_with_its_event_and_when",),
+        "reserve: a re-arm over the rate limit is refused without its event or retry_after",
+    ),
     m(
         "budget-period-switch-refunds",
         BUDGETS,
@@ -110,7 +143,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-late-call-counted",
         COUNT,
-        "    IF FOUND AND now() < lim.window_start AND clock_timestamp() >= lim.window_start THEN\n"
+        "    IF FOUND AND at < lim.window_start AND clock_timestamp() >= lim.window_start THEN\n"
         "        over := format('tenant",
         "    IF false THEN\n        over := format('tenant",
         (
@@ -122,7 +155,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-global-late-call-counted",
         COUNT,
-        "        IF FOUND AND now() < lim.window_start AND clock_timestamp() >= lim.window_start THEN\n"
+        "        IF FOUND AND at < lim.window_start AND clock_timestamp() >= lim.window_start THEN\n"
         "            over := format('global",
         "        IF false THEN\n            over := format('global",
         (
@@ -133,8 +166,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-window-never-rolls",
-        BUDGETS,
-        "    IF p_start + p_per <= now() THEN\n        used := 1;",
+        COUNT,
+        "    IF p_start + p_per <= p_at THEN\n        used := 1;",
         "    IF false THEN\n        used := 1;",
         (TESTS + "::test_G19_a_rate_limit_holds_under_load_from_worker_processes",),
         "agentdb_rate_step: calls of past windows keep counting (the limit starves the action)",

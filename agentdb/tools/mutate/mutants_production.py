@@ -81,10 +81,18 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "jsonb-surrogate-sent",
         "agentdb/_db/jsonb.py",
-        '        text.encode("utf-8")  # a lone surrogate survives json.dumps, not the wire\n',
-        "",
+        '        size = len(text.encode("utf-8"))  # a lone surrogate survives json.dumps, not',
+        "        size = len(text)  #",
         (HOSTILE,),
         "document: a lone surrogate is sent to the driver instead of refused here",
+    ),
+    m(
+        "jsonb-cap-bound-compact",
+        "agentdb/_db/jsonb.py",
+        '    if size + text.count(",") + text.count(":") <= cap:',
+        "    if size <= cap:",
+        (T + "test_redaction.py",),
+        "document: a document under the cap compact but over it as jsonb renders it is sent",
     ),
     m(
         "dsn-unknown-parameters",

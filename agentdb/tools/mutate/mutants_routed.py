@@ -16,6 +16,18 @@ OUTBOX = T + "test_outbox.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     m(
+        "routed-refused-event-as-insert-select",
+        "agentdb/budgets.py",
+        '    if not await schema.distributed(db):\n        await _db.execute_rows(db, _Q["budget_refused"], **event)',
+        '    if True:\n        await _db.execute_rows(db, _Q["budget_refused"], **event)',
+        (
+            T + "test_complete_many.py::"
+            "test_G19_a_refusal_after_the_statement_committed_is_that_elements_alone",
+        ),
+        "budgets.refusal on Citus: the event is an INSERT ... SELECT (a COPY under RLS)",
+        citus=True,
+    ),
+    m(
         "routed-reserve-rate-limit-first",
         "agentdb/_routed.py",
         '        if params.get("units") is not None:\n            # Budgets before rate limits',
