@@ -8,6 +8,7 @@ element writes nothing: no state change, no event, no outbox message.
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from datetime import timedelta
 
@@ -431,3 +432,35 @@ async def test_G7_operation_complete_many_refuses_an_operation_settled_elsewhere
     finally:
         await w1.close()
         await other.close()
+
+
+async def test_G19_complete_many_records_what_complete_records_of_the_books(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """An operation settled in a batch tells the books in its event as one settled alone
+    does: what it spent and what it released (nothing, with no actual cost given)."""
+    await budgets.set_budget(pool, tenants.a, "tokens", 10_000)
+    alone, batched = await _claimed(pool, tenants.a, 2)
+    ops = []
+    for t, key in ((alone, "ka"), (batched, "kb")):
+        assert t.lease is not None
+        res = await operations.reserve(
+            pool, tenants.a, t.id, key, "llm", {}, lease=t.lease, cost={"tokens": 300}
+        )
+        ops.append(res.operation)
+    await operations.complete(pool, ops[0], lease=alone.lease)
+    [done] = await operations.complete_many(pool, [Completion(ops[1], lease=batched.lease)])
+    assert not isinstance(done, Exception)
+    payloads = [
+        json.loads(
+            await admin_conn.fetchval(
+                "SELECT payload FROM agent_events WHERE operation_id = $1"
+                " AND event_type = 'operation.succeeded'",
+                op.id,
+            )
+        )
+        for op in ops
+    ]
+    for payload in payloads:
+        assert (payload["spent"], payload["released"]) == ({"tokens": 300}, {"tokens": 0})
+    assert payloads[0].keys() == payloads[1].keys()

@@ -64,7 +64,10 @@ WITH input AS (
            jsonb_strip_nulls(jsonb_build_object(
                'provider_reference', u.provider_reference, 'attempts', u.attempts,
                'spent', (SELECT jsonb_object_agg(x.unit, x.amount) FROM hs x
-                         WHERE x.tenant_id = u.tenant_id AND x.operation_id = u.id))),
+                         WHERE x.tenant_id = u.tenant_id AND x.operation_id = u.id),
+               -- Spent whole, nothing released: said, as operation_settle says it.
+               'released', (SELECT jsonb_object_agg(x.unit, 0) FROM hs x
+                            WHERE x.tenant_id = u.tenant_id AND x.operation_id = u.id))),
            u.trace_id, u.span_id
     FROM upd u JOIN agent_tasks t ON t.tenant_id = u.tenant_id AND t.id = u.task_id
 )

@@ -38,6 +38,17 @@ MUTANTS: tuple[Mutant, ...] = (
         citus=True,
     ),
     m(
+        "complete-many-books-untold",
+        "agentdb/queries/batch.sql",
+        "               'released', (SELECT jsonb_object_agg(x.unit, 0) FROM hs x\n",
+        "               'unreleased', (SELECT jsonb_object_agg(x.unit, 0) FROM hs x\n",
+        (
+            T
+            + "test_complete_many.py::test_G19_complete_many_records_what_complete_records_of_the_books",
+        ),
+        "operation_complete_many: its event leaves out what was released, which complete records",
+    ),
+    m(
         "budget-rearm-refusal-bare",
         "agentdb/operations.py",
         "        except RateLimited as refused:  # a re-arm is a call too (G19)",
