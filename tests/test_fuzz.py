@@ -33,7 +33,8 @@ _FLAGS = st.sampled_from(
     [
         "--schema", "--json", "--watch", "--migrations", "--batch", "--older-than", "--only",
         "--roles", "--all", "--count", "--concurrency", "--pool-size", "--lease-ttl",
-        "--poll-interval", "--visibility", "--retry-base", "--shutdown-grace", "--worker-id",
+        "--poll-interval", "--visibility", "--retry-base", "--retry-cap", "--shutdown-grace",
+        "--worker-id",
         "--relay-id", "--map", "--fail-on", "--pooler", "--dry-run", "--yes", "--no-listen",
         "--log-format", "--log-level", "--tasks", "--tenants", "--kill-every", "--timeout",
         "--create-schema",

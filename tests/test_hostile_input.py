@@ -268,6 +268,8 @@ async def test_intervals_that_would_spin_are_refused(pool: asyncpg.Pool) -> None
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ConfigurationError, match="poll_interval"):
             Worker(pool, {"t": handle}, poll_interval=bad)
+        with pytest.raises(ConfigurationError, match="retry_cap"):
+            Worker(pool, {"t": handle}, retry_cap=bad)
         with pytest.raises(ConfigurationError, match="poll_interval"):
             Relay(pool, publish, poll_interval=bad)
     with pytest.raises(ConfigurationError, match="visibility"):
@@ -282,6 +284,7 @@ async def test_intervals_that_would_spin_are_refused(pool: asyncpg.Pool) -> None
     ("command", "flag"),
     [
         (("worker", "tests.fixture_handlers:HANDLERS"), "--poll-interval"),
+        (("worker", "tests.fixture_handlers:HANDLERS"), "--retry-cap"),
         (("relay", "tests.fixture_handlers:broken_publisher"), "--poll-interval"),
         (("relay", "tests.fixture_handlers:broken_publisher"), "--visibility"),
     ],

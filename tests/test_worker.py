@@ -337,6 +337,37 @@ async def test_retries_with_backoff_then_dead(pool: asyncpg.Pool, tenants: Tenan
     assert "model returned garbage" in done.last_error
 
 
+@pytest.mark.parametrize("cap", [None, 1.0])
+async def test_a_retry_waits_at_most_the_cap(
+    cap: float | None, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """retry_base 60 s: the first retry waits a minute (+/- jitter) - or at most the cap."""
+
+    async def flaky(job: Job) -> None:
+        raise RuntimeError("503")
+
+    task = await tasks.create(pool, tenants.a, "t", max_attempts=5)
+    worker = (
+        Worker(pool, {"t": flaky}, poll_interval=0.05, retry_base=60)
+        if cap is None
+        else Worker(pool, {"t": flaky}, poll_interval=0.05, retry_base=60, retry_cap=cap)
+    )
+    async with running(worker):
+        await _until(lambda: _retried_once(pool, tenants.a, task.id))
+    wait = await admin_conn.fetchval(
+        "SELECT extract(epoch FROM wake_at - updated_at) FROM agent_tasks WHERE id = $1", task.id
+    )
+    if cap is None:
+        assert 40 < wait < 80  # 60 s +/- 20 %
+    else:
+        assert wait < 10  # at most 1.2 s by the cap; far from the uncapped minute
+
+
+async def _retried_once(pool: asyncpg.Pool, tenant: uuid.UUID, task_id: uuid.UUID) -> bool:
+    t = await tasks.get(pool, tenant, task_id)
+    return t.state == "pending" and t.attempts == 1
+
+
 async def test_outcomes_fail_and_retry(pool: asyncpg.Pool, tenants: Tenants) -> None:
     async def give_up(job: Job) -> Fail:
         return Fail("customer closed the account")

@@ -52,6 +52,9 @@ def add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--lease-ttl", type=float, help="lease seconds (default: each task's own)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, help="seconds jobs get on SIGTERM")
+    p.add_argument(
+        "--retry-cap", type=float, default=300.0, help="longest retry delay, seconds (default 300)"
+    )
     p.add_argument("--worker-id", help="lease owner name (default host:pid:random)")
     p.set_defaults(func=_worker)
 
@@ -92,6 +95,8 @@ def _worker(args: argparse.Namespace) -> int:
     if args.lease_ttl is not None and not 1 <= args.lease_ttl <= 86400:
         raise ConfigurationError("--lease-ttl must be between 1 second and 1 day")
     _check_intervals(args, shutdown_grace=0)
+    if not args.retry_cap > 0:  # also NaN
+        raise ConfigurationError("--retry-cap must be more than 0 seconds")
     handlers, reconcilers = _handlers(load(args.handlers, "handler"), args.handlers)
     setup_logging(args)
 
@@ -107,6 +112,7 @@ def _worker(args: argparse.Namespace) -> int:
             shutdown_grace=args.shutdown_grace,
             listen_dsn=None if args.no_listen else dsn,
             retry_base=args.retry_base,
+            retry_cap=args.retry_cap,
             pooler=args.pooler,
         )
         await worker.run()

@@ -124,12 +124,14 @@ class Finisher:
         *,
         retry_base: float,
         on_fatal: Callable[[PoolerMismatch, Job], None],
+        retry_cap: float = 300.0,
         tries: int = WRITE_TRIES,
         pause: float = WRITE_PAUSE,
     ) -> None:
         self.pool = pool
         self.stats = stats
         self.retry_base = retry_base
+        self.retry_cap = retry_cap
         self.tries = max(1, tries)
         self.pause = pause
         self._on_fatal = on_fatal
@@ -255,7 +257,7 @@ class Finisher:
 
     async def _retry(self, job: Job, outcome: Retry) -> None:
         task = job.task
-        after = outcome.after or backoff(task.attempts, base=self.retry_base)
+        after = outcome.after or backoff(task.attempts, base=self.retry_base, cap=self.retry_cap)
         wake_at = datetime.now(UTC) + after
         error = storable(outcome.error)
         await abandon(job)

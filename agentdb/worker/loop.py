@@ -120,14 +120,18 @@ async def _call(handler: Handler, job: Job) -> object:
 class Worker:
     """Claims due tasks of the handled types and runs them, ``concurrency`` at a time.
 
+    A handler's failure is retried after ``retry_base * 2 ** (attempts - 1)``
+    seconds (jittered), at most ``retry_cap``; attempts count every claim,
+    crashes and lost leases included.
+
     ``listen_dsn``: a DSN for a dedicated LISTEN connection that wakes the
     worker when a task is inserted. Without it, or with ``pooler="transaction"``
     (default ``$AGENTDB_POOLER``: LISTEN cannot outlive a transaction behind such
     a proxy), or if LISTEN fails, the worker polls every ``poll_interval``.
 
     Raises:
-        ConfigurationError: no handlers, ``concurrency`` below 1, a poll, retry or
-            maintenance interval of 0 or less, a negative ``shutdown_grace``, a handler
+        ConfigurationError: no handlers, ``concurrency`` below 1, a poll, retry base,
+            retry cap or maintenance interval of 0 or less, a negative ``shutdown_grace``, a handler
             or reconcile hook that is not an async callable (named by its task type or
             action), or an unknown ``pooler``.
     """
@@ -147,6 +151,7 @@ class Worker:
         pooler: str | None = None,
         maintenance_interval: float = 10.0,
         retry_base: float = 1.0,
+        retry_cap: float = 300.0,
     ) -> None:
         if not handlers:
             raise ConfigurationError("a worker needs at least one handler")
@@ -155,6 +160,7 @@ class Worker:
         _positive(
             poll_interval=poll_interval,
             retry_base=retry_base,
+            retry_cap=retry_cap,
             maintenance_interval=maintenance_interval,
         )
         if shutdown_grace < 0:
@@ -171,6 +177,7 @@ class Worker:
         self.listen_dsn = None if pooler_mode(pooler) == "transaction" else listen_dsn
         self.maintenance_interval = maintenance_interval
         self.retry_base = retry_base
+        self.retry_cap = retry_cap
         self.stats = WorkerStats()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
@@ -182,7 +189,11 @@ class Worker:
         self._interrupted: dict[uuid.UUID, Job] = {}
         self._fatal: PoolerMismatch | None = None
         self._finisher = Finisher(
-            pool, self.stats, retry_base=retry_base, on_fatal=self._fatal_error
+            pool,
+            self.stats,
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+            on_fatal=self._fatal_error,
         )
         #: the group commits of the jobs' reservations and operation completions (the
         #: successes' is the finisher's).

@@ -150,7 +150,8 @@ class Fleet:
         return self._spawn(
             self.workload.worker_faults,
             "worker", WORKER_TARGET, "--concurrency", "4", "--lease-ttl", str(ttl),
-            "--poll-interval", "0.2", "--retry-base", "0.05", "--shutdown-grace", "1",
+            "--poll-interval", "0.2", "--retry-base", "0.05", "--retry-cap", "2",
+            "--shutdown-grace", "1",
         )  # fmt: skip
 
     def relay(self) -> subprocess.Popen[bytes]:

@@ -11,6 +11,14 @@ MISBEHAVING = T + "test_worker_misbehaving.py"
 FINISHING = T + "test_worker_finishing.py"
 
 MUTANTS: tuple[Mutant, ...] = (
+    m(
+        "worker-retry-cap-ignored",
+        "agentdb/worker/finish.py",
+        "backoff(task.attempts, base=self.retry_base, cap=self.retry_cap)",
+        "backoff(task.attempts, base=self.retry_base)",
+        (T + "test_worker.py::test_a_retry_waits_at_most_the_cap",),
+        "Finisher: a failed attempt's retry waits the uncapped exponential delay",
+    ),
     # ---- the pooler switch ---------------------------------------------------------------
     m(
         "pool-named-statements-behind-a-pooler",
