@@ -4,8 +4,8 @@ Tasks by state, leases expired but not reclaimed (a worker died), tasks due
 now and the wait of the oldest, running tasks against each concurrency cap
 (G18), operations in unknown state (reconcile them), outbox pending / age of
 the oldest pending message / dead messages, inbox size, budgets (used / held
-/ limit) and rate limits (used in the window / max) (G19), and the purge
-backlog. ``agentdb status``
+/ limit) and rate limits (used in the window / max) (G19), the purge
+backlog, and the oldest open transaction that holds back cleanup. ``agentdb status``
 renders a :class:`Snapshot` (:mod:`agentdb.tools.status`).
 """
 
@@ -19,7 +19,7 @@ from agentdb import _db, budgets
 from agentdb.budgets import Budget, RateLimit
 from agentdb.retention import DEFAULT_AGES
 
-__all__ = ["TASK_STATES", "Snapshot", "TenantStatus", "snapshot"]
+__all__ = ["TASK_STATES", "OpenTransaction", "Snapshot", "TenantStatus", "snapshot"]
 
 #: The task states, in the order a report lists them (agent_tasks_state_valid).
 TASK_STATES = ("pending", "waiting", "running", "succeeded", "failed", "dead", "cancelled")
@@ -70,6 +70,18 @@ def _oldest(a: float | None, b: float | None) -> float | None:
     return max(ages) if ages else None
 
 
+@dataclass(frozen=True)
+class OpenTransaction:
+    """The oldest transaction of another session that keeps row versions from being removed."""
+
+    pid: int
+    login: str | None
+    application_name: str | None
+    #: pg_stat_activity's state: 'idle in transaction' is the forgotten kind.
+    state: str | None
+    seconds: float
+
+
 @dataclass
 class Snapshot:
     at: datetime
@@ -78,6 +90,8 @@ class Snapshot:
     purge_backlog: dict[str, int]
     #: Rate limits across tenants (G19; none on Citus).
     global_rate_limits: list[RateLimit] = field(default_factory=list)
+    #: None when no other session (that this role may see) has a transaction open.
+    oldest_transaction: OpenTransaction | None = None
 
 
 async def snapshot(db: _db.Executor) -> Snapshot:
@@ -124,10 +138,20 @@ async def snapshot(db: _db.Executor) -> Snapshot:
         outbox_delivered=DEFAULT_AGES["outbox_delivered"],
         inbox=DEFAULT_AGES["inbox"],
     )
+    old = await _db.fetch_optional(db, _Q["status_oldest_transaction"])
     total = TenantStatus(None, "ALL")
     tenants = sorted(per.values(), key=lambda t: (t.name, str(t.tenant_id)))
     for t in tenants:
         total.add(t)
     return Snapshot(
-        datetime.now(UTC), tenants, total, {k: int(backlog[k]) for k in _BACKLOG}, shared
+        datetime.now(UTC),
+        tenants,
+        total,
+        {k: int(backlog[k]) for k in _BACKLOG},
+        shared,
+        None
+        if old is None
+        else OpenTransaction(
+            old["pid"], old["login"], old["application_name"], old["state"], float(old["seconds"])
+        ),
     )

@@ -153,3 +153,35 @@ async def test_G19_status_shows_budgets_used_held_limit_and_rate_limits(
     assert "budgets (G19)" in text
     assert "rate limits (G19)" in text
     assert all(len(line) <= 100 for line in text.splitlines())
+
+
+async def test_status_names_the_oldest_open_transaction_that_holds_back_cleanup(
+    db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """A forgotten REPEATABLE READ transaction is named (pid, login, application, state, age);
+    an open READ COMMITTED one between statements holds nothing back and is not. Read as the
+    admin: other logins' transactions show only to pg_read_all_stats."""
+    assert (await snapshot(admin_conn)).oldest_transaction is None
+    holder = await db.connect()
+    try:
+        await holder.execute("SET application_name = 'forgotten report'")
+        # READ COMMITTED, between statements: no snapshot, no transaction id (a simple
+        # query: one that read the catalogs would keep their snapshot until the next).
+        await holder.execute("BEGIN; SELECT 1")
+        assert (await snapshot(admin_conn)).oldest_transaction is None
+        await holder.execute("ROLLBACK")
+        await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await holder.fetchval("SELECT count(*) FROM agent_tasks")  # the snapshot is taken
+        s = await snapshot(admin_conn)
+        old = s.oldest_transaction
+        assert old is not None
+        assert old.pid == await holder.fetchval("SELECT pg_backend_pid()")
+        assert (old.application_name, old.state) == ("forgotten report", "idle in transaction")
+        assert old.login == await holder.fetchval("SELECT current_user")
+        assert old.seconds >= 0
+        assert to_json(s)["oldest_transaction"]["pid"] == old.pid
+        assert to_table(s).splitlines()[-1].startswith("oldest open transaction: ")
+        await holder.execute("ROLLBACK")
+        assert (await snapshot(admin_conn)).oldest_transaction is None
+    finally:
+        await holder.close()

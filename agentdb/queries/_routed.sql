@@ -324,10 +324,13 @@ SET state = $5,
     error = CASE WHEN $5 = 'succeeded' THEN NULL ELSE coalesce($8, o.error) END,
     attempts = CASE WHEN $5 = 'reserved' THEN o.attempts + 1 ELSE o.attempts END,
     updated_at = now()
-WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)
+-- The state and the lease (running: agent_tasks_running_is_leased) said so
+-- that only the primary keys can find the rows: "Held snapshots", leases.sql.
+WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3
+  AND array_position($4, o.state) IS NOT NULL
   AND ($9::text IS NULL OR EXISTS (
       SELECT 1 FROM agent_tasks t
-      WHERE t.tenant_id = $1 AND t.id = o.task_id AND t.state = 'running'
+      WHERE t.tenant_id = $1 AND t.id = o.task_id
         AND t.lease_owner = $9 AND t.lease_token = $10
       FOR SHARE))
 RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash,
@@ -366,7 +369,7 @@ UPDATE agent_outbox o
 SET state = 'delivered', delivered_at = now(), last_error = NULL
 FROM unnest($2::uuid[], $3::int8[]) AS m (id, lease_token)
 WHERE o.tenant_id = $1 AND o.id = m.id AND o.lease_token = m.lease_token
-  AND o.state = 'pending'
+  AND o.state NOT IN ('delivered', 'dead')  -- pending: see "Held snapshots" in leases.sql
 RETURNING o.tenant_id, o.id;
 
 -- name: routed_outbox_due_tenants :many
@@ -406,8 +409,8 @@ SET state = CASE WHEN NOT $6 AND t.attempts >= t.max_attempts THEN 'dead' ELSE '
     last_error = coalesce($7, t.last_error),
     lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
     updated_at = now()
-WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'
-  AND t.lease_owner = $3 AND t.lease_token = $4
+WHERE t.tenant_id = $1 AND t.id = $2
+  AND t.lease_owner = $3 AND t.lease_token = $4  -- running (see "Held snapshots", leases.sql)
 RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wake_at,
           t.attempts, t.trace_id, t.span_id;
 

@@ -32,10 +32,13 @@ WITH input AS (
         updated_at = now()
     FROM input i
     WHERE o.tenant_id = i.tenant_id AND o.id = i.id AND o.state_version = i.expected_version
-      AND o.state IN ('reserved', 'in_flight', 'unknown')
+      -- Unsettled, and the lease current (a task has an owner only while running:
+      -- agent_tasks_running_is_leased), each said so that only the primary keys
+      -- can find the rows: see "Held snapshots" in leases.sql.
+      AND o.state NOT IN ('succeeded', 'failed')
       AND (i.lease_owner IS NULL OR EXISTS (
           SELECT 1 FROM agent_tasks t
-          WHERE t.tenant_id = o.tenant_id AND t.id = o.task_id AND t.state = 'running'
+          WHERE t.tenant_id = o.tenant_id AND t.id = o.task_id
             AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
           FOR SHARE))
     RETURNING i.ord, i.lease_owner AS settled_by, o.id, o.tenant_id, o.task_id,
@@ -106,8 +109,9 @@ WITH input AS (
            i.trace_id, i.span_id
     FROM input i
     JOIN agent_tasks t ON t.tenant_id = i.tenant_id AND t.id = i.task_id
-    WHERE t.state = 'running' AND t.lease_owner = i.lease_owner
-      AND t.lease_token = i.lease_token
+    -- Running: only a running task has an owner (agent_tasks_running_is_leased);
+    -- "Held snapshots" in leases.sql says why state is not named.
+    WHERE t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
     FOR SHARE OF t
 ), ins AS (
     INSERT INTO agent_operations (id, tenant_id, task_id, idempotency_key, action, input_hash,

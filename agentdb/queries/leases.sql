@@ -1,5 +1,17 @@
 -- Leases on tasks (G12). Every statement a holder runs names its lease
 -- (owner + token); a holder whose lease was taken over matches nothing.
+--
+-- Held snapshots. A statement that writes one row by its key (a fence, a
+-- settle, a mark) tests the row's state in a form no partial index on state
+-- can answer: a lease by its owner alone (only a running task has one:
+-- agent_tasks_running_is_leased), a state as NOT IN the others or as
+-- array_position. The planner prices those indexes by the few live rows in a
+-- transient state and would scan one for a single row; while any snapshot is
+-- held (a long report, a forgotten transaction) nothing can remove the
+-- entries of the rows that left the state, and that scan walks all of them -
+-- per row, per statement. A primary key holds one entry per version of the
+-- row it looks for. tests/test_held_snapshot.py counts what each holder's
+-- statement reads.
 
 -- name: lease_bury_exhausted :many
 -- Move tasks that used up their attempts and are not held by a live lease to
@@ -284,8 +296,8 @@ WITH upd AS (
         last_error = coalesce($7, t.last_error),
         lease_owner = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
         updated_at = now()
-    WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'
-      AND t.lease_owner = $3 AND t.lease_token = $4
+    WHERE t.tenant_id = $1 AND t.id = $2
+      AND t.lease_owner = $3 AND t.lease_token = $4  -- running (see "Held snapshots")
     RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.wake_at,
               t.attempts, t.trace_id, t.span_id
 ), ev AS (
@@ -308,6 +320,6 @@ SELECT state, state_version, wake_at, attempts FROM upd;
 -- params: $1 tenant_id uuid, $2 id uuid, $3 lease_owner text, $4 lease_token int8, $5 lease_ttl interval
 UPDATE agent_tasks
 SET lease_expires_at = now() + coalesce($5, lease_ttl), updated_at = now()
-WHERE tenant_id = $1 AND id = $2 AND state = 'running'
-  AND lease_owner = $3 AND lease_token = $4
+WHERE tenant_id = $1 AND id = $2
+  AND lease_owner = $3 AND lease_token = $4  -- running (see "Held snapshots")
 RETURNING lease_expires_at;

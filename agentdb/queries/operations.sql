@@ -49,8 +49,8 @@ LIMIT $2;
 WITH fence AS (
     SELECT ($8::text IS NULL OR EXISTS (
         SELECT 1 FROM agent_tasks t
-        WHERE t.tenant_id = $1 AND t.id = $3 AND t.state = 'running'
-          AND t.lease_owner = $8 AND t.lease_token = $9
+        WHERE t.tenant_id = $1 AND t.id = $3
+          AND t.lease_owner = $8 AND t.lease_token = $9  -- running: see "Held snapshots" in leases.sql
         FOR SHARE)) AS ok
 ), ins AS (
     INSERT INTO agent_operations (id, tenant_id, task_id, idempotency_key, action, input_hash,
@@ -114,10 +114,13 @@ WITH upd AS (
         error = CASE WHEN $5 = 'succeeded' THEN NULL ELSE coalesce($8, o.error) END,
         attempts = CASE WHEN $5 = 'reserved' THEN o.attempts + 1 ELSE o.attempts END,
         updated_at = now()
-    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)
+    -- The state and the lease (running: agent_tasks_running_is_leased) said so
+    -- that only the primary keys can find the rows: "Held snapshots", leases.sql.
+    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3
+      AND array_position($4, o.state) IS NOT NULL
       AND ($10::text IS NULL OR EXISTS (
           SELECT 1 FROM agent_tasks t
-          WHERE t.tenant_id = $1 AND t.id = o.task_id AND t.state = 'running'
+          WHERE t.tenant_id = $1 AND t.id = o.task_id
             AND t.lease_owner = $10 AND t.lease_token = $11
           FOR SHARE))
     RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_hash,

@@ -42,7 +42,9 @@ WITH marked AS (
     SET state = 'delivered', delivered_at = now(), last_error = NULL
     FROM unnest($4::uuid[], $5::uuid[], $6::int8[]) AS m (tenant_id, id, lease_token)
     WHERE o.tenant_id = m.tenant_id AND o.id = m.id
-      AND o.lease_token = m.lease_token AND o.state = 'pending'
+      -- pending, said so that only the primary key can find the rows: see
+      -- "Held snapshots" in leases.sql
+      AND o.lease_token = m.lease_token AND o.state NOT IN ('delivered', 'dead')
     RETURNING o.tenant_id, o.id
 ), due AS (
     SELECT q.tenant_id, q.id
@@ -100,7 +102,7 @@ UPDATE agent_outbox o
 SET state = 'delivered', delivered_at = now(), last_error = NULL
 FROM unnest($1::uuid[], $2::uuid[], $3::int8[]) AS m (tenant_id, id, lease_token)
 WHERE o.tenant_id = m.tenant_id AND o.id = m.id AND o.lease_token = m.lease_token
-  AND o.state = 'pending'
+  AND o.state NOT IN ('delivered', 'dead')  -- pending: see "Held snapshots" in leases.sql
 RETURNING o.tenant_id, o.id;
 
 -- name: outbox_mark_failed :one
@@ -113,5 +115,6 @@ UPDATE agent_outbox o
 SET state = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' END,
     next_attempt_at = now() + $4,
     last_error = $5
-WHERE o.tenant_id = $1 AND o.id = $2 AND o.lease_token = $3 AND o.state = 'pending'
+WHERE o.tenant_id = $1 AND o.id = $2 AND o.lease_token = $3
+  AND o.state NOT IN ('delivered', 'dead')  -- pending: see "Held snapshots" in leases.sql
 RETURNING o.state, o.attempts, o.next_attempt_at;

@@ -37,6 +37,23 @@ SELECT l.tenant_id, l.task_type, l.max_running,
 FROM agent_concurrency_limits l
 WHERE l.max_running IS NOT NULL;
 
+-- name: status_oldest_transaction :one
+-- The oldest open transaction in this database that holds back cleanup (a
+-- snapshot or a transaction id): while it is open no row version the cycle
+-- replaces can be removed, and every claim walks the versions of the tasks
+-- taken since it began ("Held snapshots" in leases.sql). Other roles' sessions
+-- show only to a role with pg_read_all_stats (or a superuser).
+-- guarantee: none
+-- zero rows: no other session of this database has a transaction open (that this role may see).
+-- params: none
+SELECT pid, usename AS login, application_name, state,
+       extract(epoch FROM now() - xact_start) AS seconds
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+ORDER BY xact_start
+LIMIT 1;
+
 -- name: status_outbox :many
 -- Pending messages and the age of the oldest; dead messages.
 -- guarantee: none

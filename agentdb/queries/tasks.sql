@@ -83,8 +83,8 @@ WITH input AS (
         lease_expires_at = NULL,
         updated_at = now()
     FROM input i
-    WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state = 'running'
-      AND t.state_version = i.expected_version
+    WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state_version = i.expected_version
+      -- running: see "Held snapshots" in leases.sql
       AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token
       -- G21: a late element is refused alone (its guard would refuse the batch),
       -- unless the batch ends it the way the guard allows.

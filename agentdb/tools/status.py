@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 from datetime import timedelta
 from typing import Any
@@ -159,6 +160,11 @@ def to_table(s: Snapshot, *, header: str = "") -> str:
         f"purge backlog: {b['event_payloads']} event payloads, {b['events']} events, "
         f"{b['outbox_delivered']} delivered outbox rows, {b['inbox']} inbox rows"
     )
+    if (o := s.oldest_transaction) is not None:
+        lines.append(
+            f"oldest open transaction: {_age(o.seconds)} (pid {o.pid}, {o.login or '?'}, "
+            f"{o.application_name or '-'}, {o.state or '?'}) - nothing it may see is cleaned up"
+        )
     return "\n".join(lines)
 
 
@@ -233,6 +239,9 @@ def to_json(s: Snapshot, *, migrations: dict[str, int] | None = None) -> dict[st
         "tenants": [_tenant_json(t) for t in s.tenants],
         "purge_backlog": dict(s.purge_backlog),
         "global_rate_limits": [_rate_json(r) for r in s.global_rate_limits],
+        "oldest_transaction": None
+        if s.oldest_transaction is None
+        else dataclasses.asdict(s.oldest_transaction),
     }
     if migrations is not None:
         doc["migrations"] = migrations

@@ -191,4 +191,21 @@ MUTANTS: tuple[Mutant, ...] = (
         (FINISHING,),
         "a finishing write lost with its connection is not retried on a fresh one",
     ),
+    # agentdb status: the transaction that holds back cleanup (held snapshots).
+    m(
+        "status-oldest-any-transaction",
+        "agentdb/queries/status.sql",
+        "  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)\n",
+        "",
+        (T + "test_status.py",),
+        "status names an open transaction that holds nothing back",
+    ),
+    m(
+        "status-oldest-names-itself",
+        "agentdb/queries/status.sql",
+        "WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
+        "WHERE datname = current_database() AND xact_start IS NOT NULL",
+        (T + "test_status.py",),
+        "status names its own statement as the oldest open transaction",
+    ),
 )

@@ -15,6 +15,8 @@ from agentdb.tools.mutate.catalogue import (
     m,
 )
 
+HELD = T + "test_held_snapshot.py"
+
 MUTANTS: tuple[Mutant, ...] = (
     # ---- G18: the fair claim ------------------------------------------------------------------
     m(
@@ -62,28 +64,27 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "tasks-finish-many-no-version",
         TASKS_SQL,
-        "      AND t.state_version = i.expected_version\n      AND t.lease_owner = i.lease_owner",
-        "      AND t.lease_owner = i.lease_owner",
+        "AND t.id = i.id AND t.state_version = i.expected_version\n      -- running: see",
+        "AND t.id = i.id\n      -- running: see",
         (FENCES, T + "test_complete_many.py"),
         "task_finish_many: drop the state_version check",
     ),
     m(
         "tasks-finish-many-no-tenant",
         TASKS_SQL,
-        "    WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state = 'running'",
-        "    WHERE t.id = i.id AND t.state = 'running'",
+        "    WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state_version = i.expected_version",
+        "    WHERE t.id = i.id AND t.state_version = i.expected_version",
         (TENANTS, T + "test_complete_many.py"),
         "task_finish_many: lose the tenant predicate",
     ),
     m(
-        "tasks-finish-many-no-running",
+        "tasks-finish-many-names-running",
         TASKS_SQL,
-        "    WHERE t.tenant_id = i.tenant_id AND t.id = i.id AND t.state = 'running'",
-        "    WHERE t.tenant_id = i.tenant_id AND t.id = i.id",
-        (FENCES, T + "test_complete_many.py"),
-        "task_finish_many: drop state = 'running'",
-        equivalent="agent_tasks_running_is_leased makes a non-running task's lease_owner NULL, "
-        "so `t.lease_owner = i.lease_owner` already excludes it",
+        '      -- running: see "Held snapshots" in leases.sql\n      AND t.lease_owner = i.lease_owner',
+        "      AND t.state = 'running'\n      AND t.lease_owner = i.lease_owner",
+        (HELD,),
+        "task_finish_many: the fence names state = 'running' (then the running-tasks index "
+        "finds the row, and under a held snapshot reads every task that ran since)",
     ),
     m(
         "tasks-transition-no-tenant",
@@ -208,19 +209,18 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "leases-renew-token-ge",
         LEASES_SQL,
-        "  AND lease_owner = $3 AND lease_token = $4\nRETURNING lease_expires_at;",
-        "  AND lease_owner = $3 AND lease_token >= $4\nRETURNING lease_expires_at;",
+        "  AND lease_owner = $3 AND lease_token = $4  -- running",
+        "  AND lease_owner = $3 AND lease_token >= $4  -- running",
         (FENCES,),
         "lease_renew: lease_token = $4 -> >= $4",
     ),
     m(
-        "leases-renew-no-running",
+        "leases-renew-names-running",
         LEASES_SQL,
-        "WHERE tenant_id = $1 AND id = $2 AND state = 'running'\n  AND lease_owner = $3",
         "WHERE tenant_id = $1 AND id = $2\n  AND lease_owner = $3",
-        (FENCES,),
-        "lease_renew: drop state = 'running'",
-        equivalent="agent_tasks_running_is_leased: only a running task has a lease owner",
+        "WHERE tenant_id = $1 AND id = $2 AND state = 'running'\n  AND lease_owner = $3",
+        (HELD,),
+        "lease_renew: names state = 'running' (read by the running-tasks index under a held snapshot)",
     ),
     m(
         "leases-release-no-token",
@@ -256,13 +256,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "operation_reserve: lease_token = $9 -> >= $9",
     ),
     m(
-        "ops-reserve-fence-no-running",
+        "ops-reserve-fence-names-running",
         OPS_SQL,
-        "        WHERE t.tenant_id = $1 AND t.id = $3 AND t.state = 'running'",
-        "        WHERE t.tenant_id = $1 AND t.id = $3",
-        (FENCES,),
-        "operation_reserve: the fence drops state = 'running'",
-        equivalent="agent_tasks_running_is_leased: only a running task has a lease owner",
+        "        WHERE t.tenant_id = $1 AND t.id = $3\n",
+        "        WHERE t.tenant_id = $1 AND t.id = $3 AND t.state = 'running'\n",
+        (HELD,),
+        "operation_reserve: the fence names state = 'running' (read by the running-tasks index "
+        "under a held snapshot)",
     ),
     m(
         "ops-reserve-lookup-no-tenant",
@@ -283,8 +283,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "ops-settle-version-ge",
         OPS_SQL,
-        "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)",
-        "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version >= $3 AND o.state = ANY ($4)",
+        "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3\n",
+        "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version >= $3\n",
         (FENCES,),
         "operation_settle: state_version = $3 -> >= $3",
     ),
@@ -299,16 +299,16 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "ops-settle-any-state",
         OPS_SQL,
-        "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)",
-        "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3",
+        "      AND array_position($4, o.state) IS NOT NULL\n",
+        "      AND $4::text[] IS NOT NULL\n",
         (FENCES,),
         "operation_settle: settle from a state the write does not start from",
     ),
     m(
         "ops-settle-no-tenant",
         OPS_SQL,
-        "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)",
-        "    WHERE o.id = $2 AND o.state_version = $3 AND o.state = ANY ($4)",
+        "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version = $3\n",
+        "    WHERE o.id = $2 AND o.state_version = $3\n",
         (TENANTS,),
         "operation_settle: lose the tenant predicate",
     ),
@@ -331,8 +331,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "ops-reserve-many-no-token",
         BATCH_SQL,
-        "    WHERE t.state = 'running' AND t.lease_owner = i.lease_owner\n      AND t.lease_token = i.lease_token",
-        "    WHERE t.state = 'running' AND t.lease_owner = i.lease_owner",
+        "    WHERE t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token\n    FOR SHARE OF t",
+        "    WHERE t.lease_owner = i.lease_owner\n    FOR SHARE OF t",
         (FENCES, T + "test_complete_many.py"),
         "operation_reserve_many fence: drop the lease token",
     ),
@@ -396,16 +396,17 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "outbox-mark-delivered-twice",
         OUTBOX_SQL,
-        "WHERE o.tenant_id = m.tenant_id AND o.id = m.id AND o.lease_token = m.lease_token\n  AND o.state = 'pending'",
-        "WHERE o.tenant_id = m.tenant_id AND o.id = m.id AND o.lease_token = m.lease_token",
+        "  AND o.state NOT IN ('delivered', 'dead')  -- pending: see \"Held snapshots\" in leases.sql\n"
+        "RETURNING o.tenant_id, o.id;",
+        "RETURNING o.tenant_id, o.id;",
         (FENCES,),
         "outbox_mark_delivered: mark a message that is no longer pending",
     ),
     m(
         "outbox-mark-failed-no-token",
         OUTBOX_SQL,
-        "WHERE o.tenant_id = $1 AND o.id = $2 AND o.lease_token = $3 AND o.state = 'pending'",
-        "WHERE o.tenant_id = $1 AND o.id = $2 AND o.state = 'pending'",
+        "WHERE o.tenant_id = $1 AND o.id = $2 AND o.lease_token = $3\n",
+        "WHERE o.tenant_id = $1 AND o.id = $2\n",
         (FENCES,),
         "outbox_mark_failed: drop the lease token",
     ),
@@ -448,5 +449,59 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (FENCES,),
         "explain: a stale holder with the same owner is told StaleVersion, not LeaseLost",
+    ),
+    # Held snapshots (leases.sql): a write by key that names a transient state is
+    # answered by that state's partial index, which a held snapshot fills with the
+    # entries of every row that left the state.
+    m(
+        "ops-settle-state-any",
+        OPS_SQL,
+        "      AND array_position($4, o.state) IS NOT NULL\n",
+        "      AND o.state = ANY ($4)\n",
+        (HELD,),
+        "operation_settle: names the from-states (the unsettled-operations index answers)",
+    ),
+    m(
+        "ops-complete-many-names-unsettled",
+        BATCH_SQL,
+        "      AND o.state NOT IN ('succeeded', 'failed')\n",
+        "      AND o.state IN ('reserved', 'in_flight', 'unknown')\n",
+        (HELD,),
+        "operation_complete_many: names the unsettled states (their index answers)",
+    ),
+    m(
+        "ops-reserve-many-names-running",
+        BATCH_SQL,
+        "    WHERE t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token\n    FOR SHARE OF t",
+        "    WHERE t.state = 'running' AND t.lease_owner = i.lease_owner\n"
+        "      AND t.lease_token = i.lease_token\n    FOR SHARE OF t",
+        (HELD,),
+        "operation_reserve_many: the fence names state = 'running' (the running-tasks index answers)",
+    ),
+    m(
+        "leases-release-names-running",
+        LEASES_SQL,
+        "    WHERE t.tenant_id = $1 AND t.id = $2\n      AND t.lease_owner = $3",
+        "    WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'\n      AND t.lease_owner = $3",
+        (HELD,),
+        "lease_release: names state = 'running' (the running-tasks index answers)",
+    ),
+    m(
+        "outbox-mark-delivered-names-pending",
+        OUTBOX_SQL,
+        "  AND o.state NOT IN ('delivered', 'dead')  -- pending: see \"Held snapshots\" in leases.sql\n"
+        "RETURNING o.tenant_id, o.id;",
+        "  AND o.state = 'pending'\nRETURNING o.tenant_id, o.id;",
+        (HELD,),
+        "outbox_mark_delivered: names state = 'pending' (the pending-messages index answers)",
+    ),
+    m(
+        "outbox-mark-failed-names-pending",
+        OUTBOX_SQL,
+        "  AND o.state NOT IN ('delivered', 'dead')  -- pending: see \"Held snapshots\" in leases.sql\n"
+        "RETURNING o.state,",
+        "  AND o.state = 'pending'\nRETURNING o.state,",
+        (HELD,),
+        "outbox_mark_failed: names state = 'pending' (the pending-messages index answers)",
     ),
 )
