@@ -24,8 +24,10 @@ from psycopg import sql
 from agentdb.testing import _postgres
 from agentdb.testing._postgres import (
     ON_CITUS,
+    Clones,
     Server,
     admin,
+    clones,
     create_database,
     drop_database,
     temp_database,
@@ -35,8 +37,10 @@ from agentdb.testing._postgres import (
 __all__ = [
     "ON_CITUS",
     "TEST_PASSWORD",
+    "Clones",
     "Server",
     "admin",
+    "clones",
     "constraint_of",
     "create_database",
     "drop_database",

@@ -7,6 +7,7 @@ fixture                     scope    what
 ==========================  =======  =================================================
 ``agentdb_server``          session  the server: ``$AGENTDB_TEST_DSN``, else an embedded one
 ``agentdb_template``        session  the name of a database migrated once, to clone
+``agentdb_clones``          session  clones of the template, one made ahead (in a thread)
 ``agentdb_db``              test     a fresh clone (:class:`~agentdb.testing.Database`)
 ``agentdb_login``           session  ``(user, password)`` the pools log in as; ``None``: admin
 ``agentdb_pool``            test     an agentdb pool on ``agentdb_db``
@@ -38,11 +39,12 @@ import pytest_asyncio
 
 from agentdb import _db, tenancy
 from agentdb.testing._postgres import (
+    Clones,
     Database,
     Server,
+    clones,
     migrated_template,
     provision,
-    temp_database,
 )
 from agentdb.tools.pgbouncer import Bouncer, pgbouncer
 
@@ -71,11 +73,21 @@ def agentdb_template(agentdb_server: Server) -> Iterator[str]:
         yield name
 
 
+@pytest.fixture(scope="session")
+def agentdb_clones(agentdb_server: Server, agentdb_template: str) -> Iterator[Clones]:
+    """Where ``agentdb_db`` gets its copies: one made ahead, dropped behind (in a thread)."""
+    with clones(agentdb_server, agentdb_template) as made:
+        yield made
+
+
 @pytest.fixture
-def agentdb_db(agentdb_server: Server, agentdb_template: str) -> Iterator[Database]:
+def agentdb_db(agentdb_server: Server, agentdb_clones: Clones) -> Iterator[Database]:
     """A migrated database of this test's own (a clone of the template), dropped after it."""
-    with temp_database(agentdb_server, template=agentdb_template) as name:
+    name = agentdb_clones.take()
+    try:
         yield Database(agentdb_server, name)
+    finally:
+        agentdb_clones.give_back(name)
 
 
 @pytest.fixture(scope="session")

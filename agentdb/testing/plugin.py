@@ -17,6 +17,7 @@ else:
     from agentdb.testing._fixtures import (
         agentdb_bouncer,
         agentdb_bouncer_logins,
+        agentdb_clones,
         agentdb_db,
         agentdb_login,
         agentdb_pool,
@@ -30,6 +31,7 @@ else:
     __all__ = [
         "agentdb_bouncer",
         "agentdb_bouncer_logins",
+        "agentdb_clones",
         "agentdb_db",
         "agentdb_login",
         "agentdb_pool",

@@ -9,6 +9,7 @@ HOSTILE = T + "test_hostile_input.py"
 BOUNCER = T + "test_pgbouncer.py"
 MISBEHAVING = T + "test_worker_misbehaving.py"
 FINISHING = T + "test_worker_finishing.py"
+CLONES = T + "test_clones.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     m(
@@ -207,5 +208,38 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE datname = current_database() AND xact_start IS NOT NULL",
         (T + "test_status.py",),
         "status names its own statement as the oldest open transaction",
+    ),
+    # The testing kit's clones: each test a fresh copy, made ahead, none left behind.
+    m(
+        "clones-copy-handed-out-twice",
+        "agentdb/testing/_postgres.py",
+        "        made = self._made.popleft()\n        self._made.append(",
+        "        made = self._made[0]\n        self._made.append(",
+        (CLONES,),
+        "two tests are handed the same copy of the template",
+    ),
+    m(
+        "clones-failed-copy-not-remade",
+        "agentdb/testing/_postgres.py",
+        "        except psycopg.Error:\n            # Made while another test ran",
+        "        except ValueError:\n            # Made while another test ran",
+        (CLONES,),
+        "a copy made ahead that failed fails the test that takes it",
+    ),
+    m(
+        "clones-spares-left-behind",
+        "agentdb/testing/_postgres.py",
+        "                    self.give_back(made.result())",
+        "                    made.result()",
+        (CLONES,),
+        "closing the clones leaves the copies made ahead on the server",
+    ),
+    m(
+        "clones-given-back-kept",
+        "agentdb/testing/_postgres.py",
+        "self._threads.submit(drop_database, self._server, name)",
+        "self._threads.submit(str, name)",
+        (CLONES,),
+        "a copy given back is never dropped",
     ),
 )

@@ -1,0 +1,125 @@
+"""The testing kit's clones (agentdb.testing._postgres.Clones): each test's database is a fresh
+copy of the template, made ahead in background threads, and none is left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import psycopg
+import pytest
+
+from tests import _pg
+
+
+def _copies(server: _pg.Server, before: set[str]) -> set[str]:
+    """The databases made since ``before`` that are copies of this test's template
+    (they have its table ``clones_marker``; other tests' databases do not)."""
+    with _pg.admin(server.admin_dsn) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'agentdb_t_%'")
+        names = {r[0] for r in rows.fetchall()} - before
+    return {name for name in names if _has_marker(server, name)}
+
+
+def _has_marker(server: _pg.Server, name: str) -> bool:
+    """``name`` is a copy of this test's template (and not an empty database)."""
+    try:
+        with _pg.admin(server.url(name)) as conn:
+            row = conn.execute("SELECT to_regclass('clones_marker') IS NOT NULL").fetchone()
+    except psycopg.OperationalError:  # dropped meanwhile (by another test's clones)
+        return False
+    return bool(row and row[0])
+
+
+def _template(server: _pg.Server, stack: contextlib.ExitStack) -> str:
+    name = stack.enter_context(_pg.temp_database(server))
+    with _pg.admin(server.url(name)) as conn:
+        conn.execute("CREATE TABLE clones_marker (id int)")
+    return name
+
+
+def test_each_take_is_a_fresh_copy_and_close_leaves_none(pg_server: _pg.Server) -> None:
+    with contextlib.ExitStack() as stack:
+        template = _template(pg_server, stack)
+        with _pg.admin(pg_server.admin_dsn) as conn:
+            before = {r[0] for r in conn.execute("SELECT datname FROM pg_database").fetchall()}
+        given: list[str] = []
+        with _pg.clones(pg_server, template) as clones:
+            for _ in range(6):  # more than are made ahead
+                name = clones.take()
+                given.append(name)
+                # Nothing an earlier test wrote is in this one's copy.
+                assert _rows(pg_server, name) == 0
+                with _pg.admin(pg_server.url(name)) as conn:
+                    conn.execute("INSERT INTO clones_marker VALUES (1)")
+                clones.give_back(name)
+            assert len(set(given)) == 6
+            # The copies for the next tests get made (while nothing is taken).
+            _until(
+                lambda: len(_copies(pg_server, before) - set(given)) == 4,
+                "four copies were not made ahead",
+            )
+        # The copies given out and the ones made ahead and never used: all dropped.
+        assert _copies(pg_server, before) == set()
+        # The template was only read.
+        assert _rows(pg_server, template) == 0
+
+
+def _rows(server: _pg.Server, name: str) -> int:
+    with _pg.admin(server.url(name)) as conn:
+        row = conn.execute("SELECT count(*) FROM clones_marker").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _copying(server: _pg.Server, template: str) -> int:
+    """How many sessions are running CREATE DATABASE ... TEMPLATE ``template``."""
+    with _pg.admin(server.admin_dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'CREATE DATABASE %%'"
+            " AND query LIKE %s",
+            (f'%TEMPLATE "{template}"%',),
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_copy_made_ahead_that_failed_is_made_again_when_taken(pg_server: _pg.Server) -> None:
+    """A test was connected to the template while copies were made ahead: CREATE DATABASE
+    waited 5 s for it, then failed; each take makes its copy there and then instead."""
+    with contextlib.ExitStack() as stack:
+        template = _template(pg_server, stack)
+        holder = psycopg.connect(pg_server.url(template))
+        clones = _pg.Clones(pg_server, template, ahead=2)
+        first = second = ""
+        try:
+            _until(lambda: _copying(pg_server, template) == 2, "the copies ahead did not start")
+            _until(lambda: _copying(pg_server, template) == 0, "the copies ahead did not fail")
+            holder.close()
+            first, second = clones.take(), clones.take()
+            assert first != second
+            assert _has_marker(pg_server, first)
+            assert _has_marker(pg_server, second)
+            clones.give_back(first)
+            clones.give_back(second)
+        finally:
+            holder.close()
+            clones.close()
+        assert not _has_marker(pg_server, first)
+        assert not _has_marker(pg_server, second)
+
+
+def test_a_template_that_cannot_be_copied_is_the_tests_error(pg_server: _pg.Server) -> None:
+    with (
+        _pg.clones(pg_server, "agentdb_no_such_template") as clones,
+        pytest.raises(psycopg.errors.InvalidCatalogName),
+    ):
+        clones.take()
