@@ -4,8 +4,13 @@ copy of the template, made ahead in background threads, and none is left behind.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -121,3 +126,46 @@ def test_a_template_that_cannot_be_copied_is_the_tests_error(pg_server: _pg.Serv
         pytest.raises(psycopg.errors.InvalidCatalogName),
     ):
         clones.take()
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[_pg.Server]:
+    """A private embedded server: every database on it is the child session's."""
+    with contextlib.ExitStack() as stack:
+        yield _pg.start_embedded(stack)
+
+
+def _kit_databases(server: _pg.Server) -> int:
+    with _pg.admin(server.admin_dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'agentdb_t_%'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_session_ended_by_ctrl_c_drops_the_copies_it_made_ahead(
+    own_server: _pg.Server, tmp_path: Path
+) -> None:
+    """A user's pytest session on their own server (AGENTDB_TEST_DSN), interrupted in a
+    test: the template, the test's copy and the copies made ahead are all dropped."""
+    (tmp_path / "test_waits.py").write_text(
+        "import time\n\n\ndef test_waits(agentdb_db):\n    time.sleep(300)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTDB_")}
+    env["AGENTDB_TEST_DSN"] = own_server.admin_dsn
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_waits.py"]
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # The template, the test's copy and four made ahead.
+        _until(lambda: _kit_databases(own_server) == 6, "the session did not make its copies")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, err
+    assert _kit_databases(own_server) == 0
