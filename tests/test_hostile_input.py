@@ -213,6 +213,62 @@ def test_ctrl_c_early_in_a_command_is_one_line_never_a_traceback(
         assert err.strip().splitlines()[-1] == "agentdb: interrupted", err
 
 
+# Loaded by the child's interpreter at start-up (``site`` imports ``sitecustomize``
+# from its path): when the command imports the module named in the environment,
+# the import pauses, says so in a file, and swallows whatever is raised meanwhile -
+# as Python itself does with an exception raised in a weakref callback of the import
+# lock, which once let `agentdb status --watch` go on after a Ctrl-C, forever.
+_SWALLOWING_IMPORT = """
+import os, sys, time
+
+class _Swallow:
+    def find_spec(self, name, path, target=None):
+        if name == os.environ["AGENTDB_SWALLOW_IN"]:
+            sys.meta_path.remove(self)
+            open(os.environ["AGENTDB_SWALLOW_READY"], "w").close()
+            try:
+                time.sleep(2)
+            except BaseException:
+                pass
+        return None
+
+sys.meta_path.insert(0, _Swallow())
+"""
+
+
+@pytest.mark.parametrize("module", ["agentdb.tools.cli", "agentdb.tools.status"])
+def test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command(
+    module: str, db: Database, tmp_path: Path
+) -> None:
+    """The interrupt is held until the imports are over, then acts: one line, 130."""
+    (tmp_path / "sitecustomize.py").write_text(_SWALLOWING_IMPORT)
+    ready = tmp_path / "ready"
+    env = dict(
+        os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}",
+        AGENTDB_SWALLOW_IN=module, AGENTDB_SWALLOW_READY=str(ready),
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentdb", "status", "--watch", "1", "--dsn", db.admin_dsn],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the command never imported the module"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the command went on after a Ctrl-C during an import") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip().splitlines() == ["agentdb: interrupted"], err
+
+
 def test_ctrl_c_in_the_installed_command_is_one_line(db: Database) -> None:
     """The console script pip writes enters through agentdb.tools._entry, as ``python -m
     agentdb`` does. (pip's own wrapper runs before any handler of ours exists, so the

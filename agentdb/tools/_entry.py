@@ -1,10 +1,11 @@
 """The ``agentdb`` command's entry point, for the console script and ``python -m agentdb``.
 
 Nothing is imported here at module level but ``sys``: a Ctrl-C in the first
-instant of a command lands in this handler (one line, exit 130) rather than
-in the middle of importing the CLI, where it would be a traceback. What is
-left before the handler exists is the interpreter's own start-up, which
-ends the process with the plain SIGINT status.
+instant of a command is held until the CLI is imported, then ends it with
+one line (exit 130) - never a traceback from the middle of an import, nor an
+interrupt Python swallowed there. What is left before the hold begins is the
+interpreter's own start-up, which ends the process with the plain SIGINT
+status.
 """
 
 from __future__ import annotations
@@ -16,9 +17,24 @@ __all__ = ["main"]
 
 def main() -> None:
     """Run the command line and exit with its status."""
+    import signal
+
+    # Ctrl-C while the command line is imported is held and acted on after the
+    # import: raised in the middle of it, it can land where Python swallows
+    # exceptions (a weakref callback of the import lock says "Exception
+    # ignored" and goes on), and the command would then run as if never stopped.
+    came: list[int] = []
+    held = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     try:
+        if held:
+            signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
         from agentdb.tools.cli import main as run
-    except KeyboardInterrupt:  # Ctrl-C while the command line is still being imported
+    except KeyboardInterrupt:  # Ctrl-C before the hold began
+        came.append(signal.SIGINT)
+    finally:
+        if held:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if came:
         print("agentdb: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(run())

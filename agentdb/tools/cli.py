@@ -23,7 +23,7 @@ from typing import NoReturn, cast
 
 from agentdb import __version__
 from agentdb.errors import AgentDBError, ConfigurationError
-from agentdb.tools._signals import interrupted
+from agentdb.tools._signals import deferred, interrupted
 
 __all__ = ["COMMANDS", "build_parser", "main", "one_line"]
 
@@ -96,9 +96,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
-        # Building the parser imports the command's tool, and with it the library:
-        # a Ctrl-C that early is still one line, not a traceback.
-        args = build_parser(args_list).parse_args(args_list)
+        # Building the parser imports the command's tool, and with it the library.
+        # A Ctrl-C meanwhile is held until the imports are over (it could land
+        # where Python swallows exceptions), then acts: one line, not a traceback.
+        with deferred():
+            parser = build_parser(args_list)
+        args = parser.parse_args(args_list)
         if getattr(args, "pooler", None):
             # One switch: --pooler is AGENTDB_POOLER, for this process and all it spawns.
             os.environ["AGENTDB_POOLER"] = args.pooler

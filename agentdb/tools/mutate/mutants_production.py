@@ -242,4 +242,21 @@ MUTANTS: tuple[Mutant, ...] = (
         (CLONES,),
         "a copy given back is never dropped",
     ),
+    # Ctrl-C while a command imports: held until the imports are over, then acted on.
+    m(
+        "entry-ctrl-c-not-held",
+        "agentdb/tools/_entry.py",
+        "    held = signal.getsignal(signal.SIGINT) is signal.default_int_handler\n",
+        "    held = False\n",
+        (HOSTILE + "::test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command",),
+        "a Ctrl-C while the CLI is imported raises there, where Python may swallow it",
+    ),
+    m(
+        "cli-ctrl-c-not-held",
+        "agentdb/tools/cli.py",
+        "        with deferred():\n            parser = build_parser(args_list)",
+        "        if True:\n            parser = build_parser(args_list)",
+        (HOSTILE + "::test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command",),
+        "a Ctrl-C while the command's tool is imported raises there, where Python may swallow it",
+    ),
 )
