@@ -7,7 +7,7 @@ fixture                     scope    what
 ==========================  =======  =================================================
 ``agentdb_server``          session  the server: ``$AGENTDB_TEST_DSN``, else an embedded one
 ``agentdb_template``        session  the name of a database migrated once, to clone
-``agentdb_clones``          session  clones of the template, one made ahead (in a thread)
+``agentdb_clones``          session  copies of the template, four made ahead (in threads)
 ``agentdb_db``              test     a fresh clone (:class:`~agentdb.testing.Database`)
 ``agentdb_login``           session  ``(user, password)`` the pools log in as; ``None``: admin
 ``agentdb_pool``            test     an agentdb pool on ``agentdb_db``
@@ -75,7 +75,7 @@ def agentdb_template(agentdb_server: Server) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def agentdb_clones(agentdb_server: Server, agentdb_template: str) -> Iterator[Clones]:
-    """Where ``agentdb_db`` gets its copies: one made ahead, dropped behind (in a thread)."""
+    """Where ``agentdb_db`` gets its copies: four made ahead, dropped behind (in threads)."""
     with clones(agentdb_server, agentdb_template) as made:
         yield made
 
