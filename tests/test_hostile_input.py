@@ -269,6 +269,42 @@ def test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command(
     assert err.strip().splitlines() == ["agentdb: interrupted"], err
 
 
+# Loaded at start-up as above: the first socket pair the process makes (the event
+# loop's self-pipe, made in its constructor) is preceded by a Ctrl-C to itself, so
+# the interrupt lands inside the loop's constructor. Unheld, the half-made loop's
+# finaliser printed a traceback after the command's line (seen once in CI, at 0.2 s).
+_CTRL_C_IN_LOOP_CONSTRUCTOR = """
+import os, signal, socket
+
+_real = socket.socketpair
+
+def _socketpair(*args, **kwargs):
+    socket.socketpair = _real
+    open(os.environ["AGENTDB_CTRL_C_SENT"], "w").close()
+    os.kill(os.getpid(), signal.SIGINT)
+    return _real(*args, **kwargs)
+
+socket.socketpair = _socketpair
+"""
+
+
+def test_ctrl_c_while_the_event_loop_is_being_made_is_one_line(
+    db: Database, tmp_path: Path
+) -> None:
+    (tmp_path / "sitecustomize.py").write_text(_CTRL_C_IN_LOOP_CONSTRUCTOR)
+    sent = tmp_path / "sent"
+    env = dict(
+        os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", AGENTDB_CTRL_C_SENT=str(sent)
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentdb", "status", "--watch", "1", "--dsn", db.admin_dsn],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert sent.exists(), "the command made no event loop"
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().splitlines() == ["agentdb: interrupted"], proc.stderr
+
+
 def test_ctrl_c_in_the_installed_command_is_one_line(db: Database) -> None:
     """The console script pip writes enters through agentdb.tools._entry, as ``python -m
     agentdb`` does. (pip's own wrapper runs before any handler of ours exists, so the

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import json
 import logging
@@ -17,6 +16,7 @@ from agentdb import _db, _dsn
 from agentdb import schema as agentdb_schema
 from agentdb._db.pool import POOLERS
 from agentdb.errors import ConfigurationError
+from agentdb.tools._signals import run_async
 
 #: A Citus coordinator database for make test-citus / make mutate-citus.
 CITUS_ENV = "AGENTDB_CITUS_DSN"
@@ -88,7 +88,7 @@ def run_with_pool(
         finally:
             await pool.close()
 
-    return asyncio.run(main())
+    return run_async(main)
 
 
 class _JsonFormatter(logging.Formatter):

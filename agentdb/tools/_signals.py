@@ -19,12 +19,13 @@ SIGKILL cannot be caught by anyone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "EXIT_SIGINT",
@@ -32,8 +33,11 @@ __all__ = [
     "Terminated",
     "deferred",
     "interrupted",
+    "run_async",
     "sigterm_raises",
 ]
+
+T = TypeVar("T")
 
 #: Exit status after SIGINT (Ctrl-C): 128 + 2.
 EXIT_SIGINT = 128 + signal.SIGINT
@@ -115,3 +119,28 @@ def deferred() -> Iterator[None]:
             signal.signal(sig, handler)
         if came:
             signal.raise_signal(came[0])
+
+
+def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run(main())``, with the event loop made while SIGINT and SIGTERM are held.
+
+    A Ctrl-C landing inside the loop's constructor leaves a half-made loop whose
+    finaliser prints a traceback as the process exits, after the command's one
+    line; one landing between making the coroutine and handing it to the loop
+    leaves a "never awaited" warning. Held, it acts once the loop exists, and the
+    loop is closed as after any other interrupt.
+
+    Raises:
+        whatever ``main()`` raises; ``KeyboardInterrupt`` (or :class:`Terminated`)
+        for a signal that came before it ran.
+    """
+    with contextlib.ExitStack() as stack:
+        coro: Coroutine[Any, Any, T] | None = None
+        try:
+            with deferred():
+                runner = stack.enter_context(asyncio.Runner())  # entering makes the loop
+                coro = main()
+            return runner.run(coro)
+        finally:
+            if coro is not None:
+                coro.close()  # a no-op once it ran; silences "never awaited" if it did not

@@ -20,7 +20,7 @@ adds SIGKILLs from outside at random moments.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import sys
 import time
 from dataclasses import replace
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from agentdb._faults import POINTS
+from agentdb.tools._signals import run_async
 from agentdb.tools.demo.fleet import Workload
 from agentdb.tools.demo.limits import DemoStopped, DemoTimeout
 from agentdb.tools.demo.workload import Result, run_workload, with_database
@@ -131,7 +132,7 @@ def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace)
         # The soak repeats until it has survived its share of kills.
         while True:
             try:
-                r = asyncio.run(run_workload(dsn, w, log, log_path))
+                r = run_async(functools.partial(run_workload, dsn, w, log, log_path))
             except DemoTimeout as exc:  # its processes are stopped: a failed run, not the end
                 print(f"chaos: {name}: {exc}", file=sys.stderr)
                 failures += 1

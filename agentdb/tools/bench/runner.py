@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from agentdb import _db, _dsn, tenancy
 from agentdb.errors import ConfigurationError
-from agentdb.tools._signals import sigterm_raises
+from agentdb.tools._signals import run_async, sigterm_raises
 from agentdb.tools.bench.budget import bench_budget
 from agentdb.tools.bench.citus import bench_citus, citus_database, citus_workers
 from agentdb.tools.bench.cycle import AGENTDB_RUNS
@@ -504,7 +504,7 @@ def _citus(
     plain = dbs.create(dbs.name("plain"))
     migrate_locked(admin, plain.url)
     with citus_database(dbs, workers) as citus_url:
-        found = asyncio.run(bench_citus(citus_url, plain.url, sizes.citus_tasks, reps))
+        found = run_async(lambda: bench_citus(citus_url, plain.url, sizes.citus_tasks, reps))
     found["nodes"] = len(workers) + 1
     return found
 
@@ -585,8 +585,8 @@ def run(opts: Options) -> dict[str, Any]:
             n: dbs.create(f"{main_db}_t{i}", template=main_db)
             for i, n in enumerate((sizes.tenants_small, sizes.tenants_large))
         }
-        results = asyncio.run(
-            _bench(admin, created, scale, tenant_scale, opts, sizes, peers, notes)
+        results = run_async(
+            lambda: _bench(admin, created, scale, tenant_scale, opts, sizes, peers, notes)
         )
         results["citus"] = _citus(admin, dbs, sizes, opts.reps, results["notes"])
         results["meta"]["databases"] = list(dbs.created)  # all dropped on the way out

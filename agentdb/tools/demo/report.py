@@ -26,13 +26,13 @@ signal.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import sys
 from pathlib import Path
 from typing import IO
 
 from agentdb.errors import ConfigurationError
+from agentdb.tools._signals import run_async
 from agentdb.tools.demo.fleet import Workload
 from agentdb.tools.demo.limits import DemoStopped, Limits
 from agentdb.tools.demo.workload import Result, run_workload, with_database
@@ -142,7 +142,7 @@ def main(args: argparse.Namespace) -> int:
     limits = Limits(w.timeout)
 
     def body(dsn: str, log: IO[bytes], log_path: Path) -> int:
-        return report(w, asyncio.run(run_workload(dsn, w, log, log_path, limits)))
+        return report(w, run_async(lambda: run_workload(dsn, w, log, log_path, limits)))
 
     try:
         with limits.guard():

@@ -259,4 +259,12 @@ MUTANTS: tuple[Mutant, ...] = (
         (HOSTILE + "::test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command",),
         "a Ctrl-C while the command's tool is imported raises there, where Python may swallow it",
     ),
+    m(
+        "loop-made-with-ctrl-c-unheld",
+        "agentdb/tools/_signals.py",
+        "            with deferred():\n                runner = stack.enter_context",
+        "            if True:\n                runner = stack.enter_context",
+        (HOSTILE + "::test_ctrl_c_while_the_event_loop_is_being_made_is_one_line",),
+        "a Ctrl-C inside the loop's constructor leaves a half-made loop that prints a traceback",
+    ),
 )
