@@ -23,9 +23,9 @@ a conversion agentdb guessed.
 from __future__ import annotations
 
 import hashlib
-import json
 import unicodedata
 from decimal import Decimal
+from json.encoder import encode_basestring
 
 from agentdb.errors import ConfigurationError
 
@@ -38,14 +38,21 @@ def _number(value: int | float | Decimal) -> str:
         raise ConfigurationError(f"cannot hash a non-finite number: {value!r}")
     if d.is_zero():
         return "0"
-    sign, digits, exponent = d.normalize().as_tuple()
+    # The trailing zeros are moved into the exponent by hand: Decimal.normalize()
+    # rounds to the context's 28 digits, and two numbers that differ beyond them
+    # would hash alike (G4: another request's stored result handed back).
+    sign, digits, exponent = d.as_tuple()
     assert isinstance(exponent, int)
-    text = ("-" if sign else "") + "".join(map(str, digits))
+    coefficient = "".join(map(str, digits))
+    significant = coefficient.rstrip("0")
+    exponent += len(coefficient) - len(significant)
+    text = ("-" if sign else "") + significant
     return text if exponent == 0 else f"{text}e{exponent}"
 
 
 def _string(value: str) -> str:
-    return json.dumps(unicodedata.normalize("NFC", value), ensure_ascii=False)
+    # What json.dumps(value, ensure_ascii=False) returns, without making an encoder per call.
+    return encode_basestring(unicodedata.normalize("NFC", value))
 
 
 def _encode(value: object, out: list[str]) -> None:

@@ -16,7 +16,8 @@ from agentdb.hashing import canonical_json, input_hash
 scalars = (
     st.none()
     | st.booleans()
-    | st.integers(-(10**30), 10**30)
+    | st.integers(-(10**60), 10**60)
+    | st.decimals(allow_nan=False, allow_infinity=False)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20)
 )
@@ -83,18 +84,50 @@ def test_G4_number_formatting_does_not_change_the_hash(value: Any) -> None:
     assert input_hash(_reformat_numbers(value)) == input_hash(value)
 
 
-@given(json_data, json_data)
-def test_G4_different_inputs_hash_differently(a: Any, b: Any) -> None:
-    assume(canonical_json(a) != canonical_json(b))
-    assert input_hash(a) != input_hash(b)
+def _meaning(value: Any) -> Any:
+    """``value`` with every number exact (a Decimal) and every string NFC: what it means."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | Decimal):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, dict):
+        return {unicodedata.normalize("NFC", k): _meaning(v) for k, v in value.items()}
+    return [_meaning(v) for v in value]
 
 
 @given(json_data)
-def test_canonical_json_is_valid_json_with_the_same_meaning(value: Any) -> None:
+def test_G4_canonical_json_is_valid_json_with_exactly_the_same_meaning(value: Any) -> None:
+    """Parsed back with exact numbers, it is the input itself: nothing is rounded away, so
+    two inputs that mean different things never share a hash."""
     import json
 
     parsed = json.loads(canonical_json(value), parse_float=Decimal, parse_int=Decimal)
-    assert canonical_json(parsed) == canonical_json(value)
+    assert _meaning(parsed) == _meaning(value)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (12345678901234567890123456789, 12345678901234567890123456788),  # 29 digits
+        (10**40 + 1, 10**40),
+        (-(10**30) - 7, -(10**30) - 8),
+        (Decimal("1." + "2345678901" * 3 + "2"), Decimal("1." + "2345678901" * 3 + "1")),
+        (Decimal("9" * 60 + "e-3"), Decimal("9" * 59 + "8e-3")),
+    ],
+    ids=["29-digit-ints", "41-digit-ints", "negative-31-digit-ints", "32-digit-decimals",
+         "60-digit-decimals"],
+)  # fmt: skip
+def test_G4_numbers_beyond_28_digits_hash_differently(a: Any, b: Any) -> None:
+    """Decimal's default context keeps 28 digits; the hash must keep every one."""
+    assert input_hash(a) != input_hash(b)
+    assert input_hash({"account": a}) != input_hash({"account": b})
+    # The same number, written otherwise, still hashes alike.
+    same = Decimal(f"{Decimal(a):E}".replace("E", "0E"))  # one more trailing zero
+    assert input_hash(a) == input_hash(same)
 
 
 def test_known_vectors() -> None:
@@ -104,6 +137,13 @@ def test_known_vectors() -> None:
     assert canonical_json(True) != canonical_json(1)
     assert canonical_json("1") != canonical_json(1)
     assert input_hash({}) == "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+    # Stored hashes stay valid across upgrades: these are what earlier versions computed.
+    assert canonical_json([-100, Decimal("-0.0100"), 10**27, 123456789012345678901234567.8]) == (
+        b"[-1e2,-1e-2,1e27,12345678901234568e10]"
+    )
+    assert input_hash({"to": "a@b.c", "n": 1250, "x": [0.5, None, True]}) == (
+        "7e2ddbf9d1e5f04ad47fa2a003b1654ba01c5b5cde7c7d3c72342b6e1231ed22"
+    )
 
 
 @pytest.mark.parametrize(

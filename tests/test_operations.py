@@ -59,6 +59,25 @@ async def test_G4_same_key_different_input_is_a_conflict_never_a_replay(
         await operations.reserve(pool, tenants.a, task, "charge-2", "refund", {"amount": 5})
 
 
+async def test_G4_a_different_number_beyond_28_digits_is_a_conflict_never_a_replay(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """An account number as a 29-digit int: the last digit alone makes it another request."""
+    task = await _task(pool, tenants.a)
+    first = await operations.reserve(
+        pool, tenants.a, task, "pay-1", "pay", {"account": 12345678901234567890123456789}
+    )
+    await operations.complete(pool, first.operation, result={"paid": "p_1"})
+    again = await operations.reserve(
+        pool, tenants.a, task, "pay-1", "pay", {"account": 12345678901234567890123456789}
+    )
+    assert (again.fresh, again.operation.result) == (False, {"paid": "p_1"})  # control
+    with pytest.raises(IdempotencyConflict):
+        await operations.reserve(
+            pool, tenants.a, task, "pay-1", "pay", {"account": 12345678901234567890123456788}
+        )
+
+
 async def test_G4_same_key_while_in_flight_is_operation_in_flight(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

@@ -387,4 +387,29 @@ MUTANTS: tuple[Mutant, ...] = (
         (T + "test_relay.py",),
         "relay: a failed message is due again at once (no backoff)",
     ),
+    # ---- canonical input hashing (G4) -----------------------------------------------------
+    m(
+        "hash-rounds-to-28-digits",
+        "agentdb/hashing.py",
+        "    sign, digits, exponent = d.as_tuple()",
+        "    sign, digits, exponent = d.normalize().as_tuple()",
+        (T + "test_hashing.py", T + "test_operations.py"),
+        "input_hash: numbers that differ beyond 28 digits hash alike (Decimal's context)",
+    ),
+    m(
+        "hash-trailing-zeros-kept",
+        "agentdb/hashing.py",
+        '    significant = coefficient.rstrip("0")',
+        "    significant = coefficient",
+        (T + "test_hashing.py",),
+        "input_hash: 1 and 1.0 (or 100 and 1e2) hash differently",
+    ),
+    m(
+        "hash-strings-not-nfc",
+        "agentdb/hashing.py",
+        '    return encode_basestring(unicodedata.normalize("NFC", value))',
+        "    return encode_basestring(value)",
+        (T + "test_hashing.py",),
+        "input_hash: the same text in NFD and NFC hashes differently",
+    ),
 )
