@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from agentdb import _db
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, document
-from agentdb.errors import TransientError
+from agentdb.errors import ConcurrencyLimitExceeded, TransientError
 
 __all__ = [
     "bury",
@@ -140,11 +140,11 @@ async def claim(
     """The fair claim (G18) on Citus: tenants with work after ``after_tenant`` each
     offer their share of ``batch``, each tenant in its own single-worker transaction.
 
-    Rows come back tenant by tenant in the walk's order.
+    Rows come back tenant by tenant in the walk's order. A tenant whose cap
+    another writer filled while its claim ran (AG009) gives nothing this time;
+    the tenants claimed before it in the walk stay claimed and are returned.
 
     Raises:
-        ConcurrencyLimitExceeded: a write outside the claim filled a cap at the
-            same moment (only that tenant's claim is lost).
         mapped database errors.
     """
     # A few tenants more than the batch needs: one that is paused, full or
@@ -190,13 +190,21 @@ async def _claim_tenant(
     lease_ttl: timedelta | None,
     task_types: list[str] | None,
 ) -> list[_db.Record]:
-    async with _db.transaction(db) as conn:
-        rows = await _db.fetch_many(
-            conn, _Q["routed_claim"], tenant_id=tenant, lease_owner=owner, batch=want,
-            lease_ttl=lease_ttl, task_types=task_types,
-        )  # fmt: skip
-        rows.sort(key=lambda r: r["ord"])
-        await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
+    try:
+        async with _db.transaction(db) as conn:
+            rows = await _db.fetch_many(
+                conn, _Q["routed_claim"], tenant_id=tenant, lease_owner=owner, batch=want,
+                lease_ttl=lease_ttl, task_types=task_types,
+            )  # fmt: skip
+            rows.sort(key=lambda r: r["ord"])
+            await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
+    except ConcurrencyLimitExceeded:
+        # The statement counted the running tasks in its snapshot; a writer that
+        # committed after it and before its caps lock filled a slot, and the
+        # trigger refused (the cap held; this tenant's transaction rolled back).
+        # Raising would lose the tenants already claimed in this walk: their
+        # leases would run out unworked, an attempt spent on each.
+        return []
     return rows
 
 

@@ -49,7 +49,9 @@ async def claim(
         ConfigurationError: ``batch`` is not positive.
         ConcurrencyLimitExceeded: another writer moved one of a capped
             tenant's tasks to running outside the claim at the same moment;
-            claim again.
+            nothing was claimed: claim again. (On Citus, where each tenant is
+            claimed in a transaction of its own, that tenant gives nothing
+            instead and the others' tasks are returned.)
     """
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")

@@ -22,11 +22,12 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
-from agentdb import leases, tasks, tenancy
+from agentdb import _db, _routed, leases, tasks, tenancy
 from agentdb.errors import ConfigurationError, TenantMismatch
 from agentdb.models import Task
 from agentdb.worker import Job, Worker
@@ -346,6 +347,63 @@ async def test_G18_concurrent_claimers_never_overfill_a_tenant(
         for c in conns:
             await c.close()
     assert len(await _running(admin_conn, tenants.a)) == 5
+
+
+# A task of the tenant moved to running by hand, over its cap: what a writer that
+# committed after the claim statement's snapshot makes the cap trigger answer.
+_OVER_THE_CAP = """
+UPDATE agent_tasks
+SET state = 'running', state_version = state_version + 1, lease_owner = 'elsewhere',
+    lease_token = lease_token + 1, lease_acquired_at = now(),
+    lease_expires_at = now() + interval '5 minutes', attempts = attempts + 1
+WHERE tenant_id = $1
+  AND id = (SELECT id FROM agent_tasks WHERE tenant_id = $1 AND state = 'pending' LIMIT 1)
+"""
+
+
+async def test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim(
+    db: Database, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Citus claim (agentdb._routed.claim) takes tenant after tenant, each in a
+    transaction of its own. When one tenant's claim is refused by the cap trigger (AG009),
+    the tenants already claimed must still come back: raised, their leases would run out
+    unworked with an attempt spent on each (seen on Citus as a flaky claim error)."""
+    x, y, z = sorted(uuid.uuid4() for _ in range(3))  # the walk goes by tenant id
+    for tid, name in ((x, "x"), (y, "y"), (z, "z")):
+        await admin_conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, $2)", tid, name)
+        await _seed(admin_conn, tid, 3)
+    await tenancy.set_concurrency_limit(admin_conn, y, 0)
+    real = _db.fetch_many
+
+    async def refused_for_y(conn: Any, q: Any, /, **params: Any) -> list[Any]:
+        if q.name == "routed_claim" and params["tenant_id"] == y:
+            try:  # in the claim's own transaction: the trigger refuses, it rolls back
+                await conn.execute(_OVER_THE_CAP, y)
+            except asyncpg.PostgresError as exc:
+                raise _db.translate(exc) from exc
+        return await real(conn, q, **params)
+
+    monkeypatch.setattr(_db, "fetch_many", refused_for_y)
+    conn = await db.connect(RUNTIME)
+    try:
+        rows = await _routed.claim(
+            conn, "w", batch=9, lease_ttl=timedelta(minutes=5), task_types=None,
+            after_tenant=None,
+        )  # fmt: skip
+    finally:
+        await conn.close()
+    monkeypatch.undo()
+    got = Counter(r["tenant_id"] for r in rows)
+    assert got == {x: 3, z: 3}, got
+    # No lease left behind: every running task is one the caller was given; y's untouched.
+    running = await admin_conn.fetch(
+        "SELECT id, tenant_id FROM agent_tasks WHERE state = 'running'"
+    )
+    assert sorted(r["id"] for r in running) == sorted(r["id"] for r in rows)
+    assert await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_tasks WHERE tenant_id = $1 AND state = 'pending'"
+        " AND attempts = 0", y
+    ) == 3  # fmt: skip
 
 
 async def test_G18_the_pick_takes_only_due_tasks_with_attempts_left(

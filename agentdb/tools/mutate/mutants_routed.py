@@ -15,6 +15,15 @@ OPERATIONS = T + "test_operations.py"
 OUTBOX = T + "test_outbox.py"
 
 MUTANTS: tuple[Mutant, ...] = (
+    # Plain: its test drives the Citus claim's walk directly on plain Postgres.
+    m(
+        "routed-claim-refusal-loses-the-walk",
+        "agentdb/_routed.py",
+        "        return []\n    return rows",
+        "        raise\n    return rows",
+        (T + "test_fairness.py::test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim",),
+        "Citus claim: one tenant's AG009 raises out of the walk, orphaning the tenants claimed",
+    ),
     m(
         "routed-refused-event-as-insert-select",
         "agentdb/budgets.py",
