@@ -143,8 +143,11 @@ async def claim(
     Rows come back tenant by tenant in the walk's order. A tenant whose cap
     another writer filled while its claim ran (AG009) gives nothing this time;
     the tenants claimed before it in the walk stay claimed and are returned.
+    A lost connection (or a failover) ends the walk: what it claimed by then
+    is returned, and only a walk that claimed nothing raises.
 
     Raises:
+        TransientError: the connection was lost before any tenant was claimed.
         mapped database errors.
     """
     # A few tenants more than the batch needs: one that is paused, full or
@@ -155,27 +158,33 @@ async def claim(
     share = -(-batch // min(batch, len(tenants)))
     out: list[_db.Record] = []
     gave: dict[uuid.UUID, int] = {}
-    for tenant in tenants:
-        want = min(share, batch - len(out))
-        if want <= 0:
-            break
-        rows = await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
-        if rows:
-            gave[tenant] = len(rows)
-        else:
-            _forget(db, tenant)
-        out += rows
-    # As the one-statement claim shares the batch between the tenants that have
-    # claimable work, the tenants that gave nothing (paused, full, drained)
-    # leave their shares to the others: asked again, in walk order, each up to
-    # its new share. (A tenant whose capped task type filled up in the first
-    # pass then offers its other types.)
-    if gave and len(out) < batch:
-        share = -(-batch // len(gave))
-        for tenant, given in gave.items():
-            want = min(share - given, batch - len(out))
-            if want > 0:
-                out += await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
+    try:
+        for tenant in tenants:
+            want = min(share, batch - len(out))
+            if want <= 0:
+                break
+            rows = await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
+            if rows:
+                gave[tenant] = len(rows)
+            else:
+                _forget(db, tenant)
+            out += rows
+        # As the one-statement claim shares the batch between the tenants that have
+        # claimable work, the tenants that gave nothing (paused, full, drained)
+        # leave their shares to the others: asked again, in walk order, each up to
+        # its new share. (A tenant whose capped task type filled up in the first
+        # pass then offers its other types.)
+        if gave and len(out) < batch:
+            share = -(-batch // len(gave))
+            for tenant, given in gave.items():
+                want = min(share - given, batch - len(out))
+                if want > 0:
+                    out += await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
+    except TransientError:
+        # Each tenant's claim committed in its own transaction: raised, the ones
+        # already made would sit leased and unworked until their leases ran out.
+        if not out:
+            raise
     return out
 
 

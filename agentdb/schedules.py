@@ -92,7 +92,9 @@ async def create(
 
     Raises:
         ConfigurationError: not exactly one of ``every`` and ``cron``; an unknown
-            ``catch_up``; ``start_at`` without a time zone; a cron rule that never fires.
+            ``catch_up``; ``start_at`` without a time zone; a cron rule that never fires;
+            ``params`` that are not plain JSON data (:mod:`agentdb.hashing`). Nothing
+            was created.
         IdempotencyConflict: a schedule of that name has another definition.
         TenantMismatch: ``tenant_id`` names no tenant.
         InvariantViolation: a CHECK refused a value, such as an ``every`` with months or
@@ -110,6 +112,8 @@ async def create(
         "workflow_version": workflow_version, "params": body, "every": every, "cron": cron,
         "catch_up": catch_up, "start_at": start_at, "task_deadline": task_deadline,
     }  # fmt: skip
+    # Hashed before the insert: params the hash refuses must leave no schedule behind.
+    wanted = _definition(args, params)
     for _ in range(_RACE_RERUNS):
         row = await _db.fetch_optional(db, _Q["schedule_create"], **args)
         if row is not None:
@@ -117,7 +121,7 @@ async def create(
     else:
         raise TransientError("a concurrent create of the same schedule is still settling")
     schedule = Schedule.from_record(row, created=row["created"])
-    wanted, stored = _definition(args, params), _definition(_asdict(schedule), schedule.params)
+    stored = _definition(_asdict(schedule), schedule.params)
     if not schedule.created and wanted != stored:
         raise IdempotencyConflict(
             f"schedule {name!r} exists with another definition",

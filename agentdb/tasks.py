@@ -112,10 +112,12 @@ async def create(
 
     With ``dedupe_key``, a retried request is answered with the task the first
     one created (``task.created`` is then false) - provided it carries the same
-    ``params``; different params under the same key raise (G4).
+    ``params`` and ``task_type``; another type or other params under the same key
+    raise (G4).
 
     Raises:
-        IdempotencyConflict: ``dedupe_key`` was already used with other params.
+        IdempotencyConflict: ``dedupe_key`` was already used for another task
+            type or with other params.
         PayloadTooLarge: ``params`` is over 64 KiB.
         ConfigurationError: ``params`` is not JSON data, ``deadline`` has no time zone, or
             ``child_key`` comes without ``parent`` or with ``dedupe_key``.
@@ -153,9 +155,10 @@ async def create(
     else:
         raise TransientError("a concurrent create of the same dedupe key is still settling")
     task = Task.from_record(row, created=row["created"])
-    if not task.created and task.input_hash != digest:
+    if not task.created and (task.input_hash != digest or task.task_type != task_type):
+        what = "params" if task.task_type == task_type else f"type ({task.task_type!r})"
         raise IdempotencyConflict(
-            f"dedupe key {dedupe_key!r} was used for a task with different params",
+            f"dedupe key {dedupe_key!r} was used for a task with different {what}",
             tenant_id=tenant_id,
             key=dedupe_key or "",
             stored_hash=task.input_hash or "",

@@ -12,7 +12,7 @@ from agentdb import _db, errors, leases, tasks
 from agentdb._db import errormap
 from agentdb._db.sqlfile import parse
 from agentdb.errors import NotFound, TransientError
-from agentdb.models import Lease
+from agentdb.models import Lease, Task
 from tests.conftest import Database, Tenants
 
 _TWO_ROWS = """
@@ -67,6 +67,32 @@ async def test_lost_connection_is_transient(
             await tasks.get(conn, tenants.a, uuid.uuid4())
     finally:
         await conn.close()
+
+
+async def test_a_connection_lost_inside_a_transaction_is_transient_never_asyncpg_s(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Ending the transaction on the dead connection raised asyncpg's InterfaceError ("cannot
+    call Transaction.__aexit__()"), hiding the mapped error of the statement that failed."""
+    for where in ("statement", "commit"):
+        conn = await db.connect("agentdb_test_runtime")
+        try:
+            task = await tasks.create(conn, tenants.a, "t")
+
+            async def lose_the_connection(
+                conn: asyncpg.Connection = conn, task: Task = task, where: str = where
+            ) -> None:
+                async with _db.transaction(conn) as tx:
+                    await tasks.get(tx, tenants.a, task.id)  # control: it ran
+                    pid = conn.get_server_pid()
+                    await admin_conn.execute("SELECT pg_terminate_backend($1::int, 10000)", pid)
+                    if where == "statement":
+                        await tasks.get(tx, tenants.a, task.id)
+
+            with pytest.raises(TransientError):
+                await lose_the_connection()
+        finally:
+            await conn.close()
 
 
 async def test_serialization_failure_is_transient(

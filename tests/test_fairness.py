@@ -28,7 +28,7 @@ import asyncpg
 import pytest
 
 from agentdb import _db, _routed, leases, tasks, tenancy
-from agentdb.errors import ConfigurationError, TenantMismatch
+from agentdb.errors import ConfigurationError, TenantMismatch, TransientError
 from agentdb.models import Task
 from agentdb.worker import Job, Worker
 from tests._procs import stop_workers, worker_processes
@@ -404,6 +404,52 @@ async def test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim(
         "SELECT count(*) FROM agent_tasks WHERE tenant_id = $1 AND state = 'pending'"
         " AND attempts = 0", y
     ) == 3  # fmt: skip
+
+
+async def test_G18_a_connection_lost_mid_walk_hands_back_what_was_claimed(
+    db: Database, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Citus claim's walk loses its connection at the second tenant (a failover, a
+    restarted pooler): the first tenant's claim committed, so it must come back."""
+    x, y, z = sorted(uuid.uuid4() for _ in range(3))
+    for tid, name in ((x, "x"), (y, "y"), (z, "z")):
+        await admin_conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, $2)", tid, name)
+        await _seed(admin_conn, tid, 3)
+    real = _db.fetch_many
+
+    async def lost_at(tenant: uuid.UUID) -> Any:
+        async def fetch_many(conn: Any, q: Any, /, **params: Any) -> list[Any]:
+            if q.name == "routed_claim" and params["tenant_id"] == tenant:
+                pid = _db.raw_connection(conn).get_server_pid()
+                await admin_conn.execute("SELECT pg_terminate_backend($1, 10000)", pid)
+            return await real(conn, q, **params)
+
+        return fetch_many
+
+    monkeypatch.setattr(_db, "fetch_many", await lost_at(y))
+    conn = await db.connect(RUNTIME)
+    try:
+        rows = await _routed.claim(
+            conn, "w", batch=9, lease_ttl=timedelta(minutes=5), task_types=None,
+            after_tenant=None,
+        )  # fmt: skip
+    finally:
+        await conn.close()
+    assert Counter(r["tenant_id"] for r in rows) == {x: 3}
+    running = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE state = 'running'")
+    assert sorted(r["id"] for r in running) == sorted(r["id"] for r in rows)
+    # Lost before anything was claimed, the walk raises: the caller claims again.
+    monkeypatch.setattr(_db, "fetch_many", await lost_at(y))
+    conn = await db.connect(RUNTIME)
+    try:
+        with pytest.raises(TransientError):
+            await _routed.claim(
+                conn, "w", batch=9, lease_ttl=timedelta(minutes=5), task_types=None,
+                after_tenant=x,
+            )  # fmt: skip
+    finally:
+        await conn.close()
+    monkeypatch.undo()
 
 
 async def test_G18_the_pick_takes_only_due_tasks_with_attempts_left(

@@ -193,6 +193,13 @@ async def test_G24_create_is_idempotent_by_name_and_refuses_bad_rules(
         with pytest.raises(InvariantViolation) as refused:
             await schedules.create(pool, tenants.a, "bad", "s-bad", **rule)
         assert refused.value.constraint == constraint
+    # Params the input hash refuses (a key that is not text; two keys one after NFC):
+    # refused before anything is written, never a schedule left behind by a "refused" create.
+    for params in ({1: "a"}, {"\u00e9": 1, "e\u0301": 2}):
+        with pytest.raises(ConfigurationError):
+            await schedules.create(
+                pool, tenants.a, "bad", "s-bad", every=timedelta(hours=1), params=params
+            )
     assert [s.name for s in await schedules.of_tenant(pool, tenants.a)] == ["weekly"]
 
 

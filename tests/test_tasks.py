@@ -76,6 +76,24 @@ async def test_G4_create_with_the_same_dedupe_key_and_other_params_is_refused(
     assert refused.value.stored_hash != refused.value.given_hash
 
 
+async def test_G4_create_with_the_same_dedupe_key_for_another_task_type_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Same key, same params, another type: another request, never the first one's task."""
+    first = await tasks.create(
+        pool, tenants.a, "send_email", params={"order": 42}, dedupe_key="order-42"
+    )
+    again = await tasks.create(
+        pool, tenants.a, "send_email", params={"order": 42}, dedupe_key="order-42"
+    )
+    assert (again.created, again.id) == (False, first.id)  # control: a true retry
+    with pytest.raises(IdempotencyConflict) as refused:
+        await tasks.create(
+            pool, tenants.a, "charge_card", params={"order": 42}, dedupe_key="order-42"
+        )
+    assert refused.value.key == "order-42"
+
+
 async def test_G3_concurrent_creates_with_one_dedupe_key_make_one_task(
     db: Database, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

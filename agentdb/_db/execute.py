@@ -249,6 +249,21 @@ async def transaction(db: Executor) -> AsyncIterator[Conn]:
     """A transaction on a connection from ``db``; commits when the block ends, else rolls back.
 
     On a connection already inside a transaction this is a savepoint.
+
+    Raises:
+        TransientError: the connection was lost (the server rolled the
+            transaction back; a lost COMMIT's outcome is unknown).
+        whatever the block raises.
     """
-    async with connection(db) as conn, conn.transaction():
-        yield conn
+    async with connection(db) as conn:
+        try:
+            async with conn.transaction():
+                yield conn
+        except asyncpg.InterfaceError as exc:
+            # Ending the transaction on a connection that died in the block: what
+            # the block raised (already mapped) is the error, not asyncpg's
+            # complaint about the closed connection.
+            lost = exc.__context__
+            if lost is not None and raw_connection(conn).is_closed():
+                raise lost from None
+            _reraise(exc, conn)

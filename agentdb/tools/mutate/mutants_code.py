@@ -387,6 +387,28 @@ MUTANTS: tuple[Mutant, ...] = (
         (T + "test_relay.py",),
         "relay: a failed message is due again at once (no backoff)",
     ),
+    m(
+        "tasks-dedupe-ignores-type",
+        "agentdb/tasks.py",
+        "    if not task.created and (task.input_hash != digest or task.task_type != task_type):",
+        "    if not task.created and task.input_hash != digest:",
+        (
+            T + "test_tasks.py::"
+            "test_G4_create_with_the_same_dedupe_key_for_another_task_type_is_refused",
+        ),
+        "tasks.create: a dedupe key reused for another task type answers with the first task",
+    ),
+    m(
+        "schedules-hashed-after-the-insert",
+        "agentdb/schedules.py",
+        "    wanted = _definition(args, params)\n    for _ in range(_RACE_RERUNS):\n"
+        '        row = await _db.fetch_optional(db, _Q["schedule_create"], **args)',
+        "    for _ in range(_RACE_RERUNS):\n"
+        '        row = await _db.fetch_optional(db, _Q["schedule_create"], **args)\n'
+        "        wanted = _definition(args, params)",
+        (T + "test_schedules.py::test_G24_create_is_idempotent_by_name_and_refuses_bad_rules",),
+        "schedules.create: params the hash refuses raise after the schedule was inserted",
+    ),
     # ---- canonical input hashing (G4) -----------------------------------------------------
     m(
         "hash-rounds-to-28-digits",
