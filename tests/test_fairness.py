@@ -421,7 +421,7 @@ async def test_G18_a_connection_lost_mid_walk_hands_back_what_was_claimed(
         async def fetch_many(conn: Any, q: Any, /, **params: Any) -> list[Any]:
             if q.name == "routed_claim" and params["tenant_id"] == tenant:
                 pid = _db.raw_connection(conn).get_server_pid()
-                await admin_conn.execute("SELECT pg_terminate_backend($1, 10000)", pid)
+                await admin_conn.execute("SELECT pg_terminate_backend($1::int, 10000)", pid)
             return await real(conn, q, **params)
 
         return fetch_many
