@@ -237,7 +237,7 @@ async def set_budget(
         BudgetExceeded: the new limit is below what is already spent and held.
         TenantMismatch: no such tenant (or task in it).
     """
-    if _UNIT.fullmatch(unit) is None:
+    if not isinstance(unit, str) or _UNIT.fullmatch(unit) is None:
         raise ConfigurationError(f"budget unit {unit!r} is not a lower-case identifier")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**62:
         raise ConfigurationError(f"budget limit must be an integer >= 0, not {limit!r}")

@@ -22,6 +22,15 @@ __all__ = ["Release", "bury_exhausted", "claim", "expire_deadlines", "release", 
 _Q = _db.queries(__name__)
 
 
+def _no_string(task_types: object) -> None:
+    """A string is a sequence of one-letter task types: refused, never claimed by."""
+    if isinstance(task_types, str):
+        raise ConfigurationError(
+            f"task_types is a list of task types, not the string {task_types!r}: "
+            f"pass [{task_types!r}]"
+        )
+
+
 async def claim(
     db: _db.Executor,
     owner: str,
@@ -46,7 +55,8 @@ async def claim(
     :class:`~agentdb.worker.Worker` does.
 
     Raises:
-        ConfigurationError: ``batch`` is not positive.
+        ConfigurationError: ``batch`` is not positive; ``task_types`` is a
+            string (a list of task types is meant: ``["send_email"]``).
         ConcurrencyLimitExceeded: another writer moved one of a capped
             tenant's tasks to running outside the claim at the same moment;
             nothing was claimed: claim again. (On Citus, where each tenant is
@@ -55,6 +65,7 @@ async def claim(
     """
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
+    _no_string(task_types)
     types = list(task_types) if task_types is not None else None
     with telemetry.span(
         "agentdb.task.claim", {"agentdb.lease.owner": owner, "agentdb.batch.size": batch}

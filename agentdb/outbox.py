@@ -91,10 +91,14 @@ async def claim(
     and ``after_tenant`` is not needed.
 
     Raises:
-        ConfigurationError: ``batch`` is not positive.
+        ConfigurationError: ``batch`` or ``visibility`` is not positive.
     """
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
+    if visibility <= timedelta(0):
+        # A lease that has already run out: another relay could claim the
+        # message at once and publish it a second time alongside this one.
+        raise ConfigurationError(f"visibility must be positive, not {visibility}")
     if await schema.distributed(db):
         rows = await _routed.outbox_claim(
             db, relay, batch=batch, visibility=visibility, after_tenant=after_tenant

@@ -184,7 +184,12 @@ async def count_unhandled(db: _db.Executor, task_types: Iterable[str]) -> list[t
 
     A worker with only these handlers never claims them; it says so instead
     of letting them wait in silence.
+
+    Raises:
+        ConfigurationError: ``task_types`` is a string, not a list of task types.
     """
+    if isinstance(task_types, str):
+        raise ConfigurationError(f"task_types is a list of task types, not {task_types!r}")
     rows = await _db.fetch_many(db, _Q["task_count_unhandled"], task_types=sorted(task_types))
     return [(r["task_type"], r["n"]) for r in rows]
 
@@ -238,7 +243,13 @@ async def transition(
     event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
     trace_id, span_id = telemetry.ids(trace_id, span_id)
     bodies = [
-        document(m.payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}") for m in messages
+        # None is an empty payload, as outbox.enqueue takes it (not a NOT NULL violation).
+        document(
+            {} if m.payload is None else m.payload,
+            cap=OBJECT_CAP,
+            what=f"outbox payload for {m.topic}",
+        )
+        for m in messages
     ]
     update = {
         "tenant_id": tenant_id,
@@ -491,7 +502,8 @@ async def finish_many(
             ords.append(pos)
             ids.append(m.id)
             topics.append(m.topic)
-            bodies.append(document(m.payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}"))
+            payload = {} if m.payload is None else m.payload  # as in transition
+            bodies.append(document(payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}"))
     own: dict[uuid.UUID, Mapping[str, Any]] = dict(payloads or {})
     if stray := own.keys() - position.keys():
         raise ConfigurationError(f"payloads names task {min(stray)}, which is not in the batch")

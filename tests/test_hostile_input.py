@@ -20,8 +20,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentdb import operations, outbox, tasks, tenancy
+from agentdb import budgets, leases, operations, outbox, tasks, tenancy
 from agentdb.errors import ConfigurationError
+from agentdb.models import Message
 from tests import _pg
 from tests.conftest import Database, Tenants
 
@@ -179,6 +180,55 @@ async def test_a_tenant_id_that_is_not_a_uuid_is_a_configuration_error(
     with pytest.raises(ConfigurationError):
         await tasks.get(pool, tenant, uuid.uuid4())
     assert await _counts(admin_conn) == before
+
+
+async def test_a_string_for_task_types_is_refused_not_read_letter_by_letter(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    await tasks.create(pool, tenants.a, "send_email")
+    with pytest.raises(ConfigurationError, match=r"\['send_email'\]"):
+        await leases.claim(pool, "w", task_types="send_email")
+    with pytest.raises(ConfigurationError):
+        await tasks.count_unhandled(pool, "send_email")
+    assert await tasks.count_unhandled(pool, ["send_email"]) == []  # control
+    [got] = await leases.claim(pool, "w", task_types=["send_email"])  # control
+    assert got.task_type == "send_email"
+
+
+async def test_an_outbox_lease_that_has_already_run_out_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Visibility 0 or negative: a second relay could take the message at once."""
+    async with pool.acquire() as conn:
+        await outbox.enqueue(conn, tenants.a, "t", {"n": 1})
+    for visibility in (timedelta(seconds=-30), timedelta(0)):
+        with pytest.raises(ConfigurationError):
+            await outbox.claim(pool, "r1", visibility=visibility)
+    assert len(await outbox.claim(pool, "r1", visibility=timedelta(seconds=30))) == 1  # control
+    assert await outbox.claim(pool, "r2", visibility=timedelta(seconds=30)) == []
+
+
+@pytest.mark.parametrize("unit", [5, None, b"tokens"], ids=["int", "none", "bytes"])
+async def test_a_budget_unit_that_is_not_text_is_a_configuration_error(
+    unit: Any, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    with pytest.raises(ConfigurationError):
+        await budgets.set_budget(pool, tenants.a, unit, 100)
+    await budgets.set_budget(pool, tenants.a, "tokens", 100)  # control
+
+
+async def test_an_outbox_message_with_no_payload_is_an_empty_one(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """As outbox.enqueue takes payload=None; it was a raw NOT NULL violation."""
+    task = await tasks.create(pool, tenants.a, "t")
+    message = Message("t", None)  # type: ignore[arg-type]
+    await tasks.transition(
+        pool, tenants.a, task.id, expected_version=task.state_version, to_state="pending",
+        outbox=[message],
+    )  # fmt: skip
+    stored = await admin_conn.fetchval("SELECT payload FROM agent_outbox WHERE id = $1", message.id)
+    assert stored == "{}"
 
 
 # ---- Ctrl-C at any instant ---------------------------------------------------------------

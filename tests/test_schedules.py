@@ -15,6 +15,7 @@ import json
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -195,7 +196,8 @@ async def test_G24_create_is_idempotent_by_name_and_refuses_bad_rules(
         assert refused.value.constraint == constraint
     # Params the input hash refuses (a key that is not text; two keys one after NFC):
     # refused before anything is written, never a schedule left behind by a "refused" create.
-    for params in ({1: "a"}, {"\u00e9": 1, "e\u0301": 2}):
+    bad_params: list[dict[Any, Any]] = [{1: "a"}, {"\u00e9": 1, "e\u0301": 2}]
+    for params in bad_params:
         with pytest.raises(ConfigurationError):
             await schedules.create(
                 pool, tenants.a, "bad", "s-bad", every=timedelta(hours=1), params=params

@@ -12,6 +12,40 @@ FINISHING = T + "test_worker_finishing.py"
 CLONES = T + "test_clones.py"
 
 MUTANTS: tuple[Mutant, ...] = (
+    # ---- refused input -------------------------------------------------------------------
+    m(
+        "claim-task-types-string-read",
+        "agentdb/leases.py",
+        "    _no_string(task_types)\n",
+        "",
+        (HOSTILE + "::test_a_string_for_task_types_is_refused_not_read_letter_by_letter",),
+        "leases.claim(task_types='send_email') claims types 's', 'e', 'n', ... forever",
+    ),
+    m(
+        "outbox-visibility-unchecked",
+        "agentdb/outbox.py",
+        "    if visibility <= timedelta(0):",
+        "    if False:",
+        (HOSTILE + "::test_an_outbox_lease_that_has_already_run_out_is_refused",),
+        "outbox.claim leases for a negative visibility: another relay takes the message at once",
+    ),
+    m(
+        "budget-unit-type-unchecked",
+        "agentdb/budgets.py",
+        "    if not isinstance(unit, str) or _UNIT.fullmatch(unit) is None:\n"
+        '        raise ConfigurationError(f"budget unit',
+        '    if _UNIT.fullmatch(unit) is None:\n        raise ConfigurationError(f"budget unit',
+        (HOSTILE + "::test_a_budget_unit_that_is_not_text_is_a_configuration_error",),
+        "set_budget with a unit that is not text raises a bare TypeError",
+    ),
+    m(
+        "transition-outbox-none-payload",
+        "agentdb/tasks.py",
+        "            {} if m.payload is None else m.payload,",
+        "            m.payload,",
+        (HOSTILE + "::test_an_outbox_message_with_no_payload_is_an_empty_one",),
+        "transition's outbox Message(topic, None) is a raw NOT NULL violation",
+    ),
     m(
         "worker-retry-cap-ignored",
         "agentdb/worker/finish.py",
