@@ -132,7 +132,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "tasks-create-no-conflict-check",
         "agentdb/tasks.py",
-        "    if not task.created and task.input_hash != digest:",
+        "    if not task.created and (task.input_hash != digest or task.task_type != task_type):",
         "    if False:",
         (T + "test_tasks.py",),
         "tasks.create: a dedupe key reused with other params returns the first task",
