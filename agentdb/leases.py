@@ -143,7 +143,11 @@ async def release(
     Raises:
         LeaseLost: the lease was already taken over; nothing changed.
         NotFound: no such task.
+        ConfigurationError: ``wake_at`` has no time zone (asyncpg would read it
+            in this machine's local time).
     """
+    if wake_at is not None and wake_at.utcoffset() is None:
+        raise ConfigurationError(f"wake_at {wake_at.isoformat()} has no time zone")
 
     params = {
         "tenant_id": lease.tenant_id,

@@ -16,6 +16,11 @@ The patterns are a superset of what the database's CHECK
 ``agent_events_payload_no_secrets`` refuses, so a redacted payload is never
 refused for secrets; the CHECK stays the final guard for writers that skip
 this module. What is left must fit the 8 KiB cap (``PayloadTooLarge``).
+
+Most value patterns need a word boundary on their left (``sk-`` inside
+``task-…`` is no key), so a token written straight after letters or digits,
+with no separator (``…abcsk-proj-…``), is found by neither the redactor nor
+the CHECK; a secret straight after a masked one is found (masking repeats).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from agentdb.errors import ConfigurationError
 __all__ = ["DEFAULT", "MASK", "Redactor", "configure", "redact"]
 
 MASK = "[redacted]"
+_PASSES = 64
 
 _SECRET_KEY = (
     r"passw|secret|api[_-]?key|apikey|authori[sz]ation|bearer|private[_-]?key|"
@@ -61,15 +67,50 @@ class Redactor:
     max_value_bytes: int = 512
     _key: re.Pattern[str] = field(init=False, repr=False)
     _values: re.Pattern[str] = field(init=False, repr=False)
+    _each: tuple[re.Pattern[str], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         keys = _SECRET_KEY + (f"|{self.extra_keys}" if self.extra_keys else "")
         values = "|".join(f"(?:{p})" for p in (*_SECRET_VALUES, *self.extra_patterns))
         object.__setattr__(self, "_key", re.compile(keys, re.IGNORECASE))
         object.__setattr__(self, "_values", re.compile(values))
+        each = tuple(re.compile(p) for p in (*_SECRET_VALUES, *self.extra_patterns))
+        object.__setattr__(self, "_each", each)
+
+    def _mask(self, value: str) -> str:
+        """``value`` with every stretch any one pattern matches replaced by the mask.
+
+        Each pattern is matched on its own and the stretches merged: the
+        alternation alone takes the first match at a position and moves on, so
+        a key that runs into a "Bearer <token>" would swallow the word and leave
+        the token behind.
+        """
+        if self._values.search(value) is None:
+            return value
+        spans = sorted(m.span() for p in self._each for m in p.finditer(value))
+        out: list[str] = []
+        done = 0
+        start, end = spans[0]
+        for s, e in spans[1:]:
+            if s <= end:
+                end = max(end, e)
+                continue
+            out += (value[done:start], MASK)
+            done, start, end = end, s, e
+        out += (value[done:start], MASK, value[end:])
+        return "".join(out)
 
     def _string(self, value: str) -> Any:
-        masked = self._values.sub(MASK, value)
+        masked = self._mask(value)
+        # A secret glued to the one before it hid behind that one's lookbehind;
+        # once the first is masked it follows "]", where the database's check
+        # finds it. Mask again until nothing changes (a bound: a pattern of the
+        # caller's could match the mask itself).
+        for _ in range(_PASSES):
+            again = self._mask(masked)
+            if again == masked:
+                break
+            masked = again
         size = len(masked.encode("utf-8"))
         if size > self.max_value_bytes:
             digest = hashlib.sha256(value.encode("utf-8")).hexdigest()
@@ -82,7 +123,13 @@ class Redactor:
         if isinstance(value, Mapping):
             out: dict[str, Any] = {}
             for i, (key, item) in enumerate(value.items()):
-                name = str(key)
+                if not isinstance(key, str):
+                    # str(key) would make None "None" where the params' encoding
+                    # writes "null"; a key is text or the payload is refused.
+                    raise ConfigurationError(
+                        f"the event payload has an object key that is not a string: {key!r}"
+                    )
+                name = key
                 if self._values.search(name):
                     name = f"[redacted key {i}]"
                 out[name] = MASK if self._key.search(name) else self._walk(item)
@@ -95,8 +142,9 @@ class Redactor:
         """Return a redacted copy of ``payload`` (the input is not modified).
 
         Raises:
-            ConfigurationError: ``payload`` is nested too deeply to walk, or holds a string
-                that is not valid Unicode (a lone surrogate).
+            ConfigurationError: ``payload`` is nested too deeply to walk, holds a string
+                that is not valid Unicode (a lone surrogate), or an object key that is
+                not a string.
         """
         try:
             result: dict[str, Any] = self._walk(payload)

@@ -119,8 +119,8 @@ async def create(
         IdempotencyConflict: ``dedupe_key`` was already used for another task
             type or with other params.
         PayloadTooLarge: ``params`` is over 64 KiB.
-        ConfigurationError: ``params`` is not JSON data, ``deadline`` has no time zone, or
-            ``child_key`` comes without ``parent`` or with ``dedupe_key``.
+        ConfigurationError: ``params`` is not JSON data, ``deadline`` or ``wake_at`` has no
+            time zone, or ``child_key`` comes without ``parent`` or with ``dedupe_key``.
         TenantMismatch: ``tenant_id`` names no tenant, or ``parent`` no task of it.
         TaskFinished: ``parent`` has finished; it takes no new child.
         DeadlineExceeded: ``parent`` passed its deadline; it takes no new child.
@@ -129,6 +129,7 @@ async def create(
     """
     if deadline is not None and deadline.utcoffset() is None:
         raise ConfigurationError(f"deadline {deadline.isoformat()} has no time zone")
+    _aware("wake_at", wake_at)
     if child_key is not None:
         if parent is None or dedupe_key is not None:
             raise ConfigurationError("child_key needs parent= and stands in for dedupe_key")
@@ -165,6 +166,12 @@ async def create(
             given_hash=digest or "",
         )
     return task
+
+
+def _aware(what: str, instant: datetime | None) -> None:
+    """Refuse a naive datetime: asyncpg would read it in the client's local time zone."""
+    if instant is not None and instant.utcoffset() is None:
+        raise ConfigurationError(f"{what} {instant.isoformat()} has no time zone")
 
 
 async def get(db: _db.Executor, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task:
@@ -237,8 +244,11 @@ async def transition(
         LeaseLost: ``lease`` was taken over; stop working on the task.
         NotFound: no such task in this tenant.
         InvalidTransition: ``to_state`` is not reachable from the current state.
+        ConfigurationError: ``wake_at`` has no time zone (asyncpg would read it in
+            this machine's local time), or ``payload`` is not JSON data.
         PayloadTooLarge / SecretInPayload: the event payload was refused (G9).
     """
+    _aware("wake_at", wake_at)
     messages = list(outbox)
     event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
     trace_id, span_id = telemetry.ids(trace_id, span_id)

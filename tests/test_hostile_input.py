@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,11 @@ _BAD_DOCUMENTS: list[tuple[str, Any]] = [
     ("deep", _DEEP),
     ("nan", {"x": float("nan")}),
     ("not-json", {"x": object()}),
+    # json.dumps would write these keys as text: 1 as "1" (losing "a" to the "1" beside
+    # it in jsonb), None as "null", True as "true" - stored under names nobody gave.
+    ("int-key", {1: "a", "1": "b"}),
+    ("none-key", {None: 1}),
+    ("nested-bool-key", {"a": [{"b": {True: 1}}]}),
 ]
 
 
@@ -140,6 +145,8 @@ async def test_documents_postgres_cannot_store_are_refused_before_anything_is_wr
     before = await _counts(admin_conn)
     with pytest.raises(ConfigurationError):
         await tasks.create(pool, tenants.a, "t", params=doc, dedupe_key="k")
+    with pytest.raises(ConfigurationError):  # not hashed: the encoding alone refuses it
+        await tasks.create(pool, tenants.a, "t", params=doc)
     if not label.startswith("nul"):  # an operation's input is only hashed; a NUL hashes fine
         with pytest.raises(ConfigurationError):
             await operations.reserve(pool, tenants.a, task.id, "k", "send", doc)
@@ -193,6 +200,33 @@ async def test_a_string_for_task_types_is_refused_not_read_letter_by_letter(
     assert await tasks.count_unhandled(pool, ["send_email"]) == []  # control
     [got] = await leases.claim(pool, "w", task_types=["send_email"])  # control
     assert got.task_type == "send_email"
+
+
+async def test_a_naive_wake_at_is_refused_never_read_in_local_time(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """asyncpg reads a datetime without a time zone in the client machine's zone: noon
+    would be 17:00 UTC in New York and noon in London. deadline= and start_at= refused
+    it already; wake_at now does on every path."""
+    naive, aware = datetime(2030, 1, 1, 12), datetime(2030, 1, 1, 12, tzinfo=UTC)
+    with pytest.raises(ConfigurationError, match="no time zone"):
+        await tasks.create(pool, tenants.a, "t", wake_at=naive, waiting=True)
+    task = await tasks.create(pool, tenants.a, "t", wake_at=aware, waiting=True)  # control
+    assert task.wake_at == aware
+    with pytest.raises(ConfigurationError, match="no time zone"):
+        await tasks.wait_until(pool, task, naive)
+    with pytest.raises(ConfigurationError, match="no time zone"):
+        await tasks.transition(
+            pool, tenants.a, task.id, expected_version=task.state_version,
+            to_state="waiting", wake_at=naive,
+        )  # fmt: skip
+    task = await tasks.wake(pool, task)
+    [claimed] = await leases.claim(pool, "w", task_types=["t"])
+    assert claimed.lease is not None
+    with pytest.raises(ConfigurationError, match="no time zone"):
+        await leases.release(pool, claimed.lease, wake_at=naive)
+    released = await leases.release(pool, claimed.lease, wake_at=aware)  # control
+    assert released.wake_at == aware
 
 
 async def test_an_outbox_lease_that_has_already_run_out_is_refused(

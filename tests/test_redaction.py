@@ -106,6 +106,30 @@ async def test_G9_redacted_payloads_are_accepted_and_store_no_secret(
         assert tail not in stored
 
 
+@pytest.mark.parametrize(
+    "glued",
+    [
+        "AKIAIOSFODNN7EXAMPLE" * 2,
+        "AKIAIOSFODNN7EXAMPLE" + "sk-" + "a" * 20,
+        "sk-" + "a" * 20 + "AKIAIOSFODNN7EXAMPLE" * 3,
+        "sk-proj-" + "a" * 20 + "Bearer " + "t" * 20,
+    ],
+    ids=["akia-akia", "akia-sk", "sk-akia-x3", "sk-bearer"],
+)
+async def test_G9_secrets_glued_together_are_all_masked_and_the_payload_is_stored(
+    glued: str, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The first secret's mask used to leave the next one behind a "]", where the
+    database's check found it: SecretInPayload for a payload redact() had passed."""
+    redacted = redact({"note": glued, "key": {glued: 1}})
+    assert set(redacted["note"].split(MASK)) == {""}, redacted
+    assert list(redacted["key"]) == ["[redacted key 0]"]
+    task = await tasks.create(pool, tenants.a, "t")
+    await tasks.transition(
+        pool, tenants.a, task.id, expected_version=0, to_state="cancelled", payload={"n": glued}
+    )
+
+
 def test_G9_large_values_become_references() -> None:
     prompt = "You are a helpful assistant. " * 100
     out = redact({"prompt": prompt, "short": "ok"})

@@ -22,18 +22,45 @@ OBJECT_CAP = 65536
 TEXT_CAP = 4000
 
 
+def _key_not_text(value: Mapping[str, Any]) -> object:
+    """The first object key under ``value`` that is not a string, else ``_TEXT``."""
+    pending: list[Any] = [value]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    return key
+                if isinstance(item, dict | list | tuple):
+                    pending.append(item)
+        else:
+            pending.extend(i for i in node if isinstance(i, dict | list | tuple))
+    return _TEXT
+
+
+_TEXT = object()
+
+
 def document(value: Mapping[str, Any] | None, *, cap: int, what: str) -> str | None:
     """Encode ``value`` as JSON text for a jsonb parameter.
 
     Raises:
         PayloadTooLarge: the encoding is over ``cap`` bytes.
-        ConfigurationError: ``value`` is not a mapping or not JSON-serialisable.
+        ConfigurationError: ``value`` is not a mapping, not JSON-serialisable, or
+            has an object key that is not a string.
     """
     if value is None:
         return None
     if not isinstance(value, Mapping):
         raise ConfigurationError(
             f"{what} must be a JSON object (a mapping), not {type(value).__name__}"
+        )
+    # json.dumps would write the key 1 as "1" (None as "null"): stored under
+    # another name, and {1: "a", "1": "b"} would lose "a" in jsonb.
+    key = _key_not_text(value)
+    if key is not _TEXT:
+        raise ConfigurationError(
+            f"{what} has an object key that is not a string: {key!r} ({type(key).__name__})"
         )
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)

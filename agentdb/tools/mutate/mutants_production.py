@@ -14,6 +14,74 @@ CLONES = T + "test_clones.py"
 MUTANTS: tuple[Mutant, ...] = (
     # ---- refused input -------------------------------------------------------------------
     m(
+        "document-keys-not-checked",
+        "agentdb/_db/jsonb.py",
+        "    if key is not _TEXT:",
+        "    if False:",
+        (
+            HOSTILE
+            + "::test_documents_postgres_cannot_store_are_refused_before_anything_is_written",
+        ),
+        "document(): json.dumps renames a key 1 to '1' ({1: 'a', '1': 'b'} loses 'a')",
+    ),
+    m(
+        "redact-key-coerced",
+        "agentdb/redaction.py",
+        "                if not isinstance(key, str):",
+        "                if False:",
+        (
+            HOSTILE
+            + "::test_documents_postgres_cannot_store_are_refused_before_anything_is_written",
+        ),
+        "redact(): a key that is not text is passed on (str(None) is 'None')",
+    ),
+    m(
+        "redact-masks-once",
+        "agentdb/redaction.py",
+        "        for _ in range(_PASSES):",
+        "        for _ in range(0):",
+        (
+            T + "test_redaction.py::"
+            "test_G9_secrets_glued_together_are_all_masked_and_the_payload_is_stored",
+        ),
+        "redact(): a secret glued behind another is left after the first one's mask",
+    ),
+    m(
+        "redact-alternation-only",
+        "agentdb/redaction.py",
+        "        spans = sorted(m.span() for p in self._each for m in p.finditer(value))",
+        "        spans = sorted(m.span() for m in self._values.finditer(value))",
+        (
+            T + "test_redaction.py::"
+            "test_G9_secrets_glued_together_are_all_masked_and_the_payload_is_stored",
+        ),
+        "redact(): a key running into 'Bearer <token>' swallows the word, leaves the token",
+    ),
+    m(
+        "create-naive-wake-at",
+        "agentdb/tasks.py",
+        '    _aware("wake_at", wake_at)\n    if child_key is not None:',
+        "    if child_key is not None:",
+        (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
+        "tasks.create: a naive wake_at is read in the client's local time zone",
+    ),
+    m(
+        "transition-naive-wake-at",
+        "agentdb/tasks.py",
+        '    _aware("wake_at", wake_at)\n    messages = list(outbox)',
+        "    messages = list(outbox)",
+        (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
+        "tasks.transition: a naive wake_at is read in the client's local time zone",
+    ),
+    m(
+        "release-naive-wake-at",
+        "agentdb/leases.py",
+        "    if wake_at is not None and wake_at.utcoffset() is None:",
+        "    if False:",
+        (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
+        "leases.release: a naive wake_at is read in the client's local time zone",
+    ),
+    m(
         "claim-task-types-string-read",
         "agentdb/leases.py",
         "    _no_string(task_types)\n",
