@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 __all__ = ["Lease", "Message", "Operation", "OutboxMessage", "Reservation", "Signal", "Task"]
@@ -27,7 +28,16 @@ class Row(Protocol):
 
 
 def _json(value: str | None) -> Any:
-    return None if value is None else json.loads(value)
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError:
+        # jsonb holds integers of any length; Python refuses to read one over
+        # 4,300 digits (sys.get_int_max_str_digits). One such row, written by
+        # SQL of someone's own, must not fail every row read with it (a relay's
+        # whole claimed batch): it reads as an exact Decimal instead.
+        return json.loads(value, parse_int=Decimal)
 
 
 _FIELDS: dict[type[Any], tuple[str, ...]] = {}

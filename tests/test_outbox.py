@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from decimal import Decimal
 
 import asyncpg
 import pytest
@@ -158,3 +159,23 @@ async def test_G10_deliver_and_claim_never_claims_a_message_it_marks(
     for before in held[:2]:
         row = rows[before.id]
         assert (row["state"], row["lease_token"]) == ("delivered", before.lease_token)
+
+
+async def test_G10_a_number_python_will_not_read_as_int_does_not_strand_the_batch(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A row written by SQL of one's own may hold an integer of any length; Python reads
+    none over 4,300 digits as int. The claim used to commit its leases and then fail on
+    that row: the whole batch stranded, attempts spent, the relay down on every try."""
+    async with pool.acquire() as conn:
+        good = await outbox.enqueue(conn, tenants.a, "t", {"n": 1})
+    big = await admin_conn.fetchval(
+        "INSERT INTO agent_outbox (tenant_id, topic, payload)"
+        " VALUES ($1, 't', jsonb_build_object('n', repeat('9', 5000)::numeric)) RETURNING id",
+        tenants.a,
+    )
+    claimed = {m.id: m for m in await outbox.claim(pool, "r1", batch=10)}
+    assert set(claimed) == {good, big}
+    assert claimed[good].payload == {"n": 1}
+    assert claimed[big].payload["n"] == Decimal("9" * 5000)  # exact
+    assert await outbox.mark_delivered(pool, list(claimed.values())) == {good, big}

@@ -14,6 +14,17 @@ CLONES = T + "test_clones.py"
 MUTANTS: tuple[Mutant, ...] = (
     # ---- refused input -------------------------------------------------------------------
     m(
+        "models-long-int-unread",
+        "agentdb/models.py",
+        "        return json.loads(value, parse_int=Decimal)",
+        "        raise",
+        (
+            T + "test_outbox.py::"
+            "test_G10_a_number_python_will_not_read_as_int_does_not_strand_the_batch",
+        ),
+        "a jsonb integer over 4,300 digits fails every row read with it (a relay's batch)",
+    ),
+    m(
         "document-keys-not-checked",
         "agentdb/_db/jsonb.py",
         "    if key is not _TEXT:",
