@@ -86,10 +86,9 @@ async def _walk(
 
 
 # The tenants the last discovery found, per pool or connection, in walk order:
-# successive claims walk on through them before looking again, because a
-# discovery reads every shard and a claim reads one. A tenant whose claim
-# came back empty leaves the ring; the ring is read again after _RING_AGE
-# seconds, so a tenant whose work just arrived waits at most that long.
+# claims walk on through them before looking again (a discovery reads every shard,
+# a claim one). A tenant whose claim came back empty leaves the ring; the ring is
+# read again after _RING_AGE seconds: a tenant's new work waits at most that long.
 _RING_SIZE = 64
 _RING_AGE = 1.0
 _RINGS: OrderedDict[int, tuple[object, tuple[str, ...] | None, float, list[uuid.UUID]]] = (
@@ -140,11 +139,9 @@ async def claim(
     """The fair claim (G18) on Citus: tenants with work after ``after_tenant`` each
     offer their share of ``batch``, each tenant in its own single-worker transaction.
 
-    Rows come back tenant by tenant in the walk's order. A tenant whose cap
-    another writer filled while its claim ran (AG009) gives nothing this time;
-    the tenants claimed before it in the walk stay claimed and are returned.
-    A lost connection (or a failover) ends the walk: what it claimed by then
-    is returned, and only a walk that claimed nothing raises.
+    Rows come back tenant by tenant in the walk's order. A tenant whose cap another
+    writer filled meanwhile (AG009) gives nothing; a lost connection ends the walk.
+    Either way the tenants claimed before are returned (committed, they must be worked).
 
     Raises:
         TransientError: the connection was lost before any tenant was claimed.
@@ -180,9 +177,7 @@ async def claim(
                 want = min(share - given, batch - len(out))
                 if want > 0:
                     out += await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
-    except TransientError:
-        # Each tenant's claim committed in its own transaction: raised, the ones
-        # already made would sit leased and unworked until their leases ran out.
+    except TransientError:  # raised, the claims made would sit leased and unworked
         if not out:
             raise
     return out
@@ -209,10 +204,8 @@ async def _claim_tenant(
             await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
     except ConcurrencyLimitExceeded:
         # The statement counted the running tasks in its snapshot; a writer that
-        # committed after it and before its caps lock filled a slot, and the
-        # trigger refused (the cap held; this tenant's transaction rolled back).
-        # Raising would lose the tenants already claimed in this walk: their
-        # leases would run out unworked, an attempt spent on each.
+        # committed after it, before its caps lock, filled a slot: the trigger
+        # refused and this tenant's transaction rolled back (the cap held).
         return []
     return rows
 
@@ -293,20 +286,15 @@ async def create_task(db: _db.Executor, params: dict[str, Any]) -> _db.Record | 
                 conn, _Q["routed_task_by_key"], tenant_id=params["tenant_id"],
                 dedupe_key=params["dedupe_key"],
             )  # fmt: skip
-        await _db.execute_each(
-            conn,
-            _Q["routed_task_event"],
-            [
-                {
-                    "tenant_id": row["tenant_id"], "task_id": row["id"],
-                    "event_type": "task.created", "actor_id": params["actor_id"],
-                    "policy_version": row["workflow_version"], "from_state": None,
-                    "to_state": row["state"], "task_state_version": row["state_version"],
-                    "payload": document({}, cap=EVENT_PAYLOAD_CAP, what="task event"),
-                    "trace_id": row["trace_id"], "span_id": row["span_id"],
-                }
-            ],
-        )  # fmt: skip
+        created = {
+            "tenant_id": row["tenant_id"], "task_id": row["id"],
+            "event_type": "task.created", "actor_id": params["actor_id"],
+            "policy_version": row["workflow_version"], "from_state": None,
+            "to_state": row["state"], "task_state_version": row["state_version"],
+            "payload": document({}, cap=EVENT_PAYLOAD_CAP, what="task event"),
+            "trace_id": row["trace_id"], "span_id": row["span_id"],
+        }  # fmt: skip
+        await _db.execute_each(conn, _Q["routed_task_event"], [created])
         return row
 
 

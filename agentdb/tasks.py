@@ -512,8 +512,8 @@ async def finish_many(
             ords.append(pos)
             ids.append(m.id)
             topics.append(m.topic)
-            payload = {} if m.payload is None else m.payload  # as in transition
-            bodies.append(document(payload, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}"))
+            body = {} if m.payload is None else m.payload  # as in transition
+            bodies.append(document(body, cap=OBJECT_CAP, what=f"outbox payload for {m.topic}"))
     own: dict[uuid.UUID, Mapping[str, Any]] = dict(payloads or {})
     if stray := own.keys() - position.keys():
         raise ConfigurationError(f"payloads names task {min(stray)}, which is not in the batch")

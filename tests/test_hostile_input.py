@@ -263,6 +263,17 @@ async def test_an_outbox_message_with_no_payload_is_an_empty_one(
     )  # fmt: skip
     stored = await admin_conn.fetchval("SELECT payload FROM agent_outbox WHERE id = $1", message.id)
     assert stored == "{}"
+    # finish_many takes it the same way, and its event keeps its own payload.
+    await tasks.create(pool, tenants.a, "t")
+    [claimed] = await leases.claim(pool, "w", task_types=["t"])
+    other = Message("t", None)  # type: ignore[arg-type]
+    await tasks.finish_many(pool, [claimed], payload={"done": 1}, outbox={claimed.id: [other]})
+    stored = await admin_conn.fetchval("SELECT payload FROM agent_outbox WHERE id = $1", other.id)
+    assert stored == "{}"
+    event = await admin_conn.fetchval(
+        "SELECT payload FROM agent_events WHERE task_id = $1 AND to_state = 'succeeded'", claimed.id
+    )
+    assert event == '{"done": 1}'
 
 
 # ---- Ctrl-C at any instant ---------------------------------------------------------------

@@ -126,6 +126,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "transition's outbox Message(topic, None) is a raw NOT NULL violation",
     ),
     m(
+        "finish-many-outbox-none-payload",
+        "agentdb/tasks.py",
+        "            body = {} if m.payload is None else m.payload  # as in transition",
+        "            body = m.payload",
+        (HOSTILE + "::test_an_outbox_message_with_no_payload_is_an_empty_one",),
+        "finish_many's outbox Message(topic, None) is a raw NOT NULL violation",
+    ),
+    m(
         "worker-retry-cap-ignored",
         "agentdb/worker/finish.py",
         "backoff(task.attempts, base=self.retry_base, cap=self.retry_cap)",
