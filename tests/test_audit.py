@@ -384,6 +384,86 @@ def test_G5_state_without_check_is_flagged(db: Database, auditor: str) -> None:
     assert report.finding("G5").reason.startswith("agent_tasks.state accepts any value")
 
 
+def test_G5_a_value_list_on_one_side_of_an_or_bounds_nothing(db: Database, auditor: str) -> None:
+    """`state IN (...) OR attempts >= 0` lets `state = 'bogus'` through on any row."""
+    report = _broken(
+        db,
+        r"""
+        DO $$
+        DECLARE d text;
+        BEGIN
+            SELECT pg_get_constraintdef(oid) INTO d FROM pg_constraint
+            WHERE conname = 'agent_tasks_state_valid';
+            ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_state_valid;
+            EXECUTE 'ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_state_valid '
+                || regexp_replace(d, '^CHECK \((.*)\)$', 'CHECK ((\1) OR attempts >= 0)');
+        END $$;
+        """,
+        G5="partial",
+    )
+    assert report.finding("G5").reason.startswith("agent_tasks.state accepts any value")
+
+
+@pytest.mark.parametrize(
+    ("check", "g5"),
+    [("length(VALUE) < 40", "missing"), ("VALUE IN ('queued', 'done')", "enforced")],
+    ids=["length", "list"],
+)
+def test_G5_a_domain_is_a_value_set_only_if_it_lists_or_patterns_the_values(
+    check: str, g5: str, pg_server: _pg.Server, empty_db: str
+) -> None:
+    _apply(
+        pg_server.url(empty_db),
+        f"""
+        CREATE DOMAIN job_state AS text CHECK ({check});
+        CREATE TABLE jobs (tenant_id uuid NOT NULL, id uuid NOT NULL, state job_state NOT NULL,
+                           PRIMARY KEY (tenant_id, id));
+        """,
+    )
+    report = audit.audit(_as_auditor(pg_server, empty_db))
+    assert report.finding("G5").status == g5, report.render()
+
+
+def test_G3_a_unique_index_partial_on_another_column_is_partial(db: Database, auditor: str) -> None:
+    """WHERE result IS NOT NULL: every key without a result may repeat."""
+    report = _broken(
+        db,
+        """
+        ALTER TABLE agent_operations DROP CONSTRAINT agent_operations_idempotency_key;
+        CREATE UNIQUE INDEX agent_operations_key_with_result
+            ON agent_operations (tenant_id, idempotency_key) WHERE result IS NOT NULL;
+        """,
+        G3="partial",
+    )
+    assert "unique only while a row matches the index predicate" in report.finding("G3").reason
+
+
+@pytest.mark.parametrize(
+    "guard",
+    [
+        # Fires only past the 5th nested trigger level: every direct UPDATE passes.
+        """DROP TRIGGER agent_tasks_transition_guard ON agent_tasks;
+           CREATE TRIGGER agent_tasks_transition_guard BEFORE INSERT OR UPDATE OF state
+               ON agent_tasks FOR EACH ROW WHEN (pg_trigger_depth() > 5)
+               EXECUTE FUNCTION agentdb_guard_transition('task');""",
+        # Its only RAISE is in a comment.
+        """DROP TRIGGER agent_operations_transition_guard ON agent_operations;
+           CREATE FUNCTION op_guard_todo() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+               -- TODO: RAISE EXCEPTION when OLD.state is final
+               RETURN NEW;
+           END $$;
+           CREATE TRIGGER agent_operations_transition_guard BEFORE UPDATE OF state
+               ON agent_operations FOR EACH ROW EXECUTE FUNCTION op_guard_todo();""",
+    ],
+    ids=["when-clause", "raise-in-a-comment"],
+)
+def test_G6_a_guard_that_can_skip_a_move_does_not_count(
+    guard: str, db: Database, auditor: str
+) -> None:
+    _broken(db, guard, G6="partial")
+
+
 def test_G6_operations_without_transition_guard_are_flagged(db: Database, auditor: str) -> None:
     report = _broken(
         db,
@@ -426,6 +506,39 @@ def test_G8_events_without_protection_are_flagged(db: Database, auditor: str) ->
     assert "REVOKE UPDATE, DELETE, TRUNCATE ON agent_events FROM agentdb_runtime" in (
         report.finding("G8").fix or ""
     )
+
+
+@pytest.mark.parametrize(
+    "protection",
+    [
+        # Refuses an UPDATE of the payload only: the event type can be forged.
+        """CREATE TRIGGER agent_events_append_only BEFORE UPDATE OF payload OR DELETE
+               ON agent_events FOR EACH ROW EXECUTE FUNCTION agentdb_guard_append_only();""",
+        # Refuses every change but only past the 5th nested trigger level.
+        """CREATE TRIGGER agent_events_append_only BEFORE UPDATE OR DELETE ON agent_events
+               FOR EACH ROW WHEN (pg_trigger_depth() > 5)
+               EXECUTE FUNCTION agentdb_guard_append_only();""",
+        # Rules that rewrite some events only.
+        """CREATE RULE events_no_update AS ON UPDATE TO agent_events
+               WHERE old.event_type = 'task.succeeded' DO INSTEAD NOTHING;
+           CREATE RULE events_no_delete AS ON DELETE TO agent_events
+               WHERE old.event_type = 'task.succeeded' DO INSTEAD NOTHING;""",
+    ],
+    ids=["update-of-one-column", "when-clause", "rules-with-where"],
+)
+def test_G8_protection_of_some_rows_or_columns_is_not_append_only(
+    protection: str, db: Database, auditor: str
+) -> None:
+    report = _broken(
+        db,
+        f"""
+        DROP TRIGGER agent_events_append_only ON agent_events;
+        GRANT UPDATE, DELETE ON agent_events TO agentdb_runtime;
+        {protection}
+        """,
+        G8="partial",
+    )
+    assert "agent_events is not append-only" in report.finding("G8").reason
 
 
 def test_G8_withheld_privileges_count_as_append_only(db: Database, auditor: str) -> None:

@@ -137,7 +137,8 @@ class Trigger:
         return bool(self.tgtype & 32)
 
     def raises(self) -> bool:
-        return _RAISES.search(self.source) is not None
+        # A RAISE in a comment ("-- TODO: RAISE ...") refuses nothing.
+        return _RAISES.search(_COMMENTS.sub(" ", self.source)) is not None
 
     def reads_old(self, column: str) -> bool:
         pattern = rf"\bOLD\s*\.\s*(?:{re.escape(column)}|\"{re.escape(column)}\")(?!\w)"
@@ -148,6 +149,7 @@ class Trigger:
 
 
 _RAISES = re.compile(r"\bRAISE\b(?!\s+(?:NOTICE|WARNING|INFO|LOG|DEBUG)\b)", re.IGNORECASE)
+_COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,7 @@ class Rule:
     name: str
     event: str  # 1 select, 2 update, 3 insert, 4 delete
     instead: bool
+    conditional: bool = False  # a WHERE clause: it rewrites some rows only
 
 
 @dataclass(slots=True)
@@ -230,12 +233,22 @@ class Table:
             and any(g.mentions(t.name) for t in tables)
         ]
 
-    def update_guards(self, column: str) -> list[Trigger]:
-        """Live row triggers that run before an UPDATE, read ``OLD.column`` and can RAISE."""
+    def update_guards(self, column: str, *, every_row: bool = False) -> list[Trigger]:
+        """Live row triggers that run before an UPDATE, read ``OLD.column`` and can RAISE.
+
+        With ``every_row``, only those without a WHEN clause: a rule every change
+        must pass (a state's edges, a version's +1) is no rule if a WHEN can skip
+        it (``WHEN (pg_trigger_depth() > 5)``). Other guards narrow themselves to
+        the rows they judge (a deadline guard to tasks that have one)."""
         return [
             g
             for g in self.live_triggers()
-            if g.row and g.before and g.on_update and g.reads_old(column) and g.raises()
+            if g.row
+            and g.before
+            and g.on_update
+            and not (every_row and g.conditional)
+            and g.reads_old(column)
+            and g.raises()
         ]
 
     def unique_keys(self) -> list[tuple[str, tuple[str, ...], str | None]]:
@@ -434,9 +447,9 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
                 Trigger(name, tgtype, enabled in ("O", "A"), tuple(cols), function, source or "",
                         bool(when))
             )  # fmt: skip
-    for rel_oid, name, event, instead in _rows(conn, q.RULES, nsp):
+    for rel_oid, name, event, instead, where in _rows(conn, q.RULES, nsp):
         if rel_oid in tables:
-            tables[rel_oid].rules.append(Rule(name, event, instead))
+            tables[rel_oid].rules.append(Rule(name, event, instead, bool(where)))
     for rel_oid, name, permissive, roles, qual, check in _rows(conn, q.POLICIES, nsp):
         if rel_oid in tables:
             tables[rel_oid].policies.append(Policy(name, permissive, tuple(roles), qual, check))

@@ -151,7 +151,7 @@ ORDER BY t.tgrelid, t.tgname
 """
 
 RULES: Final[LiteralString] = """
-SELECT r.ev_class, r.rulename::text, r.ev_type::text, r.is_instead
+SELECT r.ev_class, r.rulename::text, r.ev_type::text, r.is_instead, r.ev_qual::text <> '<>'
 FROM pg_rewrite r
 JOIN pg_class c ON c.oid = r.ev_class
 WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND r.ev_enabled <> 'D'

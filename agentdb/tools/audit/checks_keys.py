@@ -270,6 +270,17 @@ def _unique_hint(ctx: Context, parent: Table, ref_columns: Sequence[str]) -> str
 # --- G3 -------------------------------------------------------------------------------
 
 _NOT_NULL_ONLY = re.compile(r"^\(*\s*(?:\(*[\w\"]+\)* IS NOT NULL\)*(?:\s+AND\s+)?)+\s*\)*$")
+_NOT_NULL_OF = re.compile(r"([\w\"]+)\)* IS NOT NULL")
+
+
+def _whole(pred: str | None, cols: tuple[str, ...]) -> bool:
+    """Whether a unique index with predicate ``pred`` covers every row that has a key:
+    none, or only "IS NOT NULL" of its own key columns (a NULL key is never a duplicate;
+    "WHERE result IS NOT NULL" leaves every key without a result free to repeat)."""
+    if pred is None:
+        return True
+    named = {c.strip('"') for c in _NOT_NULL_OF.findall(pred)}
+    return _NOT_NULL_ONLY.match(pred) is not None and named <= set(cols)
 
 
 def _op_key_columns(ctx: Context, ops: Table) -> tuple[str, ...]:
@@ -358,9 +369,7 @@ def _uniqueness(ctx: Context, f: Findings, t: Table, key: Sequence[str]) -> str:
     full = [
         (n, p)
         for n, cols, p in covering
-        if set(cols) <= wanted | scope
-        and (ctx.single_tenant or ctx.tc in cols)
-        and (p is None or _NOT_NULL_ONLY.match(p))
+        if set(cols) <= wanted | scope and (ctx.single_tenant or ctx.tc in cols) and _whole(p, cols)
     ]
     if full:
         name, pred = full[0]
@@ -380,7 +389,7 @@ def _uniqueness(ctx: Context, f: Findings, t: Table, key: Sequence[str]) -> str:
             fix,
         )
         return "partial"
-    partial = [(n, p) for n, _, p in covering if p and not _NOT_NULL_ONLY.match(p)]
+    partial = [(n, p) for n, c, p in covering if not _whole(p, c)]
     if partial:
         evidence = "; ".join(f"{n} WHERE {p}" for n, p in partial)
         f.ok(*(f"unique {n} (partial: WHERE {p})" for n, p in partial))

@@ -38,7 +38,9 @@ def check_g6(ctx: Context) -> Finding:
         assert state is not None
         # A trigger limited to UPDATE OF other columns never sees a state change.
         guards = [
-            g for g in t.update_guards(state.name) if not g.columns or state.name in g.columns
+            g
+            for g in t.update_guards(state.name, every_row=True)
+            if not g.columns or state.name in g.columns
         ]
         if guards:
             guarded += 1
@@ -95,7 +97,7 @@ def check_g7(ctx: Context) -> Finding:
             core = False
         f.ok(f"column {t.name}.{v.name}")
         f.ok(*(f"check {c.name}" for c in t.checks_on(v.name) if c.columns == (v.name,)))
-        guards = t.update_guards(v.name)
+        guards = t.update_guards(v.name, every_row=True)
         if guards:
             f.ok(*(f"trigger {g.name}" for g in guards))
         else:
@@ -196,14 +198,19 @@ def _placeholder(ctx: Context, base: str) -> Table:
 def _protection(t: Table, op: str) -> list[str]:
     """Objects that stop ``op`` on ``t``: a raising BEFORE trigger, an INSTEAD rule,
     or privileges - some role other than the owner inserts and none may ``op``
-    (the owner is the migration role; writers connect as someone else)."""
+    (the owner is the migration role; writers connect as someone else). A trigger
+    with a WHEN clause or an UPDATE column list, or a rule with a WHERE clause,
+    stops some rows or columns only: it does not count."""
     by: list[str] = []
     for g in t.live_triggers():
         fires = {"UPDATE": g.on_update, "DELETE": g.on_delete, "TRUNCATE": g.on_truncate}[op]
-        if fires and g.before and g.raises():
+        every = not g.conditional and (op != "UPDATE" or not g.columns)
+        if fires and every and g.before and g.raises():
             by.append(f"trigger {g.name}")
     event = {"UPDATE": "2", "DELETE": "4"}.get(op)
-    by += [f"rule {r.name}" for r in t.rules if r.instead and r.event == event]
+    by += [
+        f"rule {r.name}" for r in t.rules if r.instead and r.event == event and not r.conditional
+    ]
     inserters = sorted({g for g, p in t.grants if p == "INSERT"})
     if inserters and not any(p == op for _, p in t.grants):
         withheld = [

@@ -107,8 +107,10 @@ def single_tenant(gid: str, single: bool, tc: str) -> Finding | None:
 def value_set(table: Table, column: Column) -> tuple[bool, frozenset[str] | None]:
     """Is the column's value set declared, and what is it (None if not a list)?
 
-    Counts an enum type, a domain with a CHECK, a CHECK that compares the
-    column with a list (``IN``/``= ANY``) or a pattern, and a foreign key on it.
+    Counts an enum type, a domain or a CHECK that compares the column with a
+    list (``IN``/``= ANY``) or a pattern, and a foreign key on it. A CHECK
+    whose list is one side of an OR (``state IN (...) OR attempts >= 0``)
+    bounds nothing, and a domain's other CHECKs (a length) are no value set.
     """
     if column.enum_labels:
         return True, frozenset(column.enum_labels)
@@ -116,23 +118,36 @@ def value_set(table: Table, column: Column) -> tuple[bool, frozenset[str] | None
         values = _listed(definition, "VALUE")
         if values is not None:
             return True, values
-    if column.domain_checks:
-        return True, None
+        if _matched(definition, "VALUE"):
+            return True, None
     for con in table.checks_on(column.name):
         values = _listed(con.definition, column.qname)
         if values is not None:
             return True, values
-        if con.columns == (column.name,) and re.search(
-            rf"(?<![\w\"]){re.escape(column.qname)}\)?(::[\w ]+)?\)? ~", con.definition
-        ):
+        if con.columns == (column.name,) and _matched(con.definition, column.qname):
             return True, None
     if any(column.name in fk.columns for fk in table.of("f")):
         return True, None
     return False, None
 
 
+def _binding(definition: str, qcol: str) -> bool:
+    """No OR in ``definition`` but "``qcol`` IS NULL" ones: what it says of ``qcol`` holds."""
+    bare = re.sub(r"'(?:[^']|'')*'", "''", definition)  # string literals may say OR
+    bare = re.sub(rf"\(*{re.escape(qcol)}\)* IS NULL", "", bare)
+    return re.search(r"\bOR\b", bare) is None
+
+
+def _matched(definition: str, qcol: str) -> bool:
+    """Whether a CHECK ``definition`` holds ``qcol`` to a pattern (``~``)."""
+    found = re.search(rf"(?<![\w\"]){re.escape(qcol)}\)?(::[\w ]+)?\)? ~", definition)
+    return found is not None and _binding(definition, qcol)
+
+
 def _listed(definition: str, qcol: str) -> frozenset[str] | None:
     """The values a CHECK ``definition`` lists for ``qcol``, ``None`` if it lists none."""
+    if not _binding(definition, qcol):
+        return None
     # pg_get_constraintdef prints `col IN (...)` as `(col = ANY (ARRAY['a'::text, ...]))`.
     pattern = (
         rf"(?<![\w\"])\(*{re.escape(qcol)}\)*(?:::[\w ]+)?\s*=\s*ANY\s*"
