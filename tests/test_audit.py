@@ -556,6 +556,24 @@ def test_G8_withheld_privileges_count_as_append_only(db: Database, auditor: str)
     )
 
 
+@pytest.mark.parametrize(
+    ("ddl", "expected"),
+    [
+        # Without the triggers only privileges keep events append-only (the test above);
+        # an UPDATE granted on one column is enough to forge an event.
+        ("""DROP TRIGGER agent_events_append_only ON agent_events;
+            DROP TRIGGER agent_events_no_truncate ON agent_events;
+            GRANT UPDATE (event_type) ON agent_events TO agentdb_runtime;""", {"G8": "partial"}),
+        ("GRANT UPDATE (state) ON agent_tasks TO PUBLIC;", {"G15": "partial"}),
+    ],
+    ids=["G8-update-of-a-column", "G15-public-update-of-a-column"],
+)  # fmt: skip
+def test_a_privilege_granted_on_a_column_counts_as_on_the_table(
+    ddl: str, expected: dict[str, str], db: Database, auditor: str
+) -> None:
+    _broken(db, ddl, **expected)
+
+
 def test_G8_state_change_without_its_event_is_flagged(db: Database, auditor: str) -> None:
     report = _broken(db, "DROP TRIGGER agent_tasks_event_required ON agent_tasks", G8="partial")
     assert "nothing ties a state change of agent_tasks" in report.finding("G8").reason

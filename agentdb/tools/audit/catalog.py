@@ -453,7 +453,7 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
     for rel_oid, name, permissive, roles, qual, check in _rows(conn, q.POLICIES, nsp):
         if rel_oid in tables:
             tables[rel_oid].policies.append(Policy(name, permissive, tuple(roles), qual, check))
-    for rel_oid, grantee, privilege in _rows(conn, q.GRANTS, nsp):
+    for rel_oid, grantee, privilege in _rows(conn, q.GRANTS, nsp, nsp):
         if rel_oid in tables:
             tables[rel_oid].grants.append((grantee, privilege))
     elevated = [(r[0], r[1], r[2], r[3]) for r in _rows(conn, q.ELEVATED_MEMBERS, nsp)]

@@ -171,12 +171,20 @@ WHERE c.relnamespace = %s
 ORDER BY p.polrelid, p.polname
 """
 
-# Grants to anyone but the table's owner (grantee 0 is PUBLIC).
+# Grants to anyone but the table's owner (grantee 0 is PUBLIC), on the table or
+# on any of its columns: GRANT UPDATE (event_type) lets that role change rows.
 GRANTS: Final[LiteralString] = """
 SELECT c.oid, CASE WHEN a.grantee = 0 THEN 'public' ELSE pg_get_userbyid(a.grantee)::text END,
        a.privilege_type
 FROM pg_class c
 CROSS JOIN LATERAL aclexplode(c.relacl) AS a
+WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner
+UNION
+SELECT c.oid, CASE WHEN a.grantee = 0 THEN 'public' ELSE pg_get_userbyid(a.grantee)::text END,
+       a.privilege_type
+FROM pg_class c
+JOIN pg_attribute col ON col.attrelid = c.oid AND col.attnum > 0 AND NOT col.attisdropped
+CROSS JOIN LATERAL aclexplode(col.attacl) AS a
 WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner
 ORDER BY 1, 2, 3
 """

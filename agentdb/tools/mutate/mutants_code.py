@@ -477,6 +477,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (T + "test_audit.py::test_G8_protection_of_some_rows_or_columns_is_not_append_only",),
         "audit: a DO INSTEAD NOTHING rule with a WHERE counts as refusing every change",
     ),
+    m(
+        "audit-column-grants-unread",
+        "agentdb/tools/audit/catalog_sql.py",
+        "CROSS JOIN LATERAL aclexplode(col.attacl) AS a",
+        "CROSS JOIN LATERAL aclexplode(NULL::aclitem[]) AS a",
+        (T + "test_audit.py::test_a_privilege_granted_on_a_column_counts_as_on_the_table",),
+        "audit: GRANT UPDATE (a column) is invisible: events 'append-only', PUBLIC 'cannot write'",
+    ),
     # ---- canonical input hashing (G4) -----------------------------------------------------
     m(
         "hash-rounds-to-28-digits",
