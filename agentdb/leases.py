@@ -146,8 +146,8 @@ async def release(
         ConfigurationError: ``wake_at`` has no time zone (asyncpg would read it
             in this machine's local time).
     """
-    if wake_at is not None and wake_at.utcoffset() is None:
-        raise ConfigurationError(f"wake_at {wake_at.isoformat()} has no time zone")
+    if wake_at is not None and (not isinstance(wake_at, datetime) or wake_at.utcoffset() is None):
+        raise ConfigurationError(f"wake_at {wake_at!r} is not a datetime with a time zone")
 
     params = {
         "tenant_id": lease.tenant_id,

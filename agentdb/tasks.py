@@ -170,7 +170,11 @@ async def create(
 
 def _aware(what: str, instant: datetime | None) -> None:
     """Refuse a naive datetime: asyncpg would read it in the client's local time zone."""
-    if instant is not None and instant.utcoffset() is None:
+    if instant is None:
+        return
+    if not isinstance(instant, datetime):
+        raise ConfigurationError(f"{what} must be a datetime, not {type(instant).__name__}")
+    if instant.utcoffset() is None:
         raise ConfigurationError(f"{what} {instant.isoformat()} has no time zone")
 
 

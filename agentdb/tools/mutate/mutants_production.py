@@ -87,7 +87,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "release-naive-wake-at",
         "agentdb/leases.py",
-        "    if wake_at is not None and wake_at.utcoffset() is None:",
+        "    if wake_at is not None and (not isinstance(wake_at, datetime) or wake_at.utcoffset() is None):",
         "    if False:",
         (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
         "leases.release: a naive wake_at is read in the client's local time zone",
