@@ -16,10 +16,34 @@ from datetime import timedelta
 
 from agentdb._db.listen import listen
 
-__all__ = ["backoff", "is_async_callable", "nap", "owner_id", "wakeups"]
+__all__ = [
+    "backoff",
+    "describe",
+    "is_async_callable",
+    "nap",
+    "owner_id",
+    "storable",
+    "wakeups",
+]
 
 # How many functools.partial / __wrapped__ layers is_async_callable looks through.
 _UNWRAP_LIMIT = 100
+
+
+def storable(text: str) -> str:
+    """``text`` as Postgres ``text`` accepts it: NUL bytes and lone surrogates escaped."""
+    clean = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return clean.replace("\x00", "\\x00")
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``, storable. A user's exception whose ``str()`` itself raises
+    is named by its type: describing a failure must not fail."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(its str() raised)"
+    return storable(f"{type(exc).__name__}: {text}")
 
 
 def backoff(

@@ -25,7 +25,7 @@ from datetime import timedelta
 from agentdb import _db, _faults, outbox, schema, telemetry
 from agentdb._db.jsonb import TEXT_CAP
 from agentdb._db.pool import pooler_mode
-from agentdb._runtime import backoff, is_async_callable, nap, owner_id, wakeups
+from agentdb._runtime import backoff, describe, is_async_callable, nap, owner_id, wakeups
 from agentdb.errors import AgentDBError, ConfigurationError, TransientError
 from agentdb.models import OutboxMessage
 
@@ -219,18 +219,23 @@ class Relay:
         try:
             with telemetry.span("agentdb.relay.publish", attrs):
                 await self.publisher(message)
-        except Exception as exc:
-            log.warning(
-                "publish of %s (%s) failed, attempt %d of %d: %s: %s",
-                message.id,
-                message.topic,
-                message.attempts,
-                message.max_attempts,
-                type(exc).__name__,
-                exc,
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise  # the relay is being stopped
+            error = describe(
+                asyncio.CancelledError("the publisher was cancelled, not by the relay")
             )
-            return f"{type(exc).__name__}: {exc}"[:TEXT_CAP]
-        return None
+        except BaseException as exc:
+            # Any other BaseException of the publisher (SystemExit, GeneratorExit, its
+            # own) is a failed publish too: raised, it ended the relay, and every relay
+            # that claimed the message after it.
+            error = describe(exc)
+        else:
+            return None
+        log.warning("publish of %s (%s) failed, attempt %d of %d: %s", message.id,
+                    message.topic, message.attempts, message.max_attempts, error)  # fmt: skip
+        return error[:TEXT_CAP]
 
     async def run(self, *, install_signals: bool = True) -> RelayStats:
         """Run until :meth:`stop` (or SIGTERM / SIGINT when ``install_signals``).

@@ -177,6 +177,52 @@ async def test_G10_a_raising_publisher_loses_nothing(
     assert any("is dead after 2 attempts" in line for line in lines)
 
 
+class _OwnBase(BaseException):
+    pass
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text for you")
+
+
+@pytest.mark.parametrize(
+    ("raised", "recorded"),
+    [
+        (asyncio.CancelledError(), "CancelledError: the publisher was cancelled, not by the relay"),
+        (SystemExit(3), "SystemExit: 3"),
+        (GeneratorExit(), "GeneratorExit: "),
+        (_OwnBase("its own"), "_OwnBase: its own"),
+        (_Unprintable(), "_Unprintable: (its str() raised)"),
+        (ConnectionError("broker \x00 said \udc80"), "ConnectionError: broker \\x00 said \\udc80"),
+    ],
+    ids=["CancelledError", "SystemExit", "GeneratorExit", "own-BaseException", "unprintable",
+         "nul-and-surrogate"],
+)  # fmt: skip
+async def test_G10_a_publisher_failing_in_any_way_is_one_failed_publish_and_the_relay_goes_on(
+    raised: BaseException, recorded: str, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Each ended the relay (a BaseException, or an error describing itself), or left the
+    failure unrecorded (text Postgres refuses): the message was claimed again and again,
+    its attempts spent with nothing said, by every relay that took it."""
+    [bad, good] = await _enqueue(pool, tenants.a, 2)
+
+    async def publish(message: OutboxMessage) -> None:
+        if message.id == bad:
+            raise raised
+
+    relay = Relay(pool, publish, retry_base=30, publish_concurrency=2)
+    assert await relay.run_once() == 2
+    failed = await outbox.get(pool, tenants.a, bad)
+    assert (failed.state, failed.attempts, failed.last_error) == ("pending", 1, recorded)
+    assert (await outbox.get(pool, tenants.a, good)).state == "delivered"
+    await _enqueue(pool, tenants.a, 1)
+    async with running(Relay(pool, publish, retry_base=30, poll_interval=0.05)):
+        await _until(
+            lambda: pool.fetchval("SELECT count(*) = 2 FROM agent_outbox WHERE state = 'delivered'")
+        )
+
+
 async def test_G10_a_failed_message_backs_off_and_is_not_claimed_again_at_once(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

@@ -259,6 +259,54 @@ async def test_a_handler_cancelled_by_something_of_its_own_is_retried(
     assert (await _events(admin_conn, task.id))[-1] == "task.retry"
 
 
+class _OwnBase(BaseException):
+    """A BaseException of the handler's own: no Exception, no CancelledError."""
+
+
+@pytest.mark.parametrize(
+    "escape",
+    [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), _OwnBase("its own")],
+    ids=["SystemExit", "KeyboardInterrupt", "GeneratorExit", "own-BaseException"],
+)
+async def test_a_handler_raising_a_base_exception_is_a_failed_attempt_not_the_worker_s_end(
+    escape: BaseException, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """SystemExit and KeyboardInterrupt raised in the handler's task ended the event loop
+    (every job left running, no shutdown); the others ended the job runner with the task
+    still 'running' until its lease ran out."""
+
+    async def bad(job: Job) -> None:
+        raise escape
+
+    task = await tasks.create(pool, tenants.a, "bad")
+    worker = _worker(pool, bad, retry_base=60, lease_ttl=LONG)
+    async with running(worker):
+        await _until(lambda: _last_event_is(admin_conn, task.id, "task.retry"))
+        await _serves_another(pool, tenants.a)
+    done = await tasks.get(pool, tenants.a, task.id)
+    assert done.state == "pending"
+    assert done.last_error is not None
+    assert done.last_error.startswith(type(escape).__name__), done.last_error
+
+
+async def test_a_handler_exception_whose_str_raises_is_recorded_by_its_type(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no text for you")
+
+    async def bad(job: Job) -> None:
+        raise Unprintable
+
+    task = await tasks.create(pool, tenants.a, "bad")
+    async with running(_worker(pool, bad, retry_base=60)):
+        await _until(lambda: _last_event_is(admin_conn, task.id, "task.retry"))
+        await _serves_another(pool, tenants.a)
+    done = await tasks.get(pool, tenants.a, task.id)
+    assert done.last_error == "Unprintable: (its str() raised)"
+
+
 # ---- outcomes the caps or the database refuse -----------------------------------------
 
 NAN = float("nan")

@@ -61,7 +61,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from agentdb import _db, _faults, children, leases, tasks
-from agentdb._runtime import backoff
+from agentdb._runtime import backoff, describe, storable
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
@@ -93,14 +93,7 @@ _WRITE_PAUSE_CAP = 2.0
 _TRANSIENT = (TransientError, OSError)
 
 
-def storable(text: str) -> str:
-    """``text`` as Postgres ``text`` accepts it: NUL bytes and lone surrogates escaped."""
-    clean = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return clean.replace("\x00", "\\x00")
-
-
-def _brief(exc: BaseException) -> str:
-    return storable(f"{type(exc).__name__}: {exc}")
+_brief = describe
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from typing import Any
 
 from agentdb import _db, _faults, leases, schedules, schema, tasks
 from agentdb._db.pool import pooler_mode
-from agentdb._runtime import nap, owner_id, wakeups
+from agentdb._runtime import describe, nap, owner_id, wakeups
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
@@ -107,14 +107,27 @@ class _NotAwaitable(Exception):
     """The handler's call returned something that cannot be awaited: it ran synchronously."""
 
 
+class _Escaped(Exception):
+    """What the handler raised that is no ``Exception`` (SystemExit, KeyboardInterrupt,
+    GeneratorExit, a ``BaseException`` of its own): a failed attempt like any other.
+    Raised out of the handler's asyncio task as it is, SystemExit and KeyboardInterrupt
+    end the event loop - every job of the worker left running without its shutdown -
+    and the others end the job runner with the task still 'running'."""
+
+
 async def _call(handler: Handler, job: Job) -> object:
-    pending: object = handler(job)
-    if not inspect.isawaitable(pending):
-        raise _NotAwaitable(
-            f"handler is not async: its call returned {type(pending).__name__}, not an "
-            "awaitable (it ran synchronously, on the event loop)"
-        )
-    return await pending
+    try:
+        pending: object = handler(job)
+        if not inspect.isawaitable(pending):
+            raise _NotAwaitable(
+                f"handler is not async: its call returned {type(pending).__name__}, not an "
+                "awaitable (it ran synchronously, on the event loop)"
+            )
+        return await pending
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise _Escaped(describe(exc)) from exc
 
 
 class Worker:
@@ -362,20 +375,17 @@ class Worker:
                 outcome = Retry(storable(f"RateLimited: {exc}"), after, refund_attempt=True)
                 self.stats.rate_limited += 1
                 log.info("task %s: %s; waits %s", task.id, exc, after)
+            except _Escaped as exc:
+                outcome = Retry(str(exc))
+                log.warning("task %s (%s) attempt %d raised %s", task.id, task.task_type,
+                            task.attempts, exc, exc_info=exc.__cause__)  # fmt: skip
             except Exception as exc:
-                outcome = Retry(storable(f"{type(exc).__name__}: {exc}"))
+                outcome = Retry(describe(exc))
                 if isinstance(exc, OperationUnsettled):
-                    log.info("task %s: %s; retried later", task.id, exc)
+                    log.info("task %s: %s; retried later", task.id, outcome.error)
                 else:
-                    log.warning(
-                        "task %s (%s) attempt %d raised %s: %s",
-                        task.id,
-                        task.task_type,
-                        task.attempts,
-                        type(exc).__name__,
-                        exc,
-                        exc_info=exc,
-                    )
+                    log.warning("task %s (%s) attempt %d raised %s", task.id, task.task_type,
+                                task.attempts, outcome.error, exc_info=exc)  # fmt: skip
             beat.cancel()
             await self._finisher.finish(job, outcome)
         except Exception:

@@ -12,6 +12,52 @@ FINISHING = T + "test_worker_finishing.py"
 CLONES = T + "test_clones.py"
 
 MUTANTS: tuple[Mutant, ...] = (
+    # ---- handlers and publishers that misbehave ------------------------------------------
+    m(
+        "worker-base-exception-escapes",
+        "agentdb/worker/loop.py",
+        "        raise\n    except BaseException as exc:\n        raise _Escaped(describe(exc)) from exc",
+        "        raise",
+        (
+            MISBEHAVING + "::"
+            "test_a_handler_raising_a_base_exception_is_a_failed_attempt_not_the_worker_s_end",
+        ),
+        "a handler's SystemExit ends the worker's loop; its GeneratorExit leaves the task running",
+    ),
+    m(
+        "describe-str-unguarded",
+        "agentdb/_runtime.py",
+        '    try:\n        text = str(exc)\n    except Exception:\n        text = "(its str() raised)"',
+        "    text = str(exc)",
+        (
+            MISBEHAVING + "::test_a_handler_exception_whose_str_raises_is_recorded_by_its_type",
+            T + "test_relay.py::"
+            "test_G10_a_publisher_failing_in_any_way_is_one_failed_publish_and_the_relay_goes_on",
+        ),
+        "an exception whose str() raises ends the relay / is recorded as a worker failure",
+    ),
+    m(
+        "relay-base-exception-escapes",
+        "agentdb/relay.py",
+        "        except BaseException as exc:\n            # Any other BaseException",
+        "        except Exception as exc:\n            # Any other BaseException",
+        (
+            T + "test_relay.py::"
+            "test_G10_a_publisher_failing_in_any_way_is_one_failed_publish_and_the_relay_goes_on",
+        ),
+        "a publisher's SystemExit / GeneratorExit ends the relay, the message never recorded",
+    ),
+    m(
+        "relay-publisher-cancel-ends-it",
+        "agentdb/relay.py",
+        "            if me is not None and me.cancelling():\n                raise  # the relay is",
+        "            if True:\n                raise  # the relay is",
+        (
+            T + "test_relay.py::"
+            "test_G10_a_publisher_failing_in_any_way_is_one_failed_publish_and_the_relay_goes_on",
+        ),
+        "a publisher cancelled by something of its own ends the relay",
+    ),
     # ---- refused input -------------------------------------------------------------------
     m(
         "models-long-int-unread",
