@@ -468,6 +468,32 @@ async def test_intervals_that_would_spin_are_refused(pool: asyncpg.Pool) -> None
 
 
 @pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        # 10 ms: the worker retook its own task mid-run, ten times in three seconds.
+        ("lease_ttl", timedelta(milliseconds=10)),
+        ("lease_ttl", timedelta(0)),  # a raw InvariantViolation at the first claim
+        ("lease_ttl", timedelta(days=100_000)),  # a crashed worker's task, leased for ages
+        ("shutdown_grace", float("nan")),  # stop() never returned
+        ("concurrency", 1.5),
+        ("concurrency", True),
+    ],
+)
+async def test_worker_settings_out_of_range_are_refused_when_it_is_made(
+    setting: str, value: object, pool: asyncpg.Pool
+) -> None:
+    from agentdb.worker import Worker
+
+    async def handle(job: object) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match=setting):
+        Worker(pool, {"t": handle}, **{setting: value})  # type: ignore[arg-type]
+    Worker(pool, {"t": handle}, lease_ttl=timedelta(seconds=1), shutdown_grace=0, concurrency=1)
+    Worker(pool, {"t": handle}, lease_ttl=timedelta(days=1))  # controls: the bounds
+
+
+@pytest.mark.parametrize(
     ("command", "flag"),
     [
         (("worker", "tests.fixture_handlers:HANDLERS"), "--poll-interval"),

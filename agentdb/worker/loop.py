@@ -68,6 +68,9 @@ __all__ = ["Worker", "WorkerStats"]
 log = logging.getLogger("agentdb.worker")
 
 
+_LEASE_MIN, _LEASE_MAX = timedelta(seconds=1), timedelta(days=1)
+
+
 def _positive(**seconds: float) -> None:
     """Refuse an interval of 0 or less: a poll interval of 0 is a busy loop against Postgres.
 
@@ -143,7 +146,8 @@ class Worker:
     a proxy), or if LISTEN fails, the worker polls every ``poll_interval``.
 
     Raises:
-        ConfigurationError: no handlers, ``concurrency`` below 1, a poll, retry base,
+        ConfigurationError: no handlers, ``concurrency`` not a whole number of 1 or more,
+            ``lease_ttl`` outside 1 s - 1 day, a poll, retry base,
             retry cap or maintenance interval of 0 or less, a negative ``shutdown_grace``, a handler
             or reconcile hook that is not an async callable (named by its task type or
             action), or an unknown ``pooler``.
@@ -168,16 +172,26 @@ class Worker:
     ) -> None:
         if not handlers:
             raise ConfigurationError("a worker needs at least one handler")
-        if concurrency < 1:
-            raise ConfigurationError("concurrency must be at least 1")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(
+                f"concurrency must be a whole number of 1 or more, not {concurrency!r}"
+            )
+        if lease_ttl is not None and not _LEASE_MIN <= lease_ttl <= _LEASE_MAX:
+            # The task's CHECK agent_tasks_lease_ttl_valid bounds: shorter, the worker
+            # would retake its own task mid-run; longer, a crashed worker's task waits days.
+            raise ConfigurationError(
+                f"lease_ttl must be between 1 second and 1 day, not {lease_ttl}"
+            )
         _positive(
             poll_interval=poll_interval,
             retry_base=retry_base,
             retry_cap=retry_cap,
             maintenance_interval=maintenance_interval,
         )
-        if shutdown_grace < 0:
-            raise ConfigurationError("shutdown_grace must be 0 seconds or more")
+        if not shutdown_grace >= 0:  # also catches NaN, with which stop() never returned
+            raise ConfigurationError(
+                f"shutdown_grace must be 0 seconds or more, not {shutdown_grace!r}"
+            )
         check_handlers(handlers, reconcilers)
         self.pool = pool
         self.handlers = dict(handlers)

@@ -58,6 +58,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "a publisher cancelled by something of its own ends the relay",
     ),
+    m(
+        "worker-lease-ttl-unbounded",
+        "agentdb/worker/loop.py",
+        "        if lease_ttl is not None and not _LEASE_MIN <= lease_ttl <= _LEASE_MAX:",
+        "        if False:",
+        (HOSTILE + "::test_worker_settings_out_of_range_are_refused_when_it_is_made",),
+        "Worker(lease_ttl=10 ms): the worker retakes its own task mid-run",
+    ),
+    m(
+        "worker-grace-nan",
+        "agentdb/worker/loop.py",
+        "        if not shutdown_grace >= 0:",
+        "        if shutdown_grace < 0:",
+        (HOSTILE + "::test_worker_settings_out_of_range_are_refused_when_it_is_made",),
+        "Worker(shutdown_grace=nan): stop() never returns",
+    ),
     # ---- refused input -------------------------------------------------------------------
     m(
         "models-long-int-unread",
