@@ -307,6 +307,39 @@ async def test_a_handler_exception_whose_str_raises_is_recorded_by_its_type(
     assert done.last_error == "Unprintable: (its str() raised)"
 
 
+@pytest.mark.parametrize(
+    ("outcome", "state"),
+    [(Succeed(), "succeeded"), (Fail("gave up"), "failed")],
+    ids=["Succeed", "Fail"],
+)
+async def test_a_reservation_left_unsettled_by_a_finished_task_is_marked_unknown(
+    outcome: Any,
+    state: str,
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """A finished task is never claimed again: its unsettled operation stayed 'reserved'
+    for good, and every other task reusing the key got OperationInFlight."""
+
+    async def bad(job: Job) -> object:
+        await job.reserve("left-open", "charge", {"n": 1})
+        settled = await job.reserve("settled", "charge", {"n": 2})
+        await job.complete(settled.operation, result={"ok": True})  # control
+        return outcome
+
+    task = await tasks.create(pool, tenants.a, "bad")
+    async with running(_worker(pool, bad, retry_base=60)):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, state))
+    rows = await admin_conn.fetch(
+        "SELECT idempotency_key, state FROM agent_operations WHERE task_id = $1", task.id
+    )
+    assert {r["idempotency_key"]: r["state"] for r in rows} == {
+        "left-open": "unknown",
+        "settled": "succeeded",
+    }
+
+
 # ---- outcomes the caps or the database refuse -----------------------------------------
 
 NAN = float("nan")

@@ -188,6 +188,8 @@ class Finisher:
 
     async def _write(self, job: Job, outcome: Outcome) -> None:
         task = job.task
+        if isinstance(outcome, Succeed | Fail):
+            await _unsettled_at_the_end(job)
         # Every finishing write is the job's task at its version, under its lease.
         finish = functools.partial(
             tasks.transition,
@@ -366,6 +368,23 @@ class Finisher:
         """Try again to release every lease :meth:`give_back` could not (best effort)."""
         for held in list(self._held.values()):
             await self.give_back(held.job, held.error)
+
+
+async def _unsettled_at_the_end(job: Job) -> None:
+    """A finished task is never claimed again: an operation its last attempt reserved
+    and left unsettled would stay 'reserved' for good (and another task reusing the
+    key would get OperationInFlight on every try). Marked 'unknown', it is listed for
+    reconcile. Best effort: never raises."""
+    try:
+        n = await job.abandon_fresh_operations()
+    except Exception as exc:
+        log.warning("task %s: could not mark its reservations unknown: %s", job.task.id, exc)
+        return
+    if n:
+        log.warning(
+            "task %s finished with %d operation(s) it reserved and never settled: "
+            "marked unknown, to be reconciled", job.task.id, n,
+        )  # fmt: skip
 
 
 async def abandon(job: Job) -> None:

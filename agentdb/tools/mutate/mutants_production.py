@@ -74,6 +74,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (HOSTILE + "::test_worker_settings_out_of_range_are_refused_when_it_is_made",),
         "Worker(shutdown_grace=nan): stop() never returns",
     ),
+    m(
+        "finish-leaves-reservations-reserved",
+        "agentdb/worker/finish.py",
+        "        if isinstance(outcome, Succeed | Fail):\n            await _unsettled_at_the_end(job)\n",
+        "",
+        (MISBEHAVING + "::test_a_reservation_left_unsettled_by_a_finished_task_is_marked_unknown",),
+        "a task finished with an unsettled reservation leaves it 'reserved' for good",
+    ),
     # ---- refused input -------------------------------------------------------------------
     m(
         "models-long-int-unread",
