@@ -46,8 +46,17 @@ class RelayStats:
     lost_claims: int = 0
 
 
+#: The share of a claim's visibility its publishes may take; the rest records them.
+_PUBLISH_SHARE = 0.8
+
+
 class Relay:
     """Moves outbox rows to ``publisher``; run one or several (they never share a row).
+
+    A batch's publishes get 80 % of ``visibility`` (the lease of its claim): a
+    publish still running then is cancelled and recorded as failed, to be tried
+    again after its backoff - never left running while another relay, the lease
+    over, publishes the same message. A slow broker needs a longer visibility.
 
     ``listen_dsn`` and ``pooler`` work as for :class:`agentdb.worker.Worker`.
 
@@ -133,7 +142,13 @@ class Relay:
                 return 0
             self._count_claim(claimed)
         _faults.point("after_relay_claim")
-        results = await self._publish_all(claimed)
+        # A publish still running when the claim's visibility ends could no longer be
+        # recorded (another relay may have the message by then, and publish it too):
+        # it is cut off before, with time left to record its failure.
+        deadline = asyncio.get_running_loop().time() + (
+            self.visibility.total_seconds() * _PUBLISH_SHARE
+        )
+        results = await self._publish_all(claimed, deadline)
         ok = [m for m, error in zip(claimed, results, strict=True) if error is None]
         if ok:
             _faults.point("after_publish")
@@ -188,7 +203,7 @@ class Relay:
         self._claim_after = claimed[-1].tenant_id
         self.stats.claimed += len(claimed)
 
-    async def _publish_all(self, claimed: list[OutboxMessage]) -> list[str | None]:
+    async def _publish_all(self, claimed: list[OutboxMessage], deadline: float) -> list[str | None]:
         """Publish ``claimed``, ``publish_concurrency`` at a time; each one's error or None.
 
         A few lanes take the messages in turn: one asyncio task per lane, not
@@ -201,7 +216,7 @@ class Relay:
 
         async def lane() -> None:
             for i in turns:
-                errors[i] = await self._publish(claimed[i])
+                errors[i] = await self._publish(claimed[i], deadline)
 
         lanes = max(1, min(self.publish_concurrency, len(claimed)))
         if lanes == 1:
@@ -210,15 +225,24 @@ class Relay:
             await asyncio.gather(*(lane() for _ in range(lanes)))
         return errors
 
-    async def _publish(self, message: OutboxMessage) -> str | None:
+    async def _publish(self, message: OutboxMessage, deadline: float) -> str | None:
         attrs = {
             "agentdb.tenant_id": message.tenant_id,
             "agentdb.message_id": message.id,
             "messaging.destination.name": message.topic,
         }
         try:
-            with telemetry.span("agentdb.relay.publish", attrs):
-                await self.publisher(message)
+            async with asyncio.timeout_at(deadline):
+                with telemetry.span("agentdb.relay.publish", attrs):
+                    await self.publisher(message)
+        except TimeoutError as exc:
+            if asyncio.get_running_loop().time() < deadline:
+                error = describe(exc)  # the publisher's own timeout
+            else:
+                error = (
+                    f"TimeoutError: not published within {_PUBLISH_SHARE:.0%} of the "
+                    f"visibility ({self.visibility}); left for another try"
+                )
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if me is not None and me.cancelling():

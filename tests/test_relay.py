@@ -223,6 +223,39 @@ async def test_G10_a_publisher_failing_in_any_way_is_one_failed_publish_and_the_
         )
 
 
+async def test_G10_a_publish_slower_than_the_visibility_is_cut_off_and_recorded(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Two relays, a publish that never ends, a 1 s visibility: the message used to be
+    published again and again by both (each lease ran out mid-publish, every mark was
+    fenced out) and a hung publisher kept the relay from stopping."""
+    [slow, fast] = await _enqueue(pool, tenants.a, 2)
+    hang = asyncio.Event()
+    started: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        started.append(message.id)
+        if message.id == slow:
+            await hang.wait()  # never set
+
+    first = Relay(pool, publish, visibility=timedelta(seconds=1), retry_base=30)
+    second = Relay(pool, publish, visibility=timedelta(seconds=1), retry_base=30)
+    assert await asyncio.wait_for(first.run_once(), 30) == 2  # a hang guard, not a timing
+    assert await second.run_once() == 0  # backed off, not claimable
+    cut = await outbox.get(pool, tenants.a, slow)
+    assert (cut.state, cut.attempts) == ("pending", 1)
+    assert cut.last_error is not None
+    assert cut.last_error.startswith("TimeoutError: not published")
+    assert (await outbox.get(pool, tenants.a, fast)).state == "delivered"  # control
+    assert started.count(slow) == 1
+    # A relay whose publisher hangs still stops.
+    await _enqueue(pool, tenants.a, 1)
+    async with running(Relay(pool, publish, visibility=timedelta(seconds=1), poll_interval=0.05)):
+        await _until(lambda: pool.fetchval(
+            "SELECT count(*) = 2 FROM agent_outbox WHERE state = 'delivered'"
+        ))  # fmt: skip
+
+
 async def test_G10_a_failed_message_backs_off_and_is_not_claimed_again_at_once(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:
@@ -450,9 +483,9 @@ async def test_G10_a_failed_mark_and_claim_is_marked_alone_and_the_relay_goes_on
 async def test_G10_a_failure_is_recorded_before_the_next_claim_can_take_it_again(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
-    """A full batch whose publishes fail after outliving the visibility: each failure is
-    recorded (backed off, its error kept) before the merged mark-and-claim runs - which
-    would otherwise lease the failed messages again and fence their record out - so
+    """A full batch whose publishes would outlive the visibility: each is cut off and its
+    failure recorded (backed off, its error kept) before the merged mark-and-claim runs -
+    which would otherwise lease the failed messages again and fence their record out - so
     both end dead after their two attempts, with nothing lost on the way."""
     await _enqueue(pool, tenants.a, 2, max_attempts=2)
 
@@ -471,5 +504,5 @@ async def test_G10_a_failure_is_recorded_before_the_next_claim_can_take_it_again
             await asyncio.sleep(0.05)
     rows = await admin_conn.fetch("SELECT state, attempts, last_error FROM agent_outbox")
     assert [(r["state"], r["attempts"]) for r in rows] == [("dead", 2), ("dead", 2)]
-    assert all("downstream 503" in (r["last_error"] or "") for r in rows)
+    assert all((r["last_error"] or "").startswith("TimeoutError: not published") for r in rows)
     assert (relay.stats.failed_attempts, relay.stats.lost_claims) == (4, 0)

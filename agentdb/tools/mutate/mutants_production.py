@@ -82,6 +82,17 @@ MUTANTS: tuple[Mutant, ...] = (
         (MISBEHAVING + "::test_a_reservation_left_unsettled_by_a_finished_task_is_marked_unknown",),
         "a task finished with an unsettled reservation leaves it 'reserved' for good",
     ),
+    m(
+        "relay-publish-uncut",
+        "agentdb/relay.py",
+        "            async with asyncio.timeout_at(deadline):",
+        "            async with asyncio.timeout_at(None):",
+        (
+            T + "test_relay.py::"
+            "test_G10_a_publish_slower_than_the_visibility_is_cut_off_and_recorded",
+        ),
+        "a publish outlives its claim's visibility: another relay publishes it too, no stop",
+    ),
     # ---- refused input -------------------------------------------------------------------
     m(
         "models-long-int-unread",
