@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -778,6 +779,47 @@ CREATE TABLE audit_log (org_id uuid NOT NULL, id bigserial, job_id uuid NOT NULL
     FOREIGN KEY (org_id, job_id) REFERENCES jobs (org_id, id));
 REVOKE ALL ON audit_log FROM PUBLIC;
 """
+
+
+@pytest.mark.parametrize(
+    ("tenant", "table"),
+    [("user", "jobs"), ("tenant_id", "It's 100% jobs")],
+    ids=["keyword-column", "quote-and-percent-in-a-table-name"],
+)
+def test_every_fix_for_a_schema_with_awkward_names_is_valid_sql(
+    tenant: str, table: str, pg_server: _pg.Server, empty_db: str
+) -> None:
+    """A tenant column named `user` was written unquoted into the tables fixes create,
+    and a table named "It's 100% jobs" broke the RAISE text of the guards fixes create
+    (the quote ends the literal, the % is a placeholder). Each fix runs in a transaction
+    that is rolled back; only its syntax is judged (one fix may need another first)."""
+    t = '"' + table.replace('"', '""') + '"'
+    _apply(
+        pg_server.url(empty_db),
+        f"""
+        CREATE TABLE {t} ("{tenant}" uuid NOT NULL, id uuid NOT NULL, state text NOT NULL,
+                          state_version bigint NOT NULL, idempotency_key text NOT NULL,
+                          PRIMARY KEY ("{tenant}", id));
+        """,
+    )
+    report = audit.audit(
+        _as_auditor(pg_server, empty_db), mapping={"tenant": tenant, "tasks": table}
+    )
+    fixes = [f.fix for f in report.findings if f.fix]
+    assert len(fixes) >= 5, report.render()
+    refused = []
+    with _pg.admin(pg_server.url(empty_db)) as conn:
+        for fix in fixes:
+            conn.execute("BEGIN")
+            try:
+                conn.execute(fix.encode())  # the audit's own suggestion, rolled back
+            except psycopg.errors.SyntaxError as exc:
+                refused.append((fix, exc))
+            except psycopg.Error:
+                pass
+            finally:
+                conn.execute("ROLLBACK")
+    assert not refused, refused
 
 
 def test_foreign_schema_is_found_by_heuristics_with_a_mapped_tenant_column(

@@ -313,10 +313,34 @@ _HIDE_SHARDS = """SELECT set_config('citus.override_table_visibility', 'on', fal
 _SIMPLE_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
+# Every keyword PostgreSQL 15 does not leave free as a name (pg_get_keywords() with a
+# catcode other than U): quote_ident() quotes these, and a fix naming a column `user`
+# unquoted is a syntax error.
+_KEYWORD_WORDS = (
+    "all analyse analyze and any array as asc asymmetric authorization between bigint binary "
+    "bit boolean both case cast char character check coalesce collate collation column "
+    "concurrently constraint create cross current_catalog current_date current_role "
+    "current_schema current_time current_timestamp current_user dec decimal default "
+    "deferrable desc distinct do else end except exists extract false fetch float for foreign "
+    "freeze from full grant greatest group grouping having ilike in initially inner inout int "
+    "integer intersect interval into is isnull join lateral leading least left like limit "
+    "localtime localtimestamp national natural nchar none normalize not notnull null nullif "
+    "numeric offset on only or order out outer overlaps overlay placing position precision "
+    "primary real references returning right row select session_user setof similar smallint "
+    "some substring symmetric table tablesample then time timestamp to trailing treat trim "
+    "true union unique user using values varchar variadic verbose when where window with "
+    "xmlattributes xmlconcat xmlelement xmlexists xmlforest xmlnamespaces xmlparse xmlpi "
+    "xmlroot xmlserialize xmltable"
+)
+_KEYWORDS = frozenset(_KEYWORD_WORDS.split())
+
+
 def quote(name: str) -> str:
-    """Quote an identifier for a suggested fix, the way quote_ident() would (keywords aside)."""
+    """Quote an identifier for a suggested fix, the way quote_ident() would."""
     name = name[:63]
-    return name if _SIMPLE_IDENT.match(name) else '"' + name.replace('"', '""') + '"'
+    if _SIMPLE_IDENT.match(name) and name not in _KEYWORDS:
+        return name
+    return '"' + name.replace('"', '""') + '"'
 
 
 # --- reading it ----------------------------------------------------------------

@@ -62,7 +62,7 @@ def _guard_fix(ctx: Context, s: Table, tasks: Table, link: list[tuple[str, str]]
     listed = ", ".join("'" + v.replace("'", "''") + "'" for v in finals(tasks))
     finished = (
         f"  IF st IN ({listed}) THEN\n"
-        f"    RAISE EXCEPTION '{s.name}: task % is %; it takes no more signals',\n"
+        f"    RAISE EXCEPTION '{fixes.said(s.name)}: task % is %; it takes no more signals',\n"
         f"      NEW.{s.q(link[-1][0])}, st USING ERRCODE = 'check_violation';\n"
         "  END IF;\n"
         if state is not None

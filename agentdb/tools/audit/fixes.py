@@ -44,6 +44,12 @@ def name(ctx: Context, base: str) -> str:
     return ctx.cat.prefix + quote(base[:63])
 
 
+def said(name: str) -> str:
+    """``name`` inside a fix's ``RAISE EXCEPTION '...'`` text: a quote closes the
+    literal and a ``%`` is a placeholder there (a table "It's jobs", "100% steps")."""
+    return name.replace("'", "''").replace("%", "%%")
+
+
 def _lit(values: Sequence[str]) -> str:
     return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
@@ -210,7 +216,8 @@ def transition_guard(ctx: Context, t: Table, state: Column | None, kind: str) ->
         f"BEGIN\n"
         f"  IF NEW.{col} IS DISTINCT FROM OLD.{col} AND NOT EXISTS (SELECT 1 FROM {moves} m\n"
         f"      WHERE m.old_value = OLD.{col} AND m.new_value = NEW.{col}) THEN\n"
-        f"    RAISE EXCEPTION '{t.name}: % -> % is not an allowed move', OLD.{col}, NEW.{col}\n"
+        f"    RAISE EXCEPTION '{said(t.name)}: % -> % is not an allowed move', "
+        f"OLD.{col}, NEW.{col}\n"
         f"      USING ERRCODE = 'check_violation';\n"
         f"  END IF;\n"
         f"  RETURN NEW;\n"
@@ -236,7 +243,8 @@ def version_guard(ctx: Context, t: Table, v: Column | None) -> str:
         f"BEGIN\n"
         f"  IF NEW.{col} IS DISTINCT FROM OLD.{col} AND NEW.{col} IS DISTINCT FROM OLD.{col} + 1 "
         "THEN\n"
-        f"    RAISE EXCEPTION '{t.name}.{col} moves by one' USING ERRCODE = 'check_violation';\n"
+        f"    RAISE EXCEPTION '{said(t.name)}.{said(col)} moves by one' "
+        "USING ERRCODE = 'check_violation';\n"
         f"  END IF;\n"
         f"  NEW.{col} := OLD.{col} + 1;\n"
         f"  RETURN NEW;\n"
@@ -256,7 +264,7 @@ def append_only(ctx: Context, ev: Table, ops: Sequence[str]) -> str:
         "  IF TG_OP = 'DELETE' AND current_setting('app.retention', true) = 'on' THEN\n"
         "    RETURN OLD;\n"
         "  END IF;\n"
-        f"  RAISE EXCEPTION '% on {ev.name} is refused: audit rows are append-only', TG_OP\n"
+        f"  RAISE EXCEPTION '% on {said(ev.name)} is refused: audit rows are append-only', TG_OP\n"
         "    USING ERRCODE = 'insufficient_privilege';\n"
         "END $$;"
     ]
@@ -387,7 +395,7 @@ def lease_fence(ctx: Context, t: Table, lease: columns.Lease) -> str:
         f"CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
         "BEGIN\n"
         f"  IF NEW.{token} < OLD.{token} THEN\n"
-        f"    RAISE EXCEPTION '{t.name}.{token} went backwards'\n"
+        f"    RAISE EXCEPTION '{said(t.name)}.{said(token)} went backwards'\n"
         "      USING ERRCODE = 'check_violation';\n"
         "  END IF;\n"
         f"  IF NEW.{owner} IS DISTINCT FROM OLD.{owner} AND NEW.{token} = OLD.{token} THEN\n"

@@ -485,6 +485,22 @@ MUTANTS: tuple[Mutant, ...] = (
         (T + "test_audit.py::test_a_privilege_granted_on_a_column_counts_as_on_the_table",),
         "audit: GRANT UPDATE (a column) is invisible: events 'append-only', PUBLIC 'cannot write'",
     ),
+    m(
+        "audit-keywords-unquoted",
+        "agentdb/tools/audit/catalog.py",
+        "    if _SIMPLE_IDENT.match(name) and name not in _KEYWORDS:",
+        "    if _SIMPLE_IDENT.match(name):",
+        (T + "test_audit.py::test_every_fix_for_a_schema_with_awkward_names_is_valid_sql",),
+        "audit: a fix names a column `user` unquoted (a syntax error)",
+    ),
+    m(
+        "audit-raise-text-unescaped",
+        "agentdb/tools/audit/fixes.py",
+        """    return name.replace("'", "''").replace("%", "%%")""",
+        "    return name",
+        (T + "test_audit.py::test_every_fix_for_a_schema_with_awkward_names_is_valid_sql",),
+        "audit: a table named It's 100% jobs breaks the RAISE text of the guards fixes create",
+    ),
     # ---- canonical input hashing (G4) -----------------------------------------------------
     m(
         "hash-rounds-to-28-digits",
