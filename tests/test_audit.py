@@ -822,6 +822,42 @@ def test_every_fix_for_a_schema_with_awkward_names_is_valid_sql(
     assert not refused, refused
 
 
+@pytest.mark.parametrize("granted", [True, False], ids=["partitions-granted", "root-only"])
+def test_G15_a_partition_granted_without_row_level_security_of_its_own_is_flagged(
+    granted: bool, pg_server: _pg.Server, empty_db: str
+) -> None:
+    """The root's policies do not apply to a query that names a partition: a role
+    granted the partitions (GRANT ... ON ALL TABLES IN SCHEMA) read every tenant's rows
+    through them, while the audit said G15 held."""
+    grant = (
+        "GRANT SELECT ON ALL TABLES IN SCHEMA public TO agentdb_test_auditor;"
+        if granted
+        else "GRANT SELECT ON jobs TO agentdb_test_auditor;"
+    )
+    _apply(
+        pg_server.url(empty_db),
+        f"""
+        CREATE TABLE jobs (tenant_id uuid NOT NULL, id uuid NOT NULL,
+                           PRIMARY KEY (tenant_id, id)) PARTITION BY HASH (tenant_id);
+        CREATE TABLE jobs_p0 PARTITION OF jobs FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+        CREATE TABLE jobs_p1 PARTITION OF jobs FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+        ALTER TABLE jobs ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+        CREATE POLICY jobs_scope ON jobs
+            USING (tenant_id = current_setting('app.tenant_id', true)::uuid);
+        {grant}
+        """,
+    )
+    report = audit.audit(_as_auditor(pg_server, empty_db), mapping={"tasks": "jobs"})
+    exposed = [p for p in report.finding("G15").problems if "has no forced row-level" in p]
+    if granted:
+        assert [p.split(" of ")[0] for p in exposed] == [
+            "partition public.jobs_p0",
+            "partition public.jobs_p1",
+        ], report.render()
+    else:
+        assert exposed == [], report.render()
+
+
 def test_foreign_schema_is_found_by_heuristics_with_a_mapped_tenant_column(
     pg_server: _pg.Server, empty_db: str
 ) -> None:

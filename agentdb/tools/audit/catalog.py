@@ -194,6 +194,8 @@ class Table:
     policies: list[Policy] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
     grants: list[tuple[str, str]] = field(default_factory=list)  # (grantee, privilege)
+    #: partitions granted to someone that do not force row-level security themselves
+    exposed_partitions: list[str] = field(default_factory=list)
 
     def col(self, *names: str) -> Column | None:
         """The first of ``names`` that is a column of this table, else ``None``."""
@@ -461,6 +463,9 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
                 Index(name, unique, primary, tuple(cols), exprs, pred, backs, valid)
             )
     _partition_indexes(tables, _rows(conn, q.PARTITION_INDEXES, nsp))
+    for root, partition in _rows(conn, q.PARTITION_ACCESS, nsp):
+        if root in tables:
+            tables[root].exposed_partitions.append(partition)
     for rel_oid, name, tgtype, enabled, cols, function, source, when in _rows(
         conn, q.TRIGGERS, nsp
     ):

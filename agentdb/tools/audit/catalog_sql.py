@@ -17,6 +17,7 @@ __all__ = [
     "ELEVATED_MEMBERS",
     "GRANTS",
     "INDEXES",
+    "PARTITION_ACCESS",
     "PARTITION_INDEXES",
     "POLICIES",
     "ROUTINES",
@@ -148,6 +149,23 @@ JOIN pg_class c ON c.oid = t.tgrelid
 JOIN pg_proc p ON p.oid = t.tgfoid
 WHERE c.relnamespace = %s AND NOT t.tgisinternal
 ORDER BY t.tgrelid, t.tgname
+"""
+
+# Partitions (at any depth) of the schema's partitioned tables that a role other
+# than their owner was granted something on and that do not force row-level
+# security of their own: the root's policies do not apply to a query that names
+# the partition, so that role reads (or writes) every tenant's rows through it.
+PARTITION_ACCESS: Final[LiteralString] = """
+SELECT p.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+FROM pg_class p
+CROSS JOIN LATERAL pg_partition_tree(p.oid) AS t
+JOIN pg_class c ON c.oid = t.relid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE p.relnamespace = %s AND p.relkind = 'p' AND NOT p.relispartition AND t.relid <> p.oid
+  AND c.relkind IN ('r', 'p')
+  AND NOT (c.relrowsecurity AND c.relforcerowsecurity)
+  AND EXISTS (SELECT 1 FROM aclexplode(c.relacl) AS a WHERE a.grantee <> c.relowner)
+ORDER BY 1, 2
 """
 
 RULES: Final[LiteralString] = """

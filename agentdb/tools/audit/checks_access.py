@@ -190,6 +190,13 @@ def check_g15(ctx: Context) -> Finding:
             )
         else:
             f.ok(f"rls {t.name} (enabled, forced)")
+        for part in t.exposed_partitions:
+            # The root's policies do not apply to a query that names the partition.
+            f.bad(
+                f"partition {part} of {t.name} is granted to a role and has no forced "
+                "row-level security of its own: through it that role sees every tenant",
+                f"ALTER TABLE {part} ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;",
+            )
         for p in t.policies:
             if "public" in p.roles and p.permissive and (p.qual or "true") == "true":
                 f.bad(

@@ -501,6 +501,17 @@ MUTANTS: tuple[Mutant, ...] = (
         (T + "test_audit.py::test_every_fix_for_a_schema_with_awkward_names_is_valid_sql",),
         "audit: a table named It's 100% jobs breaks the RAISE text of the guards fixes create",
     ),
+    m(
+        "audit-partitions-unread",
+        "agentdb/tools/audit/catalog.py",
+        "            tables[root].exposed_partitions.append(partition)",
+        "            pass",
+        (
+            T + "test_audit.py::"
+            "test_G15_a_partition_granted_without_row_level_security_of_its_own_is_flagged",
+        ),
+        "audit: a partition readable without RLS of its own leaves G15 enforced",
+    ),
     # ---- canonical input hashing (G4) -----------------------------------------------------
     m(
         "hash-rounds-to-28-digits",
