@@ -147,7 +147,7 @@ async def release(
             in this machine's local time).
     """
     if wake_at is not None and (not isinstance(wake_at, datetime) or wake_at.utcoffset() is None):
-        raise ConfigurationError(f"wake_at {wake_at!r} is not a datetime with a time zone")
+        raise ConfigurationError(f"wake_at {wake_at!r} has no time zone (or is no datetime)")
 
     params = {
         "tenant_id": lease.tenant_id,
