@@ -858,6 +858,31 @@ def test_G15_a_partition_granted_without_row_level_security_of_its_own_is_flagge
         assert exposed == [], report.render()
 
 
+@pytest.mark.parametrize("null", ["", "NOT NULL"], ids=["nullable", "not-null"])
+def test_G17_a_nullable_tenant_column_is_anchored_by_nothing(
+    null: str, pg_server: _pg.Server, empty_db: str
+) -> None:
+    """A foreign key skips NULL: `tenant_id uuid REFERENCES tenants` lets a row with no
+    tenant outlive every tenant's deletion, while the audit said G17 held."""
+    _apply(
+        pg_server.url(empty_db),
+        f"""
+        CREATE TABLE tenants (id uuid PRIMARY KEY);
+        CREATE TABLE jobs (tenant_id uuid {null} REFERENCES tenants, id uuid PRIMARY KEY,
+                           state text NOT NULL CHECK (state IN ('queued', 'done')));
+        """,
+    )
+    report = audit.audit(_as_auditor(pg_server, empty_db), mapping={"tasks": "jobs"})
+    problems = _problems(report, "G17")
+    if null:
+        assert "may be NULL" not in problems, report.render()
+    else:
+        assert "jobs.tenant_id may be NULL" in problems, report.render()
+        assert "ALTER TABLE jobs ALTER COLUMN tenant_id SET NOT NULL;" in (
+            report.finding("G17").fix or ""
+        )
+
+
 def test_foreign_schema_is_found_by_heuristics_with_a_mapped_tenant_column(
     pg_server: _pg.Server, empty_db: str
 ) -> None:

@@ -318,7 +318,14 @@ def check_g17(ctx: Context) -> Finding:
     anchored = _anchored(ctx, tenants)
     if tenants is not None:
         for t in owned:
-            if t.oid not in anchored:
+            if t.oid not in anchored and not t.columns[tc].notnull:
+                # A foreign key skips NULL: a row without a tenant is anchored by nothing.
+                f.bad(
+                    f"{t.name}.{tc} may be NULL: such a row belongs to no tenant and "
+                    "outlives every tenant's deletion",
+                    f"ALTER TABLE {t.display} ALTER COLUMN {t.q(tc)} SET NOT NULL;",
+                )
+            elif t.oid not in anchored:
                 f.bad(
                     f"{t.name} reaches the tenants table through no NOT NULL foreign key: "
                     "its rows outlive their tenant",
@@ -388,8 +395,8 @@ def _anchored(ctx: Context, tenants: int | None) -> set[int]:
                 continue
             for fk in t.of("f"):
                 required = all(t.columns[c].notnull for c in fk.columns)
-                if (fk.ref_oid == tenants and fk.columns == (ctx.tc,)) or (
-                    required and fk.ref_oid in anchored
+                if required and (
+                    (fk.ref_oid == tenants and fk.columns == (ctx.tc,)) or fk.ref_oid in anchored
                 ):
                     anchored.add(t.oid)
                     changed = True

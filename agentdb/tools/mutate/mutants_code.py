@@ -512,6 +512,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "audit: a partition readable without RLS of its own leaves G15 enforced",
     ),
+    m(
+        "audit-nullable-tenant-fk-anchors",
+        "agentdb/tools/audit/checks_access.py",
+        "                if required and (\n",
+        "                if True or required and (\n",
+        (T + "test_audit.py::test_G17_a_nullable_tenant_column_is_anchored_by_nothing",),
+        "audit: tenant_id uuid REFERENCES tenants (nullable) counts as anchoring every row",
+    ),
     # ---- canonical input hashing (G4) -----------------------------------------------------
     m(
         "hash-rounds-to-28-digits",
