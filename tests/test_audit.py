@@ -636,6 +636,22 @@ def test_G14_index_on_a_json_path_is_flagged(db: Database, auditor: str) -> None
     assert "index agent_tasks_priority_idx" in report.finding("G14").reason
 
 
+def test_G14_jsonb_subscripting_is_a_json_path_too(db: Database, auditor: str) -> None:
+    """params['priority'] (PostgreSQL 14+) reads a field as params ->> 'priority' does."""
+    report = _broken(
+        db,
+        """
+        CREATE INDEX agent_tasks_priority_idx ON agent_tasks ((params['priority']));
+        CREATE POLICY agent_tasks_by_customer ON agent_tasks FOR SELECT TO agentdb_agent
+            USING (params['customer'] = to_jsonb(current_user::text));
+        """,
+        G14="missing",
+    )
+    reason = report.finding("G14").reason
+    assert "policy agent_tasks_by_customer on agent_tasks" in reason
+    assert "index agent_tasks_priority_idx" in _problems(report, "G14")
+
+
 def test_G15_rls_enabled_but_not_forced_is_flagged(db: Database, auditor: str) -> None:
     report = _broken(db, "ALTER TABLE agent_outbox NO FORCE ROW LEVEL SECURITY", G15="partial")
     assert "enabled but not forced" in report.finding("G15").reason

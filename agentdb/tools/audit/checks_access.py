@@ -48,14 +48,14 @@ def _json_path_use(expression: str | None, table: Table) -> bool:
         return False
     if _JSON_PATH.search(expression):
         return True
-    # @>, ? and friends also work on arrays and ranges: count them only when
-    # the expression names one of the table's JSON columns.
+    # @>, ? and friends also work on arrays and ranges, and [...] on arrays: count
+    # them only when they apply to one of the table's JSON columns (jsonb
+    # subscripting, PG 14+, reads meta['tenant'] as meta ->> would).
+    json_columns = [re.escape(c.qname) for c in table.columns.values() if c.is_json]
+    if any(re.search(rf"(?<![\w\"]){q}\)*\[", expression) for q in json_columns):
+        return True
     if _JSON_OPERATOR.search(expression):
-        return any(
-            re.search(rf"(?<![\w\"]){re.escape(c.qname)}(?![\w\"])", expression)
-            for c in table.columns.values()
-            if c.is_json
-        )
+        return any(re.search(rf"(?<![\w\"]){q}(?![\w\"])", expression) for q in json_columns)
     return False
 
 

@@ -520,6 +520,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (T + "test_audit.py::test_G17_a_nullable_tenant_column_is_anchored_by_nothing",),
         "audit: tenant_id uuid REFERENCES tenants (nullable) counts as anchoring every row",
     ),
+    m(
+        "audit-jsonb-subscripting-unseen",
+        "agentdb/tools/audit/checks_access.py",
+        """    if any(re.search(rf"(?<![\\w\\"]){q}\\)*\\[", expression) for q in json_columns):""",
+        "    if False:",
+        (T + "test_audit.py::test_G14_jsonb_subscripting_is_a_json_path_too",),
+        "audit: a policy on params['customer'] (jsonb subscripting) is not a JSON path read",
+    ),
     # ---- canonical input hashing (G4) -----------------------------------------------------
     m(
         "hash-rounds-to-28-digits",
