@@ -349,6 +349,27 @@ async def test_G18_concurrent_claimers_never_overfill_a_tenant(
     assert len(await _running(admin_conn, tenants.a)) == 5
 
 
+async def _three_tenants(conn: asyncpg.Connection) -> list[uuid.UUID]:
+    """Three tenants in the order the walk takes them (by id), three due tasks each."""
+    ids = sorted(uuid.uuid4() for _ in range(3))
+    for tid, name in zip(ids, "xyz", strict=True):
+        await conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, $2)", tid, name)
+        await _seed(conn, tid, 3)
+    return ids
+
+
+async def _walk(db: Database, *, after: uuid.UUID | None) -> list[Any]:
+    """The Citus claim's walk (agentdb._routed.claim), batch 9, on a runtime connection."""
+    conn = await db.connect(RUNTIME)
+    try:
+        return await _routed.claim(
+            conn, "w", batch=9, lease_ttl=timedelta(minutes=5), task_types=None,
+            after_tenant=after,
+        )  # fmt: skip
+    finally:
+        await conn.close()
+
+
 # A task of the tenant moved to running by hand, over its cap: what a writer that
 # committed after the claim statement's snapshot makes the cap trigger answer.
 _OVER_THE_CAP = """
@@ -368,10 +389,7 @@ async def test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim(
     transaction of its own. When one tenant's claim is refused by the cap trigger (AG009),
     the tenants already claimed must still come back: raised, their leases would run out
     unworked with an attempt spent on each (seen on Citus as a flaky claim error)."""
-    x, y, z = sorted(uuid.uuid4() for _ in range(3))  # the walk goes by tenant id
-    for tid, name in ((x, "x"), (y, "y"), (z, "z")):
-        await admin_conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, $2)", tid, name)
-        await _seed(admin_conn, tid, 3)
+    x, y, z = await _three_tenants(admin_conn)
     await tenancy.set_concurrency_limit(admin_conn, y, 0)
     real = _db.fetch_many
 
@@ -384,14 +402,7 @@ async def test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim(
         return await real(conn, q, **params)
 
     monkeypatch.setattr(_db, "fetch_many", refused_for_y)
-    conn = await db.connect(RUNTIME)
-    try:
-        rows = await _routed.claim(
-            conn, "w", batch=9, lease_ttl=timedelta(minutes=5), task_types=None,
-            after_tenant=None,
-        )  # fmt: skip
-    finally:
-        await conn.close()
+    rows = await _walk(db, after=None)
     monkeypatch.undo()
     got = Counter(r["tenant_id"] for r in rows)
     assert got == {x: 3, z: 3}, got
@@ -411,10 +422,7 @@ async def test_G18_a_connection_lost_mid_walk_hands_back_what_was_claimed(
 ) -> None:
     """The Citus claim's walk loses its connection at the second tenant (a failover, a
     restarted pooler): the first tenant's claim committed, so it must come back."""
-    x, y, z = sorted(uuid.uuid4() for _ in range(3))
-    for tid, name in ((x, "x"), (y, "y"), (z, "z")):
-        await admin_conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, $2)", tid, name)
-        await _seed(admin_conn, tid, 3)
+    x, y, _ = await _three_tenants(admin_conn)
     real = _db.fetch_many
 
     async def lost_at(tenant: uuid.UUID) -> Any:
@@ -427,28 +435,14 @@ async def test_G18_a_connection_lost_mid_walk_hands_back_what_was_claimed(
         return fetch_many
 
     monkeypatch.setattr(_db, "fetch_many", await lost_at(y))
-    conn = await db.connect(RUNTIME)
-    try:
-        rows = await _routed.claim(
-            conn, "w", batch=9, lease_ttl=timedelta(minutes=5), task_types=None,
-            after_tenant=None,
-        )  # fmt: skip
-    finally:
-        await conn.close()
+    rows = await _walk(db, after=None)
     assert Counter(r["tenant_id"] for r in rows) == {x: 3}
     running = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE state = 'running'")
     assert sorted(r["id"] for r in running) == sorted(r["id"] for r in rows)
     # Lost before anything was claimed, the walk raises: the caller claims again.
     monkeypatch.setattr(_db, "fetch_many", await lost_at(y))
-    conn = await db.connect(RUNTIME)
-    try:
-        with pytest.raises(TransientError):
-            await _routed.claim(
-                conn, "w", batch=9, lease_ttl=timedelta(minutes=5), task_types=None,
-                after_tenant=x,
-            )  # fmt: skip
-    finally:
-        await conn.close()
+    with pytest.raises(TransientError):
+        await _walk(db, after=x)
     monkeypatch.undo()
 
 
