@@ -13,7 +13,11 @@ tasks              finished tasks with nothing left referring to them      30 da
 =================  =====================================================  ==========
 
 Event retention is set per row when the event is written (the columns); the
-other classes take their age at purge time. Each batch is one statement in
+other classes take their age at purge time. The audit trail is partitioned by
+month (sql/0028): before the row classes, a purge that includes ``events``
+creates the months ahead and drops every month that is over and holds no
+retained row - one DROP instead of a delete per row. Rows of a month that
+still holds a retained one are deleted row by row, as before. Each batch is one statement in
 its own transaction, so locks are held briefly, live claims skip nothing
 they need (purge uses SKIP LOCKED too) and an interrupted purge resumes.
 Dead outbox messages are never purged: an operator must look at them.
@@ -30,7 +34,7 @@ from datetime import timedelta
 from agentdb import _db, schema
 from agentdb.errors import ConfigurationError
 
-__all__ = ["CLASSES", "DEFAULT_AGES", "PurgeReport", "purge"]
+__all__ = ["CLASSES", "DEFAULT_AGES", "MONTHS_AHEAD", "Partition", "PurgeReport", "purge"]
 
 _Q = _db.queries(__name__)
 #: In dependency order: payloads and events first, so operations and tasks
@@ -56,11 +60,30 @@ DEFAULT_AGES: Mapping[str, timedelta] = {
 }
 
 
+#: Month partitions of agent_events kept ready ahead of the current month.
+MONTHS_AHEAD = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """What a purge did to one month partition of agent_events."""
+
+    name: str
+    action: str  # 'created', 'left in place', 'dropped', 'busy, skipped'
+    events: int  # the rows a drop removed (0 otherwise)
+
+
 @dataclass
 class PurgeReport:
-    """Rows removed per class, statements run, and the longest single statement."""
+    """Rows removed per class, statements run, and the longest single statement.
+
+    ``removed["events"]`` counts the rows of dropped months too; ``partitions``
+    says what happened to each month partition (what was created ahead, dropped,
+    or skipped because a lock was not granted in time).
+    """
 
     removed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0))
+    partitions: list[Partition] = field(default_factory=list)
     statements: int = 0
     longest_statement: float = 0.0
     elapsed: float = 0.0
@@ -93,6 +116,14 @@ async def purge(
         wanted["signals"] = wanted["tasks"]  # a task's signals go at its age, just before it
     report = PurgeReport()
     started = time.perf_counter()
+    if "events" in classes:
+        # DDL: one call through the coordinator on Citus too.
+        t0 = time.perf_counter()
+        rows = await _db.fetch_many(db, _Q["event_partitions"], ahead=MONTHS_AHEAD)
+        report.longest_statement = time.perf_counter() - t0
+        report.statements += 1
+        report.partitions = [Partition(r["partition_name"], r["action"], r["events"]) for r in rows]
+        report.removed["events"] += sum(p.events for p in report.partitions)
 
     # On Citus the cross-tenant step is refused; each tenant's routes to its worker.
     scopes: list[uuid.UUID | None] = [None]

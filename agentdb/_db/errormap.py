@@ -7,6 +7,7 @@ classes it returns are :mod:`agentdb.errors`'s.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
@@ -56,6 +57,9 @@ _BAD_INPUT = {
     "22P05": "untranslatable character",
     "54001": "statement too complex",
 }
+#: A unique violation on a partition of agent_events (sql/0028) names the partition's
+#: index (agent_events_p2026_12_pkey); the key it enforces is the partitioned table's.
+_EVENT_PARTITION_KEY = re.compile(r"agent_events_(?:legacy|default|p[0-9]{4}_[0-9]{2})_pkey")
 #: SQLSTATEs a transaction pooler causes when named prepared statements are in use.
 _POOLED = {"26000": "invalid_sql_statement_name", "42P05": "duplicate_prepared_statement"}
 
@@ -83,6 +87,8 @@ def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBErr
         return TransientError(
             f"{RETRYABLE.get(sqlstate, 'connection failure')}: {message}", sqlstate=sqlstate
         )
+    if constraint is not None and _EVENT_PARTITION_KEY.fullmatch(constraint):
+        constraint = "agent_events_pkey"
     if constraint is None or constraint not in CONSTRAINTS:
         return None
     if sqlstate == "23503":

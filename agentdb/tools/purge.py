@@ -56,12 +56,18 @@ def _purge(args: argparse.Namespace) -> int:
     if args.json:
         doc = {
             "removed": report.removed,
+            "partitions": [
+                {"name": p.name, "action": p.action, "events": p.events} for p in report.partitions
+            ],
             "statements": report.statements,
             "longest_statement_ms": round(report.longest_statement * 1000, 1),
             "elapsed_s": round(report.elapsed, 3),
         }
         print(json.dumps(doc, indent=2))
         return 0
+    for part in report.partitions:
+        dropped = f" ({part.events} events)" if part.action == "dropped" else ""
+        print(f"  {part.name}: {part.action}{dropped}")
     for kind, n in report.removed.items():
         print(f"  {kind:<18} {n:>9} rows")
     print(

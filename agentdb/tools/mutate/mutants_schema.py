@@ -110,7 +110,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-require-event-off",
-        "sql/0004.events.sql",
+        "sql/0028.events_by_month.sql",  # 0028 replaces agentdb_require_event
         "    IF TG_OP = 'UPDATE' AND NEW.state_version = OLD.state_version THEN\n        RETURN NULL;",
         "    IF true THEN\n        RETURN NULL;",
         (ATTACKS,),
@@ -132,21 +132,86 @@ MUTANTS: tuple[Mutant, ...] = (
         (ATTACKS, T + "test_redaction.py"),
         "agentdb_is_secret_key: forget password-like keys",
     ),
+    # ---- 0028: events by month ---------------------------------------------------------------
     m(
-        "sql-events-task-version-not-unique",
-        "sql/0025.events_diet.sql",
-        "CREATE UNIQUE INDEX agent_events_task_version_key",
-        "CREATE INDEX agent_events_task_version_key",
-        (ATTACKS, T + "test_events_diet.py"),
-        "agent_events_task_version_key (0025): two events may record one task state_version",
+        "sql-events-version-twice",
+        "sql/0028.events_by_month.sql",
+        "    ELSIF n > 1 THEN",
+        "    ELSIF n > 2 THEN",
+        (ATTACKS, T + "test_events_by_month.py", T + "test_events_diet.py"),
+        "agentdb_event_records_once (0028): two events may record one state_version",
     ),
     m(
-        "sql-events-operation-version-not-unique",
-        "sql/0025.events_diet.sql",
-        "CREATE UNIQUE INDEX agent_events_operation_version_key",
-        "CREATE INDEX agent_events_operation_version_key",
-        (ATTACKS, T + "test_events_diet.py"),
-        "agent_events_operation_version_key (0025): two events may record one operation version",
+        "sql-events-version-not-reached",
+        "sql/0028.events_by_month.sql",
+        "        IF reached >= recorded AND NEW.created_at >= born THEN\n"
+        "            SELECT count(*) INTO n FROM (\n"
+        "                SELECT FROM agent_events e\n"
+        "                WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.task_id",
+        "        IF NEW.created_at >= born THEN\n"
+        "            SELECT count(*) INTO n FROM (\n"
+        "                SELECT FROM agent_events e\n"
+        "                WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.task_id",
+        (T + "test_events_by_month.py",),
+        "agentdb_event_records_once (0028): an event for a version the task never reached",
+    ),
+    m(
+        "sql-events-older-than-task",
+        "sql/0028.events_by_month.sql",
+        "        IF reached >= recorded AND NEW.created_at >= born THEN\n"
+        "            SELECT count(*) INTO n FROM (\n"
+        "                SELECT FROM agent_events e\n"
+        "                WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.task_id",
+        "        IF reached >= recorded THEN\n"
+        "            SELECT count(*) INTO n FROM (\n"
+        "                SELECT FROM agent_events e\n"
+        "                WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.task_id",
+        (T + "test_events_by_month.py",),
+        "agentdb_event_records_once (0028): a versioned event older than its task",
+    ),
+    m(
+        "sql-months-drop-retained",
+        "sql/0028.events_by_month.sql",
+        "        CONTINUE WHEN retained;\n",
+        "",
+        (T + "test_events_by_month.py",),
+        "agentdb_event_partitions (0028): a month holding a retained row is dropped",
+    ),
+    m(
+        "sql-months-drop-unfinished",
+        "sql/0028.events_by_month.sql",
+        "        CONTINUE WHEN upper_bound IS NULL OR upper_bound > now();",
+        "        CONTINUE WHEN upper_bound IS NULL;",
+        (T + "test_events_by_month.py",),
+        "agentdb_event_partitions (0028): a month that is not over is dropped",
+    ),
+    m(
+        "sql-months-no-truncate-guard",
+        "sql/0028.events_by_month.sql",
+        "            EXECUTE format('CREATE TRIGGER agent_events_no_truncate BEFORE TRUNCATE ON %I.%I '",
+        "            EXECUTE format('SELECT %L, %L',",
+        (T + "test_events_by_month.py",),
+        "agentdb_event_partitions (0028): a month created later may be truncated",
+    ),
+    m(
+        "sql-legacy-keeps-grants",
+        "sql/0028.events_by_month.sql",
+        "        EXECUTE format('REVOKE ALL ON agent_events_legacy FROM %s', grantee);",
+        "        NULL;",
+        (T + "test_access.py", T + "test_events_by_month.py"),
+        "0028: the old table keeps its grants as a partition (RLS bypassed by name)",
+    ),
+    m(
+        "sql-purge-events-by-id",
+        "sql/0028.events_by_month.sql",
+        "        USING (SELECT tenant_id, id, created_at FROM agent_events WHERE retain_until <= now()\n"
+        "               LIMIT p_batch FOR UPDATE SKIP LOCKED) v\n"
+        "        WHERE e.tenant_id = v.tenant_id AND e.id = v.id AND e.created_at = v.created_at;",
+        "        USING (SELECT tenant_id, id, created_at FROM agent_events WHERE retain_until <= now()\n"
+        "               LIMIT p_batch FOR UPDATE SKIP LOCKED) v\n"
+        "        WHERE e.tenant_id = v.tenant_id AND e.id = v.id;",
+        (T + "test_events_by_month.py", T + "test_retention.py"),
+        "agentdb_purge (0028): events deleted by (tenant_id, id), a copied id taken along",
     ),
     m(
         "sql-check-prefilter-pem",

@@ -1,0 +1,473 @@
+-- 0028 events by month: the audit trail is partitioned by its own created_at,
+-- one partition per calendar month (UTC), so retention drops whole months
+-- instead of deleting rows one by one (G8, G9).
+-- depends: 0027.call_instant
+-- phase: expand
+--
+-- Nothing a writer sends changes: the partition key is the event's own
+-- created_at (DEFAULT now()), so the article's INSERT and every runtime
+-- statement route on their own. What changes:
+--
+-- * The primary key is (tenant_id, id, created_at): a partitioned table's
+--   unique keys must hold its partition key. id still comes from one sequence.
+-- * One event per recorded version (G8) cannot be a unique index any more (it
+--   would have to hold created_at, and then it would not be unique per
+--   version). Two deferred constraint triggers keep the rule, under the names
+--   the unique indexes had (errors map on them): at commit, an event that
+--   records task (operation) version v must be the only one recording it, the
+--   task must have reached v, and the event must not be older than the task.
+--   Why that is race-free without a lock, at any isolation level: a second
+--   event for v can only pass "the task reached v" in a snapshot that sees
+--   the transaction that moved the task to v - and that transaction's own
+--   event for v, committed with it. The last rule bounds every lookup by a
+--   task's events to the months since the task was created (run-time
+--   partition pruning) instead of probing every month.
+-- * The old table becomes the partition agent_events_legacy, holding every
+--   instant before the first month that starts after its newest row and
+--   after now; events go on landing there until that month begins. A
+--   DEFAULT partition takes what no month partition covers (a month nobody
+--   created yet), so an insert never fails for want of a partition.
+-- * Months are created ahead (this month and the next two here; then by
+--   agentdb_event_partitions(), which `agentdb purge` runs), and a month is
+--   dropped whole once it is over and none of its rows is retained any
+--   more. Dropping a partition is the retention path for months; the row
+--   path (agentdb_purge 'events') stays for the rest.
+-- * TRUNCATE triggers are not inherited, so each partition carries its own
+--   agent_events_no_truncate. Partitions have no grants: only the owner
+--   reaches one directly, and RLS stays on agent_events.
+--
+-- Upgrading an install that holds events: everything happens in this one
+-- transaction, under ACCESS EXCLUSIVE on the old table (event reads and
+-- writes wait): one scan for the newest created_at, three index builds (the
+-- primary key and the two version lookups) and the attach's check that
+-- every row lies before the cut-over. On the 2-core development machine
+-- `agentdb migrate` took 2.3-2.6 s for 1.2 million events (its rollback,
+-- which copies every row back into one table, 18 s). The indexes on
+-- retain_until and payload_expires_at are kept.
+
+-- The old table, renamed; its name comes back as the partitioned table.
+ALTER TABLE agent_events RENAME TO agent_events_legacy;
+ALTER INDEX agent_events_retain_until_idx RENAME TO agent_events_legacy_retain_until_idx;
+ALTER INDEX agent_events_payload_expiry_idx RENAME TO agent_events_legacy_payload_expiry_idx;
+ALTER TABLE agent_events_legacy DROP CONSTRAINT agent_events_pkey;
+DROP INDEX agent_events_task_version_key;
+DROP INDEX agent_events_operation_version_key;
+-- Row triggers come back as clones of the partitioned table's.
+DROP TRIGGER agent_events_append_only ON agent_events_legacy;
+ALTER TABLE agent_events_legacy NO FORCE ROW LEVEL SECURITY;
+ALTER TABLE agent_events_legacy DISABLE ROW LEVEL SECURITY;
+DO $$
+DECLARE
+    grantee text;
+    policy name;
+BEGIN
+    -- Its policies come back on agent_events (those of roles that exist).
+    FOR policy IN SELECT p.polname FROM pg_policy p WHERE p.polrelid = 'agent_events_legacy'::regclass
+    LOOP
+        EXECUTE format('DROP POLICY %I ON agent_events_legacy', policy);
+    END LOOP;
+    -- G15: a partition is reached through agent_events, where RLS applies.
+    FOR grantee IN
+        SELECT DISTINCT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END
+        FROM pg_class c, aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
+        WHERE c.oid = 'agent_events_legacy'::regclass AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('REVOKE ALL ON agent_events_legacy FROM %s', grantee);
+    END LOOP;
+END
+$$;
+
+-- The ids: a new sequence, owned by the partitioned table, going on where
+-- the old one stopped (nothing draws from it in between: the table is
+-- locked). The old one stays with the legacy partition and goes with it -
+-- Citus cannot give a distributed table's sequence another owner. The two
+-- swap names at the end: on Citus, renaming a sequence before a table using
+-- the other is distributed deadlocks with the distribution's own connections.
+CREATE SEQUENCE agent_events_id_seq_0028 AS bigint;
+SELECT setval('agent_events_id_seq_0028', s.last_value, s.is_called) FROM agent_events_id_seq s;
+
+CREATE TABLE agent_events (
+    LIKE agent_events_legacy INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS
+) PARTITION BY RANGE (created_at);
+ALTER TABLE agent_events ALTER COLUMN id SET DEFAULT nextval('agent_events_id_seq_0028');
+ALTER SEQUENCE agent_events_id_seq_0028 OWNED BY agent_events.id;
+
+DO $$
+DECLARE
+    distributed boolean := false;
+BEGIN
+    -- On a distributed schema the partitioned table is distributed like the
+    -- table it replaces, before anything refers to it. (Dynamic: without
+    -- Citus there is no pg_dist_partition to name.)
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition p
+                                WHERE p.logicalrelid = ''agent_events_legacy''::regclass)'
+            INTO distributed;
+    END IF;
+    IF distributed THEN
+        EXECUTE 'SELECT create_distributed_table(''agent_events'', ''tenant_id'', '
+                'colocate_with => ''agent_tenants'')';
+    END IF;
+END
+$$;
+
+ALTER TABLE agent_events ADD CONSTRAINT agent_events_pkey PRIMARY KEY (tenant_id, id, created_at);
+-- G2
+ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey FOREIGN KEY (tenant_id, task_id)
+    REFERENCES agent_tasks (tenant_id, id);
+ALTER TABLE agent_events ADD CONSTRAINT agent_events_operation_fkey
+    FOREIGN KEY (tenant_id, operation_id) REFERENCES agent_operations (tenant_id, id);
+-- G8: the lookups of the deferred event checks and of a task's or an
+-- operation's events (no longer unique: see the triggers below).
+CREATE INDEX agent_events_task_version_idx
+    ON agent_events (tenant_id, task_id, task_state_version);
+CREATE INDEX agent_events_operation_version_idx
+    ON agent_events (tenant_id, operation_id, operation_state_version)
+    WHERE operation_id IS NOT NULL;
+-- Retention paths (G9).
+CREATE INDEX agent_events_retain_until_idx ON agent_events (retain_until);
+CREATE INDEX agent_events_payload_expiry_idx ON agent_events (payload_expires_at)
+    WHERE payload IS NOT NULL;
+
+-- G8: append-only, as 0004 - the row triggers are cloned onto every partition.
+CREATE TRIGGER agent_events_append_only
+    BEFORE UPDATE OR DELETE ON agent_events
+    FOR EACH ROW EXECUTE FUNCTION agentdb_guard_append_only();
+CREATE TRIGGER agent_events_no_truncate
+    BEFORE TRUNCATE ON agent_events
+    FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only();
+
+-- G8: at most one event per recorded version, for a version the task or
+-- operation has reached, never older than its task or operation. Checked at
+-- commit, so the event may come before the state change it records.
+CREATE FUNCTION agentdb_event_records_once() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    recorded bigint;
+    reached bigint;
+    born timestamptz;
+    n bigint;
+BEGIN
+    IF TG_ARGV[0] = 'task' THEN
+        recorded := NEW.task_state_version;
+        SELECT t.state_version, t.created_at INTO reached, born FROM agent_tasks t
+        WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id;
+        IF reached >= recorded AND NEW.created_at >= born THEN
+            SELECT count(*) INTO n FROM (
+                SELECT FROM agent_events e
+                WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.task_id
+                  AND e.task_state_version = recorded AND e.created_at >= born
+                LIMIT 2) twice;
+        END IF;
+    ELSE
+        recorded := NEW.operation_state_version;
+        SELECT o.state_version, o.created_at INTO reached, born FROM agent_operations o
+        WHERE o.tenant_id = NEW.tenant_id AND o.id = NEW.operation_id;
+        IF reached >= recorded AND NEW.created_at >= born THEN
+            SELECT count(*) INTO n FROM (
+                SELECT FROM agent_events e
+                WHERE e.tenant_id = NEW.tenant_id AND e.operation_id = NEW.operation_id
+                  AND e.operation_state_version = recorded AND e.created_at >= born
+                LIMIT 2) twice;
+        END IF;
+    END IF;
+    IF n IS NULL THEN
+        RAISE EXCEPTION 'agentdb: event % records state_version % of % %, % (violates constraint "%")',
+                NEW.id, recorded, TG_ARGV[0], coalesce(NEW.operation_id, NEW.task_id),
+                CASE WHEN reached >= recorded THEN 'and is older than it'
+                     ELSE 'a version it has not reached' END,
+                TG_NAME
+            USING ERRCODE = '23514', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+    ELSIF n > 1 THEN
+        -- Citus drops the constraint field of a worker's error: the name is in
+        -- the message too (TG_NAME carries the shard id there; agentdb strips it).
+        RAISE EXCEPTION 'agentdb: two events record state_version % of % % (violates constraint "%")',
+                recorded, TG_ARGV[0], coalesce(NEW.operation_id, NEW.task_id), TG_NAME
+            USING ERRCODE = '23505', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE CONSTRAINT TRIGGER agent_events_task_version_key
+    AFTER INSERT ON agent_events
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (NEW.task_state_version IS NOT NULL)
+    EXECUTE FUNCTION agentdb_event_records_once('task');
+CREATE CONSTRAINT TRIGGER agent_events_operation_version_key
+    AFTER INSERT ON agent_events
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (NEW.operation_state_version IS NOT NULL)
+    EXECUTE FUNCTION agentdb_event_records_once('operation');
+
+-- G8: as 0004, with the lookup bounded to the months since the task or
+-- operation was created (its events are never older: the triggers above).
+CREATE OR REPLACE FUNCTION agentdb_require_event() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.state_version = OLD.state_version THEN
+        RETURN NULL;
+    END IF;
+    IF TG_ARGV[0] = 'task' THEN
+        PERFORM 1 FROM agent_events e
+        WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.id
+          AND e.task_state_version = NEW.state_version AND e.created_at >= NEW.created_at;
+    ELSE
+        PERFORM 1 FROM agent_events e
+        WHERE e.tenant_id = NEW.tenant_id AND e.operation_id = NEW.id
+          AND e.operation_state_version = NEW.state_version AND e.created_at >= NEW.created_at;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'agentdb: % % reached state_version % (%) without an event',
+                TG_ARGV[0], NEW.id, NEW.state_version, NEW.state
+            USING ERRCODE = 'AG006', CONSTRAINT = TG_NAME, TABLE = TG_TABLE_NAME;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- G8/G9: create the month partitions from this month to p_ahead months on, and
+-- drop every month that is over and holds no row retained any more. A month
+-- whose rows already sit in the DEFAULT partition is left there (retention
+-- deletes them row by row). Owner only by default, like agentdb_purge; the
+-- lock_timeout keeps a drop (an ACCESS EXCLUSIVE lock on agent_events) from
+-- queueing event writes behind a long transaction: such a month is skipped
+-- and tried again on the next run.
+CREATE FUNCTION agentdb_event_partitions(p_ahead integer)
+    RETURNS TABLE (partition_name text, action text, events bigint)
+    LANGUAGE plpgsql SECURITY DEFINER SET lock_timeout = '2s'
+AS $$
+DECLARE
+    parent regclass := 'agent_events'::regclass;
+    nsp text := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE c.oid = 'agent_events'::regclass);
+    month timestamptz := date_trunc('month', now(), 'UTC');
+    lo timestamptz;
+    part record;
+    upper_bound timestamptz;
+    retained boolean;
+    n bigint;
+BEGIN
+    IF p_ahead IS NULL OR p_ahead < 0 OR p_ahead > 24 THEN
+        RAISE EXCEPTION 'agentdb: months ahead must be between 0 and 24, not %', p_ahead
+            USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+    FOR i IN 0..p_ahead LOOP
+        lo := month + make_interval(months => i);
+        partition_name := 'agent_events_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYY_MM');
+        CONTINUE WHEN to_regclass(format('%I.%I', nsp, partition_name)) IS NOT NULL;
+        BEGIN
+            EXECUTE format('CREATE TABLE %I.%I PARTITION OF %s FOR VALUES FROM (%L) TO (%L)',
+                           nsp, partition_name, parent, lo, lo + interval '1 month');
+            EXECUTE format('CREATE TRIGGER agent_events_no_truncate BEFORE TRUNCATE ON %I.%I '
+                           'FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only()',
+                           nsp, partition_name);
+            action := 'created';
+        EXCEPTION
+            -- The month lies in the legacy partition's range.
+            WHEN invalid_object_definition THEN
+                CONTINUE;
+            -- Rows of that month already sit in the DEFAULT partition.
+            WHEN check_violation THEN
+                action := 'left in the default partition';
+        END;
+        events := 0;
+        RETURN NEXT;
+    END LOOP;
+
+    FOR part IN
+        SELECT c.oid::regclass AS rel, c.relname,
+               pg_get_expr(c.relpartbound, c.oid) AS bound
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = parent
+        ORDER BY c.relname
+    LOOP
+        CONTINUE WHEN part.bound = 'DEFAULT';
+        upper_bound := (regexp_match(part.bound, 'TO \(''([^'']+)''\)$'))[1]::timestamptz;
+        -- Rows keep arriving in a month until it is over.
+        CONTINUE WHEN upper_bound IS NULL OR upper_bound > now();
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE retain_until > now())', part.rel)
+            INTO STRICT retained;
+        CONTINUE WHEN retained;
+        EXECUTE format('SELECT count(*) FROM %s', part.rel) INTO STRICT n;
+        BEGIN
+            LOCK TABLE agent_events IN ACCESS EXCLUSIVE MODE;
+            -- Again under the lock: a late insert may carry a longer retention.
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE retain_until > now())', part.rel)
+                INTO STRICT retained;
+            IF NOT retained THEN
+                EXECUTE format('DROP TABLE %s', part.rel);
+                partition_name := part.relname;
+                action := 'dropped';
+                events := n;
+                RETURN NEXT;
+            END IF;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            partition_name := part.relname;
+            action := 'busy, skipped';
+            events := 0;
+            RETURN NEXT;
+        END;
+    END LOOP;
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION agentdb_event_partitions(integer) FROM PUBLIC;
+
+-- The old table becomes the partition for everything before the first month
+-- that starts after both now and its newest row; then the DEFAULT partition
+-- and this month's and the next two.
+DO $$
+DECLARE
+    newest timestamptz := (SELECT max(created_at) FROM agent_events_legacy);
+    cutover timestamptz := date_trunc('month', greatest(now(), newest), 'UTC') + interval '1 month';
+BEGIN
+    EXECUTE format('ALTER TABLE agent_events ATTACH PARTITION agent_events_legacy '
+                   'FOR VALUES FROM (MINVALUE) TO (%L)', cutover);
+END
+$$;
+CREATE TABLE agent_events_default PARTITION OF agent_events DEFAULT;
+CREATE TRIGGER agent_events_no_truncate
+    BEFORE TRUNCATE ON agent_events_default
+    FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only();
+SELECT count(*) FROM agentdb_event_partitions(2);
+
+-- G9: the row purges of events by the whole primary key (tenant_id, id,
+-- created_at). An id is unique only with its created_at now: by (tenant_id,
+-- id) alone, a row inserted with a copied id (anyone who may INSERT events
+-- may name one) would be taken along with the expired row it copies - and a
+-- retained one refused by the append-only guard, failing the whole batch.
+-- 0027's routines are kept as *_0027 for the other classes.
+ALTER FUNCTION agentdb_purge(text, integer, interval) RENAME TO agentdb_purge_0027;
+CREATE FUNCTION agentdb_purge(p_kind text, p_batch integer, p_older_than interval)
+    RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF p_kind IS DISTINCT FROM 'events' AND p_kind IS DISTINCT FROM 'event_payloads' THEN
+        RETURN agentdb_purge_0027(p_kind, p_batch, p_older_than);
+    END IF;
+    IF p_batch IS NULL OR p_batch < 1 OR p_batch > 100000 THEN
+        RAISE EXCEPTION 'agentdb: purge batch must be between 1 and 100000, not %', p_batch
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_kind = 'event_payloads' THEN
+        UPDATE agent_events e SET payload = NULL
+        FROM (SELECT tenant_id, id, created_at FROM agent_events
+              WHERE payload IS NOT NULL AND payload_expires_at <= now()
+              LIMIT p_batch FOR UPDATE SKIP LOCKED) v
+        WHERE e.tenant_id = v.tenant_id AND e.id = v.id AND e.created_at = v.created_at;
+    ELSE
+        DELETE FROM agent_events e
+        USING (SELECT tenant_id, id, created_at FROM agent_events WHERE retain_until <= now()
+               LIMIT p_batch FOR UPDATE SKIP LOCKED) v
+        WHERE e.tenant_id = v.tenant_id AND e.id = v.id AND e.created_at = v.created_at;
+    END IF;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+ALTER FUNCTION agentdb_purge_tenant(uuid, text, integer, interval) RENAME TO agentdb_purge_tenant_0027;
+CREATE FUNCTION agentdb_purge_tenant(p_tenant uuid, p_kind text, p_batch integer,
+                                     p_older_than interval)
+    RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF p_kind IS DISTINCT FROM 'events' AND p_kind IS DISTINCT FROM 'event_payloads' THEN
+        RETURN agentdb_purge_tenant_0027(p_tenant, p_kind, p_batch, p_older_than);
+    END IF;
+    IF p_batch IS NULL OR p_batch < 1 OR p_batch > 100000 THEN
+        RAISE EXCEPTION 'agentdb: purge batch must be between 1 and 100000, not %', p_batch
+            USING ERRCODE = '22023';
+    END IF;
+    -- On Citus each statement names the tenant, so it routes to its shard.
+    IF p_kind = 'event_payloads' THEN
+        WITH v AS MATERIALIZED (
+            SELECT id, created_at FROM agent_events
+            WHERE tenant_id = p_tenant AND payload IS NOT NULL AND payload_expires_at <= now()
+            LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        UPDATE agent_events e SET payload = NULL FROM v
+        WHERE e.tenant_id = p_tenant AND e.id = v.id AND e.created_at = v.created_at;
+    ELSE
+        WITH v AS MATERIALIZED (
+            SELECT id, created_at FROM agent_events
+            WHERE tenant_id = p_tenant AND retain_until <= now()
+            LIMIT p_batch FOR UPDATE SKIP LOCKED)
+        DELETE FROM agent_events e USING v
+        WHERE e.tenant_id = p_tenant AND e.id = v.id AND e.created_at = v.created_at;
+    END IF;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION agentdb_purge(text, integer, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION agentdb_purge_0027(text, integer, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION agentdb_purge_tenant(uuid, text, integer, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION agentdb_purge_tenant_0027(uuid, text, integer, interval) FROM PUBLIC;
+
+-- 0027's distribution (kept as agentdb_distribute_0027), with agent_events'
+-- insert triggers paused for the copy on the partitioned table itself. The
+-- pause of 0023/0015 walks plain tables, which now include the partitions,
+-- and Citus cannot enable a partition's clone of a trigger again by its name
+-- on the shards (42704 "trigger ..._102232 does not exist"). Paused on the
+-- parent, the clones are paused with it, the walk passes them by (it skips
+-- disabled triggers), and one ENABLE on the parent covers every partition.
+ALTER PROCEDURE agentdb_distribute(integer) RENAME TO agentdb_distribute_0027;
+CREATE PROCEDURE agentdb_distribute(p_shard_count integer DEFAULT 32)
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    paused text[] := '{}';
+    name text;
+    distributed boolean := true;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition p
+                                WHERE p.logicalrelid = ''agent_events''::regclass)'
+            INTO distributed;
+    END IF;
+    IF NOT distributed THEN
+        FOR name IN
+            SELECT t.tgname FROM pg_trigger t
+            WHERE t.tgrelid = 'agent_events'::regclass AND NOT t.tgisinternal
+              AND t.tgenabled <> 'D' AND t.tgtype & 5 = 5  -- row-level insert, as 0015
+            ORDER BY t.tgname
+        LOOP
+            EXECUTE format('ALTER TABLE agent_events DISABLE TRIGGER %I', name);
+            paused := paused || name;
+        END LOOP;
+    END IF;
+    CALL agentdb_distribute_0027(p_shard_count);
+    FOREACH name IN ARRAY paused LOOP
+        EXECUTE format('ALTER TABLE agent_events ENABLE TRIGGER %I', name);
+    END LOOP;
+END
+$$;
+REVOKE EXECUTE ON PROCEDURE agentdb_distribute(integer) FROM PUBLIC;
+REVOKE EXECUTE ON PROCEDURE agentdb_distribute_0027(integer) FROM PUBLIC;
+
+ALTER SEQUENCE agent_events_id_seq RENAME TO agent_events_legacy_id_seq;
+ALTER SEQUENCE agent_events_id_seq_0028 RENAME TO agent_events_id_seq;
+
+-- G15
+ALTER TABLE agent_events ENABLE ROW LEVEL SECURITY;
+ALTER TABLE agent_events FORCE ROW LEVEL SECURITY;
+CREATE POLICY agent_events_owner_all ON agent_events TO CURRENT_USER USING (true) WITH CHECK (true);
+
+CREATE OR REPLACE FUNCTION agentdb_schema_version() RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '0028.events_by_month'::text $$;
+
+CALL agentdb_pin_search_paths();
+CALL agentdb_grant_roles();

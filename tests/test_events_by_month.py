@@ -1,0 +1,416 @@
+"""0028: the audit trail partitioned by month, its guarantees unchanged (G8, G9).
+
+An event lands in the partition of its created_at; one event per recorded
+version holds across partitions (a deferred trigger now, no unique index can
+span them), also between two transactions that interleave; every partition
+is append-only, TRUNCATE included; retention drops a month only when it is
+over and none of its rows is retained; an install that holds events is
+converted in place and rolled back without losing one.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import asyncpg
+import pytest
+
+from agentdb import migrate, retention
+from tests import _pg
+from tests import factories as F
+from tests.conftest import Tenants
+
+_NEXT_VERSION = (
+    "UPDATE agent_tasks SET current_step = 'next', state_version = state_version + 1 WHERE id = $1"
+)
+_RETAINED = "SELECT EXISTS (SELECT 1 FROM {} WHERE retain_until > now())"
+
+
+def _month(offset: int) -> datetime:
+    """The first instant (UTC) of the month ``offset`` months from this one."""
+    now = datetime.now(UTC)
+    index = now.year * 12 + now.month - 1 + offset
+    return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC)
+
+
+def _name(month: datetime) -> str:
+    return f"agent_events_p{month:%Y_%m}"
+
+
+def _refused_by(exc: BaseException, name: str, *, in_transaction: bool = False) -> None:
+    """``exc`` is a refusal by ``name`` - or, on Citus, of a deferred check that fails at
+    a worker's COMMIT, which Citus reports as "could not commit transaction" (XX000)."""
+    if _pg.ON_CITUS and in_transaction and getattr(exc, "sqlstate", None) == "XX000":
+        return
+    assert _pg.constraint_of(exc) == name, exc
+
+
+async def _partitions(conn: asyncpg.Connection) -> dict[str, str]:
+    rows = await conn.fetch(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) AS bound"
+        " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'agent_events'::regclass"
+    )
+    return {r["relname"]: r["bound"] for r in rows}
+
+
+async def _where(conn: asyncpg.Connection, event_id: int) -> str:
+    """The partition holding an event (on Citus, the shard's name less its shard id)."""
+    found: str = await conn.fetchval(
+        "SELECT tableoid::regclass::text FROM agent_events WHERE id = $1", event_id
+    )
+    return re.sub(r"_[0-9]{5,}$", "", found)
+
+
+async def test_G8_an_event_lands_in_the_partition_of_its_month(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """The months ahead exist from the migration on; a month nobody created yet goes to
+    the DEFAULT partition, so no insert fails for want of a partition."""
+    parts = await _partitions(admin_conn)
+    assert {"agent_events_legacy", "agent_events_default", _name(_month(2))} <= set(parts)
+    assert parts["agent_events_default"] == "DEFAULT"
+    task = await F.create_task(admin_conn, tenants.a)
+    placed = {
+        await F.event(admin_conn, tenants.a, task, created_at=at): where
+        for at, where in (
+            (datetime.now(UTC), None),  # this month: the legacy range or its own month
+            (_month(2) + timedelta(days=3), _name(_month(2))),
+            (_month(9), "agent_events_default"),
+        )
+    }
+    for event_id, where in placed.items():
+        if where is not None:
+            assert await _where(admin_conn, event_id) == where
+    # The article's INSERT names no created_at and no partition: it routes by itself.
+    assert (
+        await admin_conn.fetchval("SELECT count(*) FROM agent_events WHERE task_id = $1", task) == 4
+    )
+
+
+async def test_G8_a_second_event_for_a_version_is_refused_from_another_month(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """The creation event (version 0) is in this month's partition; a forged second one
+    two months on lands in another partition, where no unique index could see the first."""
+    task = await F.create_task(admin_conn, tenants.a)
+    with pytest.raises(asyncpg.UniqueViolationError) as twice:
+        await F.event(
+            admin_conn,
+            tenants.a,
+            task,
+            task_state_version=0,
+            created_at=_month(2) + timedelta(days=1),
+        )
+    _refused_by(twice.value, "agent_events_task_version_key")
+    op = await F.create_operation(admin_conn, tenants.a, task)
+    with pytest.raises(asyncpg.UniqueViolationError) as again:
+        await F.event(
+            admin_conn, tenants.a, task, operation_id=op, operation_state_version=0,
+            created_at=_month(9),
+        )  # fmt: skip
+    _refused_by(again.value, "agent_events_operation_version_key")
+    # Control: events that record no version are any number, in any month.
+    for at in (datetime.now(UTC), _month(2), _month(9)):
+        await F.event(admin_conn, tenants.a, task, operation_id=op, created_at=at)
+
+
+async def test_G8_an_event_for_a_version_not_reached_or_older_than_its_task_is_refused(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    task = await F.create_task(admin_conn, tenants.a)
+    with pytest.raises(asyncpg.CheckViolationError) as ahead:
+        await F.event(admin_conn, tenants.a, task, task_state_version=1)
+    _refused_by(ahead.value, "agent_events_task_version_key")
+    born = await admin_conn.fetchval("SELECT created_at FROM agent_tasks WHERE id = $1", task)
+    # Control: the event may come first, the state change it records later, one transaction.
+    async with admin_conn.transaction():
+        await F.event(admin_conn, tenants.a, task, task_state_version=1, to_state="pending")
+        version = await admin_conn.fetchval(
+            "UPDATE agent_tasks SET current_step = 'next', state_version = state_version + 1"
+            " WHERE id = $1 RETURNING state_version",
+            task,
+        )
+    assert version == 1
+
+    async def older_event_then_its_change() -> None:
+        async with admin_conn.transaction():
+            await F.event(
+                admin_conn, tenants.a, task, task_state_version=2,
+                created_at=born - timedelta(seconds=1),
+            )  # fmt: skip
+            await admin_conn.execute(_NEXT_VERSION, task)
+
+    with pytest.raises(asyncpg.PostgresError) as older:
+        await older_event_then_its_change()
+    _refused_by(older.value, "agent_events_task_version_key", in_transaction=True)
+    op = await F.create_operation(admin_conn, tenants.a, task)
+    with pytest.raises(asyncpg.CheckViolationError) as op_ahead:
+        await F.event(admin_conn, tenants.a, task, operation_id=op, operation_state_version=3)
+    _refused_by(op_ahead.value, "agent_events_operation_version_key")
+
+
+@pytest.mark.parametrize("isolation", ["read_committed", "repeatable_read"])
+@pytest.mark.parametrize("commits_first", ["mover", "forger"])
+async def test_G8_a_forged_event_racing_the_state_change_it_copies_is_refused(
+    admin_conn: asyncpg.Connection,
+    other_conn: asyncpg.Connection,
+    tenants: Tenants,
+    isolation: Literal["read_committed", "repeatable_read"],
+    commits_first: str,
+) -> None:
+    """Two connections: one moves the task to version 1 with its event, the other
+    inserts a second event for version 1 while the first is open. Whoever commits first,
+    at either isolation level, the forger is refused and the mover's change stands."""
+    task = await F.create_task(admin_conn, tenants.a)
+    mover = admin_conn.transaction()
+    forger = other_conn.transaction(isolation=isolation)
+    await mover.start()
+    await forger.start()
+    await other_conn.fetchval("SELECT state_version FROM agent_tasks WHERE id = $1", task)
+    await admin_conn.execute(_NEXT_VERSION, task)
+    await F.event(admin_conn, tenants.a, task, task_state_version=1, to_state="pending")
+    await F.event(other_conn, tenants.a, task, task_state_version=1, to_state="pending")
+    refused = asyncpg.PostgresError
+    if commits_first == "mover":
+        await mover.commit()
+        with pytest.raises(refused) as caught:
+            await forger.commit()
+    else:
+        with pytest.raises(refused) as caught:
+            await forger.commit()
+        await mover.commit()
+    _refused_by(caught.value, "agent_events_task_version_key", in_transaction=True)
+    if not _pg.ON_CITUS:
+        assert isinstance(caught.value, (asyncpg.UniqueViolationError, asyncpg.CheckViolationError))
+    counted = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_events WHERE task_id = $1 AND task_state_version = 1", task
+    )
+    assert counted == 1
+
+
+async def _one_event_per_partition(conn: asyncpg.Connection, tenant: uuid.UUID) -> dict[str, int]:
+    task = await F.create_task(conn, tenant)
+    ids = {}
+    for at in (datetime.now(UTC) - timedelta(days=400), _month(1), _month(9)):
+        event_id = await F.event(conn, tenant, task, created_at=at, payload='{"n": 1}')
+        ids[await _where(conn, event_id)] = event_id
+    return ids
+
+
+async def test_G8_every_partition_is_append_only_truncate_included(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Reached directly, by name: each partition refuses UPDATE, DELETE and TRUNCATE
+    (AG003) and allows only the payload erasure (control)."""
+    ids = await _one_event_per_partition(admin_conn, tenants.a)
+    assert set(ids) == {"agent_events_legacy", _name(_month(1)), "agent_events_default"}
+    for part, event_id in ids.items():
+        for attack in (
+            f"UPDATE {part} SET event_type = 'rewritten' WHERE id = $1",  # noqa: S608 - our names
+            f"DELETE FROM {part} WHERE id = $1",  # noqa: S608
+        ):
+            with pytest.raises(asyncpg.PostgresError) as refused:
+                await admin_conn.execute(attack, event_id)
+            assert refused.value.sqlstate == "AG003", (part, attack)
+        with pytest.raises(asyncpg.PostgresError) as truncated:
+            await admin_conn.execute(f"TRUNCATE {part}")
+        assert truncated.value.sqlstate == "AG003", part
+        erased = await admin_conn.execute(
+            f"UPDATE {part} SET payload = NULL WHERE id = $1",  # noqa: S608
+            event_id,
+        )
+        assert erased == "UPDATE 1", part
+    with pytest.raises(asyncpg.PostgresError) as whole:
+        await admin_conn.execute("TRUNCATE agent_events")
+    assert whole.value.sqlstate == "AG003"
+
+
+async def test_G9_a_month_created_later_gets_the_truncate_guard(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    await admin_conn.execute(f"DROP TABLE {_name(_month(2))}")
+    rows = await admin_conn.fetch("SELECT * FROM agentdb_event_partitions(2)")
+    assert [(r["partition_name"], r["action"]) for r in rows] == [(_name(_month(2)), "created")]
+    task = await F.create_task(admin_conn, tenants.a)
+    await F.event(admin_conn, tenants.a, task, created_at=_month(2))
+    with pytest.raises(asyncpg.PostgresError) as truncated:
+        await admin_conn.execute(f"TRUNCATE {_name(_month(2))}")
+    assert truncated.value.sqlstate == "AG003"
+
+
+async def _past_months(conn: asyncpg.Connection) -> tuple[str, str]:
+    """Give the test database two months that are over: the legacy partition narrowed to
+    end two months ago, and last month's own partition (both empty in a fresh clone)."""
+    assert await conn.fetchval("SELECT count(*) FROM agent_events") == 0
+    await conn.execute("ALTER TABLE agent_events DETACH PARTITION agent_events_legacy")
+    await conn.execute(
+        "ALTER TABLE agent_events ATTACH PARTITION agent_events_legacy"
+        f" FOR VALUES FROM (MINVALUE) TO ('{_month(-1).isoformat()}')"
+    )
+    for month in (-1, 0):
+        lo, hi = _month(month).isoformat(), _month(month + 1).isoformat()
+        await conn.execute(
+            f"CREATE TABLE {_name(_month(month))} PARTITION OF agent_events"
+            f" FOR VALUES FROM ('{lo}') TO ('{hi}')"
+        )
+    return "agent_events_legacy", _name(_month(-1))
+
+
+async def _event_in(
+    conn: asyncpg.Connection, tenant: uuid.UUID, task: uuid.UUID, at: datetime, **kw: Any
+) -> int:
+    return await F.event(
+        conn, tenant, task, created_at=at, payload_expires_at=at, retain_until=at, **kw
+    )
+
+
+async def test_G9_a_month_goes_whole_only_when_over_and_nothing_in_it_is_retained(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    legacy, last_month = await _past_months(admin_conn)
+    task = await F.create_task(
+        admin_conn, tenants.a, created_at=datetime.now(UTC) - timedelta(days=500)
+    )
+    old = _month(-3)
+    for _ in range(3):
+        await _event_in(admin_conn, tenants.a, task, old)
+        await _event_in(admin_conn, tenants.a, task, _month(-1))
+    # One row of last month is still retained: the month stays, the others in it too.
+    await F.event(
+        admin_conn, tenants.a, task, created_at=_month(-1), payload_expires_at=_month(-1),
+        retain_until=datetime.now(UTC) + timedelta(days=1),
+    )  # fmt: skip
+    # This month is not over: its expired rows stay until the row purge takes them.
+    now = datetime.now(UTC)
+    await F.event(admin_conn, tenants.a, task, payload_expires_at=now, retain_until=now)
+    # Nor is next month, however expired its one row.
+    await _event_in(admin_conn, tenants.a, task, _month(1))
+    rows = await admin_conn.fetch("SELECT * FROM agentdb_event_partitions(0)")
+    assert [(r["partition_name"], r["action"], r["events"]) for r in rows] == [
+        (legacy, "dropped", 3)
+    ]
+    parts = await _partitions(admin_conn)
+    assert legacy not in parts
+    assert last_month in parts
+    assert _name(_month(0)) in parts
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_events") == 4 + 1 + 1 + 1
+    assert await admin_conn.fetchval(_RETAINED.format(last_month)) is True
+
+
+async def test_G9_purge_drops_whole_months_and_counts_their_rows(
+    admin_conn: asyncpg.Connection, tenants: Tenants, db: Any
+) -> None:
+    await _past_months(admin_conn)
+    task = await F.create_task(
+        admin_conn, tenants.a, created_at=datetime.now(UTC) - timedelta(days=500)
+    )
+    for _ in range(5):
+        await _event_in(admin_conn, tenants.a, task, _month(-1))
+    report = await retention.purge(admin_conn, classes=("events",))
+    dropped = [p for p in report.partitions if p.action == "dropped"]
+    # The legacy partition's range is over too, and it is empty: it goes as well.
+    assert [(p.name, p.events) for p in dropped] == [
+        ("agent_events_legacy", 0),
+        (_name(_month(-1)), 5),
+    ]
+    assert {_name(_month(m)) for m in range(3)} <= set(await _partitions(admin_conn))
+    assert report.removed["events"] == 5
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_events") == 1  # the creation
+
+
+async def test_G9_a_month_whose_rows_sit_in_the_default_partition_is_left_there(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    task = await F.create_task(admin_conn, tenants.a)
+    stray = await F.event(admin_conn, tenants.a, task, created_at=_month(4) + timedelta(days=2))
+    rows = await admin_conn.fetch("SELECT * FROM agentdb_event_partitions(5)")
+    assert [(r["partition_name"], r["action"]) for r in rows] == [
+        (_name(_month(3)), "created"),
+        (_name(_month(4)), "left in the default partition"),
+        (_name(_month(5)), "created"),
+    ]
+    assert await _where(admin_conn, stray) == "agent_events_default"
+
+
+async def test_G9_only_the_owner_rotates_months(
+    runtime_conn: asyncpg.Connection, admin_conn: asyncpg.Connection
+) -> None:
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await runtime_conn.fetch("SELECT * FROM agentdb_event_partitions(2)")
+    with pytest.raises(asyncpg.InvalidParameterValueError):
+        await admin_conn.fetch("SELECT * FROM agentdb_event_partitions(25)")
+    # Control: the runtime role reaches events through agent_events, never a partition.
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await runtime_conn.fetch("SELECT * FROM agent_events_default")
+    await runtime_conn.fetch("SELECT * FROM agent_events LIMIT 1")
+
+
+def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
+    pg_server: _pg.Server,
+) -> None:
+    """At 0027 with events (and the old unique keys), 0028 moves every row into the
+    legacy partition, and its rollback moves them back: same rows, same schema as 0027."""
+    ids = migrate.migration_ids()
+    with _pg.temp_database(pg_server) as name:
+        dsn = pg_server.url(name)
+        migrate.migrate(dsn)
+        migrate.rollback(dsn, count=len(ids) - ids.index("0028.events_by_month"))
+        at_0027 = _pg.schema_dump(dsn)
+        with _pg.admin(dsn) as conn:
+            [(tenant,)] = conn.execute(
+                "INSERT INTO agent_tenants (name) VALUES ('t') RETURNING id"
+            ).fetchall()
+            [(task,)] = conn.execute(
+                "WITH t AS (INSERT INTO agent_tasks (tenant_id, task_type, workflow_version)"
+                " VALUES (%s, 'x', 'v1') RETURNING tenant_id, id)"
+                " INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
+                "   policy_version, task_state_version)"
+                " SELECT tenant_id, id, 'task.created', 'a', 'v1', 0 FROM t RETURNING task_id",
+                (tenant,),
+            ).fetchall()
+            conn.execute(
+                "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
+                " policy_version) SELECT %s, %s, 'note', 'a', 'v1' FROM generate_series(1, 50)",
+                (tenant, task),
+            )
+            before = conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall()
+        migrate.migrate(dsn)
+        with _pg.admin(dsn) as conn:
+            assert conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall() == before
+            where = conn.execute("SELECT DISTINCT tableoid::regclass::text FROM agent_events")
+            assert where.fetchall() == [("agent_events_legacy",)]
+            with pytest.raises(Exception, match="two events record") as twice:
+                conn.execute(
+                    "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
+                    " policy_version, task_state_version, created_at)"
+                    " VALUES (%s, %s, 'forged', 'a', 'v1', 0, %s)",
+                    (tenant, task, _month(2)),
+                )
+            assert getattr(twice.value, "sqlstate", None) == "23505"
+        migrate.rollback(dsn, count=1)
+        assert _pg.schema_dump(dsn) == at_0027
+        with _pg.admin(dsn) as conn:
+            assert conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall() == before
+
+
+async def test_G9_the_row_purge_takes_an_expired_event_not_a_copy_of_its_id(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Ids are unique with their created_at: a retained row inserted under an expired
+    row's id (anyone who may INSERT events may name one) is neither deleted with it nor
+    the reason a purge batch fails on the append-only guard."""
+    task = await F.create_task(admin_conn, tenants.a)
+    past = datetime.now(UTC) - timedelta(days=1)
+    expired = await _event_in(admin_conn, tenants.a, task, past)
+    await F.event(admin_conn, tenants.a, task, id=expired)  # retained 400 days
+    # (Tenant by tenant on Citus: agentdb_purge_tenant, keyed the same way.)
+    report = await retention.purge(admin_conn, classes=("event_payloads", "events"))
+    assert (report.removed["event_payloads"], report.removed["events"]) == (1, 1)
+    rows = await admin_conn.fetch(
+        "SELECT retain_until > now() AS kept, payload FROM agent_events WHERE id = $1", expired
+    )
+    assert [(r["kept"], r["payload"]) for r in rows] == [(True, "{}")]
