@@ -19,22 +19,10 @@ CREATE TABLE agent_events (
 );
 ALTER TABLE agent_events ALTER COLUMN id SET DEFAULT nextval('agent_events_id_seq_0027');
 ALTER SEQUENCE agent_events_id_seq_0027 OWNED BY agent_events.id;
-DO $$
-DECLARE
-    distributed boolean := false;
-BEGIN
-    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
-        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition p
-                                WHERE p.logicalrelid = ''agent_events_by_month''::regclass)'
-            INTO distributed;
-    END IF;
-    IF distributed THEN
-        EXECUTE 'SELECT create_distributed_table(''agent_events'', ''tenant_id'', '
-                'colocate_with => ''agent_tenants'')';
-    END IF;
-END
-$$;
+CALL agentdb_distribute_like('agent_events_by_month', 'agent_events');
 INSERT INTO agent_events SELECT * FROM agent_events_by_month;
+-- G15: grants and policies go with the table, as 0028 moved them.
+CALL agentdb_move_access('agent_events_by_month', 'agent_events', false);
 DROP TABLE agent_events_by_month;
 ALTER SEQUENCE agent_events_id_seq_0027 RENAME TO agent_events_id_seq;
 DROP FUNCTION agentdb_event_partitions(integer);
@@ -45,6 +33,8 @@ ALTER FUNCTION agentdb_purge_tenant_0027(uuid, text, integer, interval) RENAME T
 DROP PROCEDURE agentdb_distribute(integer);
 ALTER PROCEDURE agentdb_distribute_0027(integer) RENAME TO agentdb_distribute;
 DROP FUNCTION agentdb_event_records_once();
+DROP PROCEDURE agentdb_distribute_like(regclass, regclass);
+DROP PROCEDURE agentdb_move_access(regclass, regclass, boolean);
 
 ALTER TABLE agent_events ADD CONSTRAINT agent_events_pkey PRIMARY KEY (tenant_id, id);
 ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey FOREIGN KEY (tenant_id, task_id)
@@ -93,7 +83,6 @@ $$;
 
 ALTER TABLE agent_events ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_events FORCE ROW LEVEL SECURITY;
-CREATE POLICY agent_events_owner_all ON agent_events TO CURRENT_USER USING (true) WITH CHECK (true);
 
 CREATE OR REPLACE FUNCTION agentdb_schema_version() RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE

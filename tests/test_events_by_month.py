@@ -118,7 +118,7 @@ async def test_G8_a_second_event_for_a_version_is_refused_from_another_month(
         await F.event(admin_conn, tenants.a, task, operation_id=op, created_at=at)
 
 
-async def test_G8_an_event_for_a_version_not_reached_or_older_than_its_task_is_refused(
+async def test_G8_an_event_for_a_version_not_reached_or_days_older_than_its_task_is_refused(
     admin_conn: asyncpg.Connection, tenants: Tenants
 ) -> None:
     task = await F.create_task(admin_conn, tenants.a)
@@ -140,7 +140,7 @@ async def test_G8_an_event_for_a_version_not_reached_or_older_than_its_task_is_r
         async with admin_conn.transaction():
             await F.event(
                 admin_conn, tenants.a, task, task_state_version=2,
-                created_at=born - timedelta(seconds=1),
+                created_at=born - timedelta(days=2),
             )  # fmt: skip
             await admin_conn.execute(_NEXT_VERSION, task)
 
@@ -377,12 +377,48 @@ def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
                 " policy_version) SELECT %s, %s, 'note', 'a', 'v1' FROM generate_series(1, 50)",
                 (tenant, task),
             )
+            # Dated past the cut-over (next month): it moves to the DEFAULT partition.
+            conn.execute(
+                "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
+                " policy_version, created_at) VALUES (%s, %s, 'later', 'a', 'v1', '2100-01-01')",
+                (tenant, task),
+            )
+            # What an operator added to the table goes with it.
+            conn.execute("GRANT SELECT ON agent_events TO agentdb_runtime WITH GRANT OPTION")
+            # A maintenance role allowed to purge (agentdb_runtime stands in for one).
+            conn.execute(
+                "GRANT EXECUTE ON FUNCTION agentdb_purge(text, integer, interval)"
+                " TO agentdb_runtime"
+            )
+            conn.execute(
+                "CREATE POLICY reporting ON agent_events FOR SELECT TO agentdb_agent"
+                " USING (event_type = 'note')"
+            )
             before = conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall()
         migrate.migrate(dsn)
         with _pg.admin(dsn) as conn:
             assert conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall() == before
-            where = conn.execute("SELECT DISTINCT tableoid::regclass::text FROM agent_events")
-            assert where.fetchall() == [("agent_events_legacy",)]
+            where = conn.execute(
+                "SELECT tableoid::regclass::text, count(*) FROM agent_events GROUP BY 1 ORDER BY 1"
+            )
+            assert where.fetchall() == [("agent_events_default", 1), ("agent_events_legacy", 51)]
+            policies = conn.execute(
+                "SELECT tablename, qual FROM pg_policies WHERE policyname = 'reporting'"
+            ).fetchall()
+            assert policies == [("agent_events", "(event_type = 'note'::text)")]
+            grantable = conn.execute(
+                "SELECT has_table_privilege("
+                "   'agentdb_runtime', 'agent_events', 'SELECT WITH GRANT OPTION'),"
+                " has_table_privilege('agentdb_runtime', 'agent_events_legacy', 'SELECT')"
+            ).fetchall()
+            assert grantable == [(True, False)]
+            may_purge = conn.execute(
+                "SELECT has_function_privilege('agentdb_runtime',"
+                "   'agentdb_purge(text, integer, interval)', 'EXECUTE'),"
+                " has_function_privilege('agentdb_runtime',"
+                "   'agentdb_event_partitions(integer)', 'EXECUTE')"
+            ).fetchall()
+            assert may_purge == [(True, True)]
             with pytest.raises(Exception, match="two events record") as twice:
                 conn.execute(
                     "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
@@ -392,9 +428,19 @@ def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
                 )
             assert getattr(twice.value, "sqlstate", None) == "23505"
         migrate.rollback(dsn, count=1)
-        assert _pg.schema_dump(dsn) == at_0027
         with _pg.admin(dsn) as conn:
             assert conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall() == before
+            assert conn.execute(
+                "SELECT count(*) FROM pg_policies WHERE policyname = 'reporting'"
+                " AND tablename = 'agent_events'"
+            ).fetchall() == [(1,)]
+            conn.execute("DROP POLICY reporting ON agent_events")
+            conn.execute("REVOKE GRANT OPTION FOR SELECT ON agent_events FROM agentdb_runtime")
+            conn.execute(
+                "REVOKE EXECUTE ON FUNCTION agentdb_purge(text, integer, interval)"
+                " FROM agentdb_runtime"
+            )
+        assert _pg.schema_dump(dsn) == at_0027
 
 
 async def test_G9_the_row_purge_takes_an_expired_event_not_a_copy_of_its_id(
@@ -414,3 +460,33 @@ async def test_G9_the_row_purge_takes_an_expired_event_not_a_copy_of_its_id(
         "SELECT retain_until > now() AS kept, payload FROM agent_events WHERE id = $1", expired
     )
     assert [(r["kept"], r["payload"]) for r in rows] == [(True, "{}")]
+
+
+async def test_G8_a_transaction_begun_before_its_task_existed_records_its_versions(
+    admin_conn: asyncpg.Connection, other_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Its now() - the events' created_at - is older than the task: within a day, the
+    state change commits (0027 accepted it; the one-day rule must not refuse it)."""
+    async with other_conn.transaction():
+        await other_conn.fetchval("SELECT now()")  # this transaction's now() is fixed here
+        task = await F.create_task(admin_conn, tenants.a)
+        await other_conn.execute(_NEXT_VERSION, task)
+        await F.event(other_conn, tenants.a, task, task_state_version=1, to_state="pending")
+    assert (
+        await admin_conn.fetchval(
+            "SELECT count(*) FROM agent_events WHERE task_id = $1 AND task_state_version = 1", task
+        )
+        == 1
+    )
+
+
+async def test_G9_months_are_rotated_at_read_committed_only(admin_conn: asyncpg.Connection) -> None:
+    """A snapshot taken before a late insert into an ended month would not see it under
+    the lock, and the month would go with it: refused outside READ COMMITTED."""
+    for isolation in ("repeatable_read", "serializable"):
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            async with admin_conn.transaction(isolation=isolation):
+                await admin_conn.fetch("SELECT * FROM agentdb_event_partitions(2)")
+        assert refused.value.sqlstate == "25000", isolation
+    async with admin_conn.transaction():  # control
+        await admin_conn.fetch("SELECT * FROM agentdb_event_partitions(2)")

@@ -1,5 +1,16 @@
 -- Retention (G9): one short, resumable purge step at a time.
 
+-- name: event_partitions :many
+-- Create the month partitions of agent_events from this month to $1 months
+-- on, and drop each month that is over and holds no retained row
+-- (agentdb_event_partitions, sql/0028): one row per month created, left in
+-- the DEFAULT partition (rows of it are already there), dropped, or skipped
+-- because its lock was not granted in time.
+-- guarantee: G9
+-- zero rows: every month wanted exists and none can go.
+-- params: $1 ahead int4
+SELECT partition_name, action, events FROM agentdb_event_partitions($1);
+
 -- name: purge_step :one
 -- Remove at most $2 rows of retention class $1 in one short statement (see
 -- agentdb_purge in sql/0010.retention.sql); returns how many.
@@ -15,17 +26,6 @@ SELECT agentdb_purge($1, $2, $3) AS removed;
 -- zero rows: never (a function call returns one row).
 -- params: $1 tenant_id uuid, $2 kind text, $3 batch int4, $4 older_than interval
 SELECT agentdb_purge_tenant($1, $2, $3, $4) AS removed;
-
--- name: event_partitions :many
--- Create the month partitions of agent_events from this month to $1 months
--- on, and drop each month that is over and holds no retained row
--- (agentdb_event_partitions, sql/0028): one row per month created, left in
--- the DEFAULT partition (rows of it are already there), dropped, or skipped
--- because its lock was not granted in time.
--- guarantee: G9
--- zero rows: every month wanted exists and none can go.
--- params: $1 ahead int4
-SELECT partition_name, action, events FROM agentdb_event_partitions($1);
 
 -- name: purge_tenants :many
 -- Every tenant, for a purge that runs tenant by tenant (on Citus).

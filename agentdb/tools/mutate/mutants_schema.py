@@ -144,11 +144,11 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "sql-events-version-not-reached",
         "sql/0028.events_by_month.sql",
-        "        IF reached >= recorded AND NEW.created_at >= born THEN\n"
+        "        IF reached >= recorded AND NEW.created_at >= born - interval '1 day' THEN\n"
         "            SELECT count(*) INTO n FROM (\n"
         "                SELECT FROM agent_events e\n"
         "                WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.task_id",
-        "        IF NEW.created_at >= born THEN\n"
+        "        IF NEW.created_at >= born - interval '1 day' THEN\n"
         "            SELECT count(*) INTO n FROM (\n"
         "                SELECT FROM agent_events e\n"
         "                WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.task_id",
@@ -158,7 +158,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "sql-events-older-than-task",
         "sql/0028.events_by_month.sql",
-        "        IF reached >= recorded AND NEW.created_at >= born THEN\n"
+        "        IF reached >= recorded AND NEW.created_at >= born - interval '1 day' THEN\n"
         "            SELECT count(*) INTO n FROM (\n"
         "                SELECT FROM agent_events e\n"
         "                WHERE e.tenant_id = NEW.tenant_id AND e.task_id = NEW.task_id",
@@ -172,8 +172,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "sql-months-drop-retained",
         "sql/0028.events_by_month.sql",
-        "        CONTINUE WHEN retained;\n",
-        "",
+        "    holds_retained constant text := 'SELECT EXISTS (SELECT 1 FROM %s WHERE retain_until > now())';",
+        "    holds_retained constant text := 'SELECT EXISTS (SELECT 1 FROM %s WHERE false)';",
         (T + "test_events_by_month.py",),
         "agentdb_event_partitions (0028): a month holding a retained row is dropped",
     ),
@@ -196,8 +196,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "sql-legacy-keeps-grants",
         "sql/0028.events_by_month.sql",
-        "        EXECUTE format('REVOKE ALL ON agent_events_legacy FROM %s', grantee);",
-        "        NULL;",
+        "            EXECUTE format('REVOKE ALL ON %s FROM %s', p_from, g.who);",
+        "            NULL;",
         (T + "test_access.py", T + "test_events_by_month.py"),
         "0028: the old table keeps its grants as a partition (RLS bypassed by name)",
     ),
