@@ -159,8 +159,6 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_operations_event_required",
         "agent_events_task_version_key",
         "agent_events_operation_version_key",
-        "agent_events_task_version_idx",
-        "agent_events_operation_version_idx",
     ),
     # G9: bounded, redacted payloads and their retention.
     *_entries(

@@ -1,26 +1,24 @@
 """Apply, roll back and inspect agentdb's migrations (psycopg 3, yoyo's bookkeeping).
 
-The migrations are the yoyo files in ``sql/`` (shipped inside the wheel as
-``agentdb/_sql``; :mod:`agentdb.schema` finds them). Every function here
-takes a ``postgresql://`` URL and an optional schema; the migrations are
-schema-agnostic and land in the first schema of the search_path.
+The migrations are the yoyo files in ``sql/`` (shipped inside the wheel as ``agentdb/_sql``;
+:mod:`agentdb.schema` finds them). Every function here takes a ``postgresql://`` URL and an
+optional schema; the migrations are schema-agnostic and land in the first schema of the
+search_path.
 
 Each migration commits in one transaction together with its row in yoyo's
-``_yoyo_migration`` table (the row yoyo itself writes: sha256 of the id), so
-a run stopped at any instant - SIGINT, SIGKILL, a lost connection - leaves
-every migration either applied and recorded or neither, and a plain re-run
-carries on. yoyo run on ``sql/`` accepts what agentdb applied and agentdb
-accepts what yoyo applied.
+``_yoyo_migration`` table (the row yoyo itself writes: sha256 of the id), so a run stopped
+at any instant - SIGINT, SIGKILL, a lost connection - leaves every migration either applied
+and recorded or neither, and a plain re-run carries on. yoyo run on ``sql/`` accepts what
+agentdb applied and agentdb accepts what yoyo applied.
 
-Runs exclude each other with an advisory lock, never with a lock row that a
-dead process leaves behind. Directly (or through a session pooler) a run
-holds a session lock, which the server drops when the process dies. Behind a
-transaction pooler (``pooler="transaction"`` / ``AGENTDB_POOLER``) a session
-lock would stay on a shared server connection, so each migration's
-transaction takes ``pg_advisory_xact_lock`` and re-checks what is applied
-once it has it; both modes take that lock, so they exclude each other too.
-Nothing here sets session state: the search_path is ``set_config(..., true)``
-in each transaction, and psycopg never prepares a statement.
+Runs exclude each other with an advisory lock, never with a lock row that a dead process
+leaves behind. Directly (or through a session pooler) a run holds a session lock, which the
+server drops when the process dies. Behind a transaction pooler (``pooler="transaction"`` /
+``AGENTDB_POOLER``) a session lock would stay on a shared server connection, so each
+migration's transaction takes ``pg_advisory_xact_lock`` and re-checks what is applied once
+it has it; both modes take that lock, so they exclude each other too. Nothing here sets
+session state: the search_path is ``set_config(..., true)`` in each transaction, and
+psycopg never prepares a statement.
 """
 
 from __future__ import annotations
@@ -182,10 +180,6 @@ class _Session:
     waited: bool = False
 
 
-def _log_line(line: str) -> None:
-    _log.info("%s", line)
-
-
 @contextmanager
 def _session(
     dsn: str,
@@ -212,7 +206,7 @@ def _session(
         conn = psycopg.connect(url, autocommit=True, prepare_threshold=None, **extra)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to {shown}: {_one_line(exc)}") from None
-    say = notify or _log_line
+    say = notify or (lambda line: _log.info("%s", line))
     said: set[str] = set()
 
     def once(d: psycopg.errors.Diagnostic) -> None:
@@ -428,11 +422,12 @@ def migrate(
     lock_timeout: float | None = None,
     notify: Notify | None = None,
     citus: bool = False,
+    events_by_month: bool = False,
 ) -> list[str]:
     """Apply every migration the database does not have yet; return the ids this call applied.
 
-    ``citus``: then distribute the tables on this Citus coordinator
-    (``agentdb_distribute()``, sql/0013); re-running it is a no-op.
+    ``citus``: then distribute the tables on this Citus coordinator (sql/0013);
+    ``events_by_month``: then partition agent_events by month (sql/0028). Both re-run as no-ops.
 
     ``pooler``: ``"transaction"`` behind a transaction-pooling proxy (default
     ``$AGENTDB_POOLER``). ``lock_timeout``: seconds to wait for another run's
@@ -461,16 +456,22 @@ def migrate(
             )
         applied = _run(s, "apply", lambda done: [m for m in migration_ids() if m not in done])
         if citus:
-            try:
-                with _transaction(s):
-                    s.conn.execute("CALL agentdb_distribute()")
-            except psycopg.Error as exc:
-                raise MigrationError(_failure(s, "agentdb_distribute()", "apply", exc)) from exc
+            _call(s, "agentdb_distribute()")
             try:
                 _citus.set_defaults(s.conn, s.where, s.notify)
             except psycopg.Error as exc:
                 raise MigrationError(_failure(s, "ALTER DATABASE ... SET", "apply", exc)) from exc
+        if events_by_month:
+            _call(s, "agentdb_partition_events()")
         return applied
+
+
+def _call(s: _Session, routine: LiteralString) -> None:
+    try:
+        with _transaction(s):
+            s.conn.execute("CALL " + routine)
+    except psycopg.Error as exc:
+        raise MigrationError(_failure(s, routine, "apply", exc)) from exc
 
 
 def rollback(

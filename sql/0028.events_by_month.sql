@@ -1,19 +1,31 @@
--- 0028 events by month: the audit trail is partitioned by its own created_at,
--- one partition per calendar month (UTC), so retention drops whole months
--- instead of deleting rows one by one (G8, G9).
+-- 0028 events by month (opt-in): the audit trail partitioned by its own
+-- created_at, one partition per calendar month (UTC), so retention drops
+-- whole months instead of deleting rows one by one (G8, G9).
 -- depends: 0027.call_instant
 -- phase: expand
 --
--- Nothing a writer sends changes: the partition key is the event's own
--- created_at (DEFAULT now()), so the article's INSERT and every runtime
--- statement route on their own. What changes:
+-- This migration changes no table. It adds what the layout needs and two
+-- procedures: agentdb_partition_events() converts agent_events in place
+-- (`agentdb migrate --events-by-month` calls it), agentdb_unpartition_events()
+-- converts it back. Opt-in because of what it costs: one event per recorded
+-- version (G8) cannot be a unique index on a partitioned table (its unique
+-- keys must hold created_at, and then they are not unique per version), so
+-- two deferred constraint triggers keep the rule - and they cost: the
+-- batched cycle's server CPU per task was 1.29-1.42x that of one table on
+-- the development machine (partitioning with the triggers off: 1.0-1.1x). A
+-- key holding the partition key would cost nothing extra, but needs the
+-- task's created_at in every versioned event insert: a change to the insert
+-- contract, not made here.
+--
+-- Partitioned, nothing a writer sends changes: the partition key is the
+-- event's own created_at (DEFAULT now()), so the article's INSERT and every
+-- runtime statement route on their own. What changes:
 --
 -- * The primary key is (tenant_id, id, created_at): a partitioned table's
 --   unique keys must hold its partition key. id still comes from one sequence.
--- * One event per recorded version (G8) cannot be a unique index any more (it
---   would have to hold created_at, and then it would not be unique per
---   version). Two deferred constraint triggers keep the rule, under the names
---   the unique indexes had (errors map on them): at commit, an event that
+-- * The triggers keep the unique keys' names (agent_events_task_version_key,
+--   agent_events_operation_version_key; errors map on them; the lookup
+--   indexes, no longer unique, keep them too): at commit, an event that
 --   records task (operation) version v must be the only one recording it, the
 --   task must have reached v, and the event may not be more than a day older
 --   than the task (a transaction that began before the task was created may
@@ -25,61 +37,28 @@
 --   rivals for a version whose first event retention already deleted.) The
 --   last rule bounds every lookup of a task's events to the months since a
 --   day before the task was created (run-time partition pruning) instead of
---   probing every month: a task's events are found in its own months.
---   Measured cost: these triggers are the price of the layout - the batched
---   cycle's server CPU per task was 1.3x that of 0027 (partitioning alone,
---   with the triggers off, 1.0-1.05x).
+--   probing every month.
 -- * The old table becomes the partition agent_events_legacy, holding every
 --   instant before next month (UTC); events go on landing there until then.
 --   Its rows dated later (an explicit created_at in the future) move to the
 --   DEFAULT partition, which takes whatever no month partition covers (a
 --   month nobody created yet), so an insert never fails for want of one.
--- * Months are created ahead (this month and the next two here; then by
---   agentdb_event_partitions(), which `agentdb purge` runs), and a month is
---   dropped whole once it is over and none of its rows is retained any
---   more. Dropping a partition is the retention path for months; the row
---   path (agentdb_purge 'events') stays for the rest.
+-- * Months are created ahead (this month and the next two at the
+--   conversion; then by agentdb_event_partitions(), which `agentdb purge`
+--   runs), and a month is dropped whole once it is over and none of its
+--   rows is retained any more. The row path (agentdb_purge 'events') stays
+--   for the rest.
 -- * TRUNCATE triggers are not inherited, so each partition carries its own
 --   agent_events_no_truncate. Partitions have no grants: only the owner
 --   reaches one directly, and RLS stays on agent_events.
 --
--- Upgrading an install that holds events: everything happens in this one
--- transaction, under ACCESS EXCLUSIVE on the old table (event reads and
--- writes wait): one scan for the newest created_at, three index builds (the
--- primary key and the two version lookups) and the attach's check that
--- every row lies before the cut-over. On the 2-core development machine
--- `agentdb migrate` took 2.3-2.6 s for 1.2 million events (its rollback,
--- which copies every row back into one table, 18 s). The indexes on
--- retain_until and payload_expires_at are kept.
+-- Converting an install that holds events: one transaction under ACCESS
+-- EXCLUSIVE on the old table (event reads and writes wait): three index
+-- builds and the attach's check that every row lies before the cut-over.
+-- On the 2-core development machine it took 2.3-2.6 s for 1.2 million
+-- events (back to one table, which copies every row: 18 s).
 
--- The old table, renamed; its name comes back as the partitioned table.
-ALTER TABLE agent_events RENAME TO agent_events_legacy;
-ALTER INDEX agent_events_retain_until_idx RENAME TO agent_events_legacy_retain_until_idx;
-ALTER INDEX agent_events_payload_expiry_idx RENAME TO agent_events_legacy_payload_expiry_idx;
-ALTER TABLE agent_events_legacy DROP CONSTRAINT agent_events_pkey;
-DROP INDEX agent_events_task_version_key;
-DROP INDEX agent_events_operation_version_key;
--- Row triggers come back as clones of the partitioned table's.
-DROP TRIGGER agent_events_append_only ON agent_events_legacy;
--- The ids: a new sequence, owned by the partitioned table, going on where
--- the old one stopped (nothing draws from it in between: the table is
--- locked). The old one stays with the legacy partition and goes with it -
--- Citus cannot give a distributed table's sequence another owner. The two
--- swap names at the end: on Citus, renaming a sequence before a table using
--- the other is distributed deadlocks with the distribution's own connections.
-CREATE SEQUENCE agent_events_id_seq_0028 AS bigint;
-SELECT setval('agent_events_id_seq_0028', s.last_value, s.is_called) FROM agent_events_id_seq s;
-
-CREATE TABLE agent_events (
-    LIKE agent_events_legacy INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS
-) PARTITION BY RANGE (created_at);
-ALTER TABLE agent_events ALTER COLUMN id SET DEFAULT nextval('agent_events_id_seq_0028');
-ALTER SEQUENCE agent_events_id_seq_0028 OWNED BY agent_events.id;
--- An insert naming the old table would draw ids the new sequence hands out
--- again: without a default there, it must name its id.
-ALTER TABLE agent_events_legacy ALTER COLUMN id DROP DEFAULT;
-
--- Two steps the rollback takes too. On a distributed schema the new table
+-- Two steps both conversions take. On a distributed schema the new table
 -- is distributed like the one it replaces, before anything refers to it
 -- (dynamic: without Citus there is no pg_dist_partition to name).
 CREATE PROCEDURE agentdb_distribute_like(p_old regclass, p_new regclass)
@@ -111,14 +90,15 @@ DECLARE
 BEGIN
     FOR g IN
         SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS who,
-               a.privilege_type, a.is_grantable
+               a.privilege_type, a.is_grantable,
+               CASE WHEN c.relkind = 'S' THEN 'SEQUENCE ' ELSE '' END AS kind
         FROM pg_class c, aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
         WHERE c.oid = p_from AND a.grantee <> c.relowner
     LOOP
-        EXECUTE format('GRANT %s ON %s TO %s%s', g.privilege_type, p_to, g.who,
+        EXECUTE format('GRANT %s ON %s%s TO %s%s', g.privilege_type, g.kind, p_to, g.who,
                        CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
         IF p_revoke THEN
-            EXECUTE format('REVOKE ALL ON %s FROM %s', p_from, g.who);
+            EXECUTE format('REVOKE ALL ON %s%s FROM %s', g.kind, p_from, g.who);
         END IF;
     END LOOP;
     FOR p IN
@@ -145,39 +125,6 @@ END
 $$;
 REVOKE EXECUTE ON PROCEDURE agentdb_distribute_like(regclass, regclass) FROM PUBLIC;
 REVOKE EXECUTE ON PROCEDURE agentdb_move_access(regclass, regclass, boolean) FROM PUBLIC;
-
-CALL agentdb_distribute_like('agent_events_legacy', 'agent_events');
-
--- G15: the old table's grants and policies move to agent_events.
-CALL agentdb_move_access('agent_events_legacy', 'agent_events', true);
-ALTER TABLE agent_events_legacy NO FORCE ROW LEVEL SECURITY;
-ALTER TABLE agent_events_legacy DISABLE ROW LEVEL SECURITY;
-
-ALTER TABLE agent_events ADD CONSTRAINT agent_events_pkey PRIMARY KEY (tenant_id, id, created_at);
--- G2
-ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey FOREIGN KEY (tenant_id, task_id)
-    REFERENCES agent_tasks (tenant_id, id);
-ALTER TABLE agent_events ADD CONSTRAINT agent_events_operation_fkey
-    FOREIGN KEY (tenant_id, operation_id) REFERENCES agent_operations (tenant_id, id);
--- G8: the lookups of the deferred event checks and of a task's or an
--- operation's events (no longer unique: see the triggers below).
-CREATE INDEX agent_events_task_version_idx
-    ON agent_events (tenant_id, task_id, task_state_version);
-CREATE INDEX agent_events_operation_version_idx
-    ON agent_events (tenant_id, operation_id, operation_state_version)
-    WHERE operation_id IS NOT NULL;
--- Retention paths (G9).
-CREATE INDEX agent_events_retain_until_idx ON agent_events (retain_until);
-CREATE INDEX agent_events_payload_expiry_idx ON agent_events (payload_expires_at)
-    WHERE payload IS NOT NULL;
-
--- G8: append-only, as 0004 - the row triggers are cloned onto every partition.
-CREATE TRIGGER agent_events_append_only
-    BEFORE UPDATE OR DELETE ON agent_events
-    FOR EACH ROW EXECUTE FUNCTION agentdb_guard_append_only();
-CREATE TRIGGER agent_events_no_truncate
-    BEFORE TRUNCATE ON agent_events
-    FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only();
 
 -- G8: at most one event per recorded version, for a version the task or
 -- operation has reached, at most a day older than its task or operation.
@@ -240,21 +187,10 @@ BEGIN
 END
 $$;
 
-CREATE CONSTRAINT TRIGGER agent_events_task_version_key
-    AFTER INSERT ON agent_events
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW WHEN (NEW.task_state_version IS NOT NULL)
-    EXECUTE FUNCTION agentdb_event_records_once('task');
-CREATE CONSTRAINT TRIGGER agent_events_operation_version_key
-    AFTER INSERT ON agent_events
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW WHEN (NEW.operation_state_version IS NOT NULL)
-    EXECUTE FUNCTION agentdb_event_records_once('operation');
-
--- G8: as 0004, with the lookup bounded to the months since a day before the
--- task or operation was created (its events are never older: the triggers
--- above).
-CREATE OR REPLACE FUNCTION agentdb_require_event() RETURNS trigger
+-- G8: 0004's agentdb_require_event for events by month: the lookup bounded
+-- to the months since a day before the task or operation was created (its
+-- events are never older: agentdb_event_records_once).
+CREATE FUNCTION agentdb_require_event_by_month() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -310,6 +246,9 @@ DECLARE
     holds_retained constant text := 'SELECT EXISTS (SELECT 1 FROM %s WHERE retain_until > now())';
     n bigint;
 BEGIN
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = parent) <> 'p' THEN
+        RETURN;  -- one table (agentdb_partition_events() not run): no month to keep
+    END IF;
     IF p_ahead IS NULL OR p_ahead < 0 OR p_ahead > 24 THEN
         RAISE EXCEPTION 'agentdb: months ahead must be between 0 and 24, not %', p_ahead
             USING ERRCODE = '22023';
@@ -384,29 +323,6 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION agentdb_event_partitions(integer) FROM PUBLIC;
-
--- The old table becomes the partition for everything before next month
--- (UTC); a row of it dated later (an explicit created_at) moves first to the
--- DEFAULT partition, made here as a plain table (no guard on the old table
--- now: its append-only trigger was dropped above and comes back as a clone).
-CREATE TABLE agent_events_default (LIKE agent_events_legacy INCLUDING CONSTRAINTS);
-CALL agentdb_distribute_like('agent_events_legacy', 'agent_events_default');
-DO $$
-DECLARE
-    cutover timestamptz := date_trunc('month', now(), 'UTC') + interval '1 month';
-BEGIN
-    INSERT INTO agent_events_default SELECT * FROM agent_events_legacy WHERE created_at >= cutover;
-    DELETE FROM agent_events_legacy WHERE created_at >= cutover;
-    EXECUTE format('ALTER TABLE agent_events ATTACH PARTITION agent_events_legacy '
-                   'FOR VALUES FROM (MINVALUE) TO (%L)',
-                   to_char(cutover AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || '+00');
-END
-$$;
-ALTER TABLE agent_events ATTACH PARTITION agent_events_default DEFAULT;
-CREATE TRIGGER agent_events_no_truncate
-    BEFORE TRUNCATE ON agent_events_default
-    FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only();
-SELECT count(*) FROM agentdb_event_partitions(2);
 
 -- G9: the row purges of events by the whole primary key (tenant_id, id,
 -- created_at). An id is unique only with its created_at now: by (tenant_id,
@@ -530,7 +446,8 @@ BEGIN
                                 WHERE p.logicalrelid = ''agent_events''::regclass)'
             INTO distributed;
     END IF;
-    IF NOT distributed THEN
+    IF NOT distributed
+       AND (SELECT c.relkind FROM pg_class c WHERE c.oid = 'agent_events'::regclass) = 'p' THEN
         FOR name IN
             SELECT t.tgname FROM pg_trigger t
             WHERE t.tgrelid = 'agent_events'::regclass AND NOT t.tgisinternal
@@ -550,16 +467,217 @@ $$;
 REVOKE EXECUTE ON PROCEDURE agentdb_distribute(integer) FROM PUBLIC;
 REVOKE EXECUTE ON PROCEDURE agentdb_distribute_0027(integer) FROM PUBLIC;
 
-ALTER SEQUENCE agent_events_id_seq RENAME TO agent_events_legacy_id_seq;
-ALTER SEQUENCE agent_events_id_seq_0028 RENAME TO agent_events_id_seq;
+-- Events by month, opt-in: `agentdb migrate --events-by-month`, or CALL
+-- agentdb_partition_events() as the owner. Does nothing (a NOTICE) if
+-- agent_events is partitioned already.
+CREATE PROCEDURE agentdb_partition_events()
+    LANGUAGE plpgsql
+AS $$
+DECLARE
+    cutover timestamptz := date_trunc('month', now(), 'UTC') + interval '1 month';
+BEGIN
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = 'agent_events'::regclass) = 'p' THEN
+        RAISE NOTICE 'agentdb: agent_events is partitioned by month already';
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+    -- The old table, renamed; its name comes back as the partitioned table.
+    ALTER TABLE agent_events RENAME TO agent_events_legacy;
+    ALTER INDEX agent_events_retain_until_idx RENAME TO agent_events_legacy_retain_until_idx;
+    ALTER INDEX agent_events_payload_expiry_idx RENAME TO agent_events_legacy_payload_expiry_idx;
+    ALTER TABLE agent_events_legacy DROP CONSTRAINT agent_events_pkey;
+    DROP INDEX agent_events_task_version_key;
+    DROP INDEX agent_events_operation_version_key;
+    -- Row triggers come back as clones of the partitioned table's.
+    DROP TRIGGER agent_events_append_only ON agent_events_legacy;
+    -- The ids: a new sequence, owned by the partitioned table, going on where
+    -- the old one stopped (nothing draws from it in between: the table is
+    -- locked). The old one stays with the legacy partition and goes with it -
+    -- Citus cannot give a distributed table's sequence another owner. The two
+    -- swap names at the end: on Citus, renaming a sequence before a table using
+    -- the other is distributed deadlocks with the distribution's own connections.
+    CREATE SEQUENCE agent_events_id_seq_0028 AS bigint;
+    PERFORM setval('agent_events_id_seq_0028', s.last_value, s.is_called) FROM agent_events_id_seq s;
 
--- G15 (the policies came over from the old table above)
-ALTER TABLE agent_events ENABLE ROW LEVEL SECURITY;
-ALTER TABLE agent_events FORCE ROW LEVEL SECURITY;
+    CREATE TABLE agent_events (
+        LIKE agent_events_legacy INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS
+    ) PARTITION BY RANGE (created_at);
+    ALTER TABLE agent_events ALTER COLUMN id SET DEFAULT nextval('agent_events_id_seq_0028');
+    ALTER SEQUENCE agent_events_id_seq_0028 OWNED BY agent_events.id;
+    -- An insert naming the old table would draw ids the new sequence hands out
+    -- again: without a default there, it must name its id.
+    ALTER TABLE agent_events_legacy ALTER COLUMN id DROP DEFAULT;
+
+    CALL agentdb_distribute_like('agent_events_legacy', 'agent_events');
+
+    -- G15: the old table's grants and policies move to agent_events.
+    CALL agentdb_move_access('agent_events_legacy', 'agent_events', true);
+    ALTER TABLE agent_events_legacy NO FORCE ROW LEVEL SECURITY;
+    ALTER TABLE agent_events_legacy DISABLE ROW LEVEL SECURITY;
+
+    ALTER TABLE agent_events ADD CONSTRAINT agent_events_pkey PRIMARY KEY (tenant_id, id, created_at);
+    -- G2
+    ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey FOREIGN KEY (tenant_id, task_id)
+        REFERENCES agent_tasks (tenant_id, id);
+    ALTER TABLE agent_events ADD CONSTRAINT agent_events_operation_fkey
+        FOREIGN KEY (tenant_id, operation_id) REFERENCES agent_operations (tenant_id, id);
+    -- G8: the lookups of the deferred event checks and of a task's or an
+    -- operation's events (no longer unique: see the triggers below).
+    CREATE INDEX agent_events_task_version_key
+        ON agent_events (tenant_id, task_id, task_state_version);
+    CREATE INDEX agent_events_operation_version_key
+        ON agent_events (tenant_id, operation_id, operation_state_version)
+        WHERE operation_id IS NOT NULL;
+    -- Retention paths (G9).
+    CREATE INDEX agent_events_retain_until_idx ON agent_events (retain_until);
+    CREATE INDEX agent_events_payload_expiry_idx ON agent_events (payload_expires_at)
+        WHERE payload IS NOT NULL;
+
+    -- G8: append-only, as 0004 - the row triggers are cloned onto every partition.
+    CREATE TRIGGER agent_events_append_only
+        BEFORE UPDATE OR DELETE ON agent_events
+        FOR EACH ROW EXECUTE FUNCTION agentdb_guard_append_only();
+    CREATE TRIGGER agent_events_no_truncate
+        BEFORE TRUNCATE ON agent_events
+        FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only();
+
+    CREATE CONSTRAINT TRIGGER agent_events_task_version_key
+        AFTER INSERT ON agent_events
+        DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW WHEN (NEW.task_state_version IS NOT NULL)
+        EXECUTE FUNCTION agentdb_event_records_once('task');
+    CREATE CONSTRAINT TRIGGER agent_events_operation_version_key
+        AFTER INSERT ON agent_events
+        DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW WHEN (NEW.operation_state_version IS NOT NULL)
+        EXECUTE FUNCTION agentdb_event_records_once('operation');
+
+    -- The old table becomes the partition for everything before next month
+    -- (UTC); a row of it dated later (an explicit created_at) moves first to the
+    -- DEFAULT partition, made here as a plain table (no guard on the old table
+    -- now: its append-only trigger was dropped above and comes back as a clone).
+    CREATE TABLE agent_events_default (LIKE agent_events_legacy INCLUDING CONSTRAINTS);
+    CALL agentdb_distribute_like('agent_events_legacy', 'agent_events_default');
+    INSERT INTO agent_events_default SELECT * FROM agent_events_legacy WHERE created_at >= cutover;
+    DELETE FROM agent_events_legacy WHERE created_at >= cutover;
+    EXECUTE format('ALTER TABLE agent_events ATTACH PARTITION agent_events_legacy '
+                       'FOR VALUES FROM (MINVALUE) TO (%L)',
+                       to_char(cutover AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || '+00');
+    ALTER TABLE agent_events ATTACH PARTITION agent_events_default DEFAULT;
+    CREATE TRIGGER agent_events_no_truncate
+        BEFORE TRUNCATE ON agent_events_default
+        FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only();
+    PERFORM count(*) FROM agentdb_event_partitions(2);
+
+    -- USAGE on the ids goes with them.
+    CALL agentdb_move_access('agent_events_id_seq', 'agent_events_id_seq_0028', false);
+    ALTER SEQUENCE agent_events_id_seq RENAME TO agent_events_legacy_id_seq;
+    ALTER SEQUENCE agent_events_id_seq_0028 RENAME TO agent_events_id_seq;
+
+    -- G15 (the policies came over from the old table above)
+    ALTER TABLE agent_events ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agent_events FORCE ROW LEVEL SECURITY;
+
+
+    -- G8: the deferred check that a state change has its event looks in the
+    -- task's months only.
+    DROP TRIGGER agent_tasks_event_required ON agent_tasks;
+    CREATE CONSTRAINT TRIGGER agent_tasks_event_required
+        AFTER INSERT OR UPDATE ON agent_tasks
+        DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW EXECUTE FUNCTION agentdb_require_event_by_month('task');
+    DROP TRIGGER agent_operations_event_required ON agent_operations;
+    CREATE CONSTRAINT TRIGGER agent_operations_event_required
+        AFTER INSERT OR UPDATE ON agent_operations
+        DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW EXECUTE FUNCTION agentdb_require_event_by_month('operation');
+END
+$$;
+
+-- Back to one table: every row copied out of the partitions (a rewrite of
+-- the audit trail, under ACCESS EXCLUSIVE for as long as the copy takes),
+-- one event per version a unique index again. Does nothing if agent_events
+-- is one table. The 0028 rollback runs it.
+CREATE PROCEDURE agentdb_unpartition_events()
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF (SELECT c.relkind FROM pg_class c WHERE c.oid = 'agent_events'::regclass) <> 'p' THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') THEN
+        PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+    END IF;
+    ALTER TABLE agent_events RENAME TO agent_events_by_month;
+    ALTER INDEX agent_events_retain_until_idx RENAME TO agent_events_by_month_retain_until_idx;
+    ALTER INDEX agent_events_payload_expiry_idx RENAME TO agent_events_by_month_payload_expiry_idx;
+    -- (Dropped, not renamed: Citus cannot rename a distributed table's constraint.)
+    ALTER TABLE agent_events_by_month DROP CONSTRAINT agent_events_pkey;
+
+    -- A new id sequence, as 0028 made one (Citus cannot give a distributed
+    -- table's sequence another owner); it takes the old name once the old one
+    -- is gone with its table.
+    CREATE SEQUENCE agent_events_id_seq_0027 AS bigint;
+    PERFORM setval('agent_events_id_seq_0027', s.last_value, s.is_called) FROM agent_events_id_seq s;
+    CALL agentdb_move_access('agent_events_id_seq', 'agent_events_id_seq_0027', false);
+
+    CREATE TABLE agent_events (
+        LIKE agent_events_by_month INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS
+    );
+    ALTER TABLE agent_events ALTER COLUMN id SET DEFAULT nextval('agent_events_id_seq_0027');
+    ALTER SEQUENCE agent_events_id_seq_0027 OWNED BY agent_events.id;
+    CALL agentdb_distribute_like('agent_events_by_month', 'agent_events');
+    INSERT INTO agent_events SELECT * FROM agent_events_by_month;
+    -- G15: grants and policies go with the table, as 0028 moved them.
+    CALL agentdb_move_access('agent_events_by_month', 'agent_events', false);
+    DROP TABLE agent_events_by_month;
+    ALTER SEQUENCE agent_events_id_seq_0027 RENAME TO agent_events_id_seq;
+
+    ALTER TABLE agent_events ADD CONSTRAINT agent_events_pkey PRIMARY KEY (tenant_id, id);
+    ALTER TABLE agent_events ADD CONSTRAINT agent_events_task_fkey FOREIGN KEY (tenant_id, task_id)
+        REFERENCES agent_tasks (tenant_id, id);
+    ALTER TABLE agent_events ADD CONSTRAINT agent_events_operation_fkey
+        FOREIGN KEY (tenant_id, operation_id) REFERENCES agent_operations (tenant_id, id);
+    CREATE UNIQUE INDEX agent_events_task_version_key
+        ON agent_events (tenant_id, task_id, task_state_version);
+    CREATE UNIQUE INDEX agent_events_operation_version_key
+        ON agent_events (tenant_id, operation_id, operation_state_version)
+        WHERE operation_id IS NOT NULL;
+    CREATE INDEX agent_events_retain_until_idx ON agent_events (retain_until);
+    CREATE INDEX agent_events_payload_expiry_idx ON agent_events (payload_expires_at)
+        WHERE payload IS NOT NULL;
+    CREATE TRIGGER agent_events_append_only
+        BEFORE UPDATE OR DELETE ON agent_events
+        FOR EACH ROW EXECUTE FUNCTION agentdb_guard_append_only();
+    CREATE TRIGGER agent_events_no_truncate
+        BEFORE TRUNCATE ON agent_events
+        FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only();
+
+    DROP TRIGGER agent_tasks_event_required ON agent_tasks;
+    CREATE CONSTRAINT TRIGGER agent_tasks_event_required
+        AFTER INSERT OR UPDATE ON agent_tasks
+        DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW EXECUTE FUNCTION agentdb_require_event('task');
+    DROP TRIGGER agent_operations_event_required ON agent_operations;
+    CREATE CONSTRAINT TRIGGER agent_operations_event_required
+        AFTER INSERT OR UPDATE ON agent_operations
+        DEFERRABLE INITIALLY DEFERRED
+        FOR EACH ROW EXECUTE FUNCTION agentdb_require_event('operation');
+
+    ALTER TABLE agent_events ENABLE ROW LEVEL SECURITY;
+    ALTER TABLE agent_events FORCE ROW LEVEL SECURITY;
+END
+$$;
+
+REVOKE EXECUTE ON PROCEDURE agentdb_partition_events() FROM PUBLIC;
+REVOKE EXECUTE ON PROCEDURE agentdb_unpartition_events() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION agentdb_schema_version() RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT '0028.events_by_month'::text $$;
 
 CALL agentdb_pin_search_paths();
-CALL agentdb_grant_roles();

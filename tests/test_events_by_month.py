@@ -1,4 +1,4 @@
-"""0028: the audit trail partitioned by month, its guarantees unchanged (G8, G9).
+"""0028: the audit trail partitioned by month (opt-in), its guarantees unchanged (G8, G9).
 
 An event lands in the partition of its created_at; one event per recorded
 version holds across partitions (a deferred trigger now, no unique index can
@@ -11,6 +11,8 @@ converted in place and rolled back without losing one.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -18,15 +20,23 @@ from typing import Any, Literal
 import asyncpg
 import pytest
 
-from agentdb import migrate, retention
+from agentdb import _db, errors, migrate, retention
+from agentdb.errors import CONSTRAINTS
 from tests import _pg
 from tests import factories as F
 from tests.conftest import Tenants
+from tests.test_catalogue import _RAISED_NAMES, _SCHEMA_NAMES
 
 _NEXT_VERSION = (
     "UPDATE agent_tasks SET current_step = 'next', state_version = state_version + 1 WHERE id = $1"
 )
 _RETAINED = "SELECT EXISTS (SELECT 1 FROM {} WHERE retain_until > now())"
+
+
+@pytest.fixture(autouse=True)
+async def _by_month(admin_conn: asyncpg.Connection) -> None:
+    """Every test here runs on the opt-in layout: the clone converted first."""
+    await admin_conn.execute("CALL agentdb_partition_events()")
 
 
 def _month(offset: int) -> datetime:
@@ -395,7 +405,12 @@ def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
                 " USING (event_type = 'note')"
             )
             before = conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall()
-        migrate.migrate(dsn)
+        migrate.migrate(dsn)  # 0028 alone changes no table
+        with _pg.admin(dsn) as conn:
+            kind = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'agent_events'")
+            assert kind.fetchall() == [("r",)]
+        migrate.migrate(dsn, events_by_month=True)
+        migrate.migrate(dsn, events_by_month=True)  # a no-op the second time
         with _pg.admin(dsn) as conn:
             assert conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall() == before
             where = conn.execute(
@@ -490,3 +505,62 @@ async def test_G9_months_are_rotated_at_read_committed_only(admin_conn: asyncpg.
         assert refused.value.sqlstate == "25000", isolation
     async with admin_conn.transaction():  # control
         await admin_conn.fetch("SELECT * FROM agentdb_event_partitions(2)")
+
+
+async def test_G8_a_state_change_without_its_event_is_refused_by_month_too(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """The by-month check (its lookup bounded to the task's months) still refuses the
+    change that has no event (AG006); control: with its event it commits."""
+    task = await F.create_task(admin_conn, tenants.a)
+    with pytest.raises(asyncpg.PostgresError) as silent:
+        await admin_conn.execute(_NEXT_VERSION, task)
+    assert silent.value.sqlstate == "AG006"
+    await F.update_task(admin_conn, tenants.a, task, current_step="next", state_version=1)
+
+
+@pytest.mark.plain_postgres(
+    "a distributed schema drops the NOTIFY triggers and a foreign key, so the catalogue"
+    " is compared on plain PostgreSQL (as tests/test_catalogue.py is)"
+)
+async def test_G8_the_catalogue_names_the_same_objects_by_month(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """Errors map on names: the layout keeps every name (the version keys become
+    triggers and plain indexes of the same names), adds none."""
+    names = {r[0] for r in await admin_conn.fetch(_SCHEMA_NAMES)}
+    assert set(CONSTRAINTS) - _RAISED_NAMES == names
+
+
+def test_migrate_events_by_month_from_the_command_line(pg_server: _pg.Server) -> None:
+    with _pg.temp_database(pg_server) as name:
+        dsn = pg_server.url(name)
+        for _ in range(2):  # the second run converts nothing and says the same
+            done = subprocess.run(
+                [sys.executable, "-m", "agentdb", "migrate", "--events-by-month", "--dsn", dsn],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert "agent_events: partitioned by month of created_at" in done.stdout
+        with _pg.admin(dsn) as conn:
+            kind = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'agent_events'")
+            assert kind.fetchall() == [("p",)]
+
+
+async def test_G2_a_copied_event_key_is_refused_and_maps_to_the_tables_key(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """The server names the partition's index (agent_events_default_pkey here); agentdb
+    maps it to the key it enforces, agent_events_pkey. Control: the id alone at another
+    instant is another key (ids are unique with their created_at)."""
+    task = await F.create_task(admin_conn, tenants.a)
+    far = datetime(2100, 1, 1, tzinfo=UTC)  # past every month partition: the DEFAULT one
+    first = await F.event(admin_conn, tenants.a, task, created_at=far)
+    with pytest.raises(asyncpg.UniqueViolationError) as copied:
+        await F.event(admin_conn, tenants.a, task, id=first, created_at=far)
+    if not _pg.ON_CITUS:
+        assert copied.value.constraint_name == "agent_events_default_pkey"
+    mapped = _db.translate(copied.value)
+    assert isinstance(mapped, errors.DuplicateKey)
+    assert (mapped.constraint, mapped.guarantee) == ("agent_events_pkey", "G2")
+    await F.event(admin_conn, tenants.a, task, id=first, created_at=far + timedelta(days=1))

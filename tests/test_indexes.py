@@ -64,14 +64,14 @@ INDEX_QUERIES: dict[str, str] = {
         "SELECT id FROM agent_operations"
         " WHERE state IN ('reserved', 'in_flight', 'unknown') AND updated_at < now()"
     ),
-    # A task's events (in order: a sort of a few rows), an operation's events: the
-    # version lookups of the deferred G8 checks (unique keys from 0025 to 0028).
-    "agent_events_task_version_idx": (
+    # Unique keys that took over the lookups of the indexes 0025 dropped: a task's
+    # events (in order: a sort of a few rows), an operation's events.
+    "agent_events_task_version_key": (
         "SELECT id FROM agent_events"
         " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
         " AND task_id = '00000000-0000-4000-8000-000000000001'"
     ),
-    "agent_events_operation_version_idx": (
+    "agent_events_operation_version_key": (
         "SELECT id FROM agent_events"
         " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
         " AND operation_id = '00000000-0000-4000-8000-000000000001'"

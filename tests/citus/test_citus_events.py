@@ -1,10 +1,10 @@
 """0028 on a distributed schema: events by month, converted in place both ways (G8, G9).
 
-A distributed install that holds events rolls 0028 back (one distributed table
-again, every row kept) and applies it again (the partitioned table distributed
-like the one it replaces, the old one attached as its legacy partition); then
-the month rotation runs through the coordinator and a second event for one
-version is refused across partitions.
+A distributed install that holds events is converted (the partitioned table
+distributed like the one it replaces, the old one attached as its legacy
+partition), rolled back (one distributed table again, every row kept) and
+converted again; then the month rotation runs through the coordinator and a
+second event for one version is refused across partitions.
 """
 
 from __future__ import annotations
@@ -73,11 +73,16 @@ def test_a_distributed_install_holding_events_converts_both_ways(citus: Cluster)
         up = _cli("migrate", "--citus", "--dsn", fresh.dsn)
         assert up.returncode == 0, up.stderr
         with _pg.admin(fresh.dsn) as conn:
+            assert _distributed(conn) == {"agent_events"}
+            made = _seed(conn, 4)
+            before = conn.execute(_ROWS).fetchall()
+        by_month = _cli("migrate", "--events-by-month", "--dsn", fresh.dsn)
+        assert by_month.returncode == 0, by_month.stderr
+        with _pg.admin(fresh.dsn) as conn:
+            assert conn.execute(_ROWS).fetchall() == before
             assert {"agent_events", "agent_events_legacy", "agent_events_default"} <= _distributed(
                 conn
             )
-            made = _seed(conn, 4)
-            before = conn.execute(_ROWS).fetchall()
         down = _cli("rollback", "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         with _pg.admin(fresh.dsn) as conn:
@@ -90,7 +95,7 @@ def test_a_distributed_install_holding_events_converts_both_ways(citus: Cluster)
                     " policy_version, task_state_version) VALUES (%s, %s, 'forged', 't', 'p', 0)",
                     (tenant, task),
                 )
-        again = _cli("migrate", "--dsn", fresh.dsn)
+        again = _cli("migrate", "--events-by-month", "--dsn", fresh.dsn)
         assert again.returncode == 0, again.stderr
         with _pg.admin(fresh.dsn) as conn:
             assert conn.execute(_ROWS).fetchall() == before

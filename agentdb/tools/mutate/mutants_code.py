@@ -65,6 +65,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "error_for: size and secret CHECKs come out as plain InvariantViolation",
     ),
     m(
+        "errors-event-partition-key-unmapped",
+        "agentdb/_db/errormap.py",
+        '        constraint = "agent_events_pkey"',
+        "        pass",
+        (T + "test_events_by_month.py",),
+        "error_for: a copied event key, refused by a partition's index, goes unmapped",
+    ),
+    m(
         "errors-maps-foreign-constraints",
         "agentdb/_db/errormap.py",
         "    if constraint is None or constraint not in CONSTRAINTS:\n        return None",

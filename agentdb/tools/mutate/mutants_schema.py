@@ -110,7 +110,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-require-event-off",
-        "sql/0028.events_by_month.sql",  # 0028 replaces agentdb_require_event
+        "sql/0004.events.sql",
         "    IF TG_OP = 'UPDATE' AND NEW.state_version = OLD.state_version THEN\n        RETURN NULL;",
         "    IF true THEN\n        RETURN NULL;",
         (ATTACKS,),
@@ -140,6 +140,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "    ELSIF n > 2 THEN",
         (ATTACKS, T + "test_events_by_month.py", T + "test_events_diet.py"),
         "agentdb_event_records_once (0028): two events may record one state_version",
+    ),
+    m(
+        "sql-require-event-by-month-off",
+        "sql/0028.events_by_month.sql",
+        "    IF TG_OP = 'UPDATE' AND NEW.state_version = OLD.state_version THEN\n        RETURN NULL;",
+        "    IF true THEN\n        RETURN NULL;",
+        (T + "test_events_by_month.py",),
+        "agentdb_require_event_by_month (0028): a state change commits without its event",
     ),
     m(
         "sql-events-version-not-reached",
@@ -196,7 +204,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "sql-legacy-keeps-grants",
         "sql/0028.events_by_month.sql",
-        "            EXECUTE format('REVOKE ALL ON %s FROM %s', p_from, g.who);",
+        "            EXECUTE format('REVOKE ALL ON %s%s FROM %s', g.kind, p_from, g.who);",
         "            NULL;",
         (T + "test_access.py", T + "test_events_by_month.py"),
         "0028: the old table keeps its grants as a partition (RLS bypassed by name)",
