@@ -59,6 +59,15 @@ CITUS_SUITES ?= tests/test_attacks.py tests/test_fences.py tests/test_tenant_iso
 	tests/test_crash.py tests/test_model.py tests/test_cancel.py tests/test_deadlines.py \
 	tests/test_signals.py tests/test_children.py tests/test_schedules.py tests/test_budgets.py
 
+# The suites make test-events-by-month runs a second time with every test
+# database's agent_events partitioned by month (the opt-in layout of 0028).
+BY_MONTH_SUITES ?= tests/test_attacks.py tests/test_events_diet.py tests/test_tasks.py \
+	tests/test_operations.py tests/test_retention.py tests/test_tenant_deletion.py \
+	tests/test_signals.py tests/test_children.py tests/test_fairness.py tests/test_model.py
+
+test-events-by-month: $(VENV)/.dev ## Attacks, runtime, retention and model suites with agent_events partitioned by month (sql/0028)
+	AGENTDB_TEST_EVENTS_BY_MONTH=1 $(BIN)/pytest $(BY_MONTH_SUITES) $(PYTEST_ARGS)
+
 test-citus: $(VENV)/.dev ## Citus tests + attacks/runtime/worker/relay/crash/model suites + chaos-quick on AGENTDB_CITUS_DSN (not in make test)
 	@test -n "$$AGENTDB_CITUS_DSN" || { echo "make test-citus: set AGENTDB_CITUS_DSN to a database on a Citus coordinator (citus installed, workers added); see README 'Scaling out with Citus'" >&2; exit 2; }
 	$(BIN)/pytest tests/citus $(PYTEST_ARGS)
@@ -110,4 +119,4 @@ ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGEN
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist mutation-results
 
-.PHONY: help install demo chaos chaos-quick bench bench-quick test test-citus lint mutate readme fmt example sql migrate rollback status audit purge ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate readme fmt example sql migrate rollback status audit purge ci clean

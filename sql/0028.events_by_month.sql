@@ -33,8 +33,8 @@
 --   Why "reached v" makes the rule race-free at any isolation level: a second
 --   event for v can only pass it in a snapshot that sees the transaction that
 --   moved the task to v - and that transaction's own event for v, committed
---   with it. (An advisory lock per version covers the one case left: two
---   rivals for a version whose first event retention already deleted.) The
+--   with it. (A row lock on the task covers the one case left: two rivals
+--   for a version whose first event retention already deleted.) The
 --   last rule bounds every lookup of a task's events to the months since a
 --   day before the task was created (run-time partition pruning) instead of
 --   probing every month.
@@ -138,16 +138,16 @@ DECLARE
     born timestamptz;
     n bigint;
 BEGIN
-    -- One writer at a time per recorded version: at READ COMMITTED the count
-    -- below then sees a rival committed while this one waited (a rival for a
-    -- version whose first event retention has already deleted).
-    PERFORM pg_advisory_xact_lock(hashtextextended(
-        concat_ws('/', TG_ARGV[0], NEW.tenant_id, coalesce(NEW.operation_id, NEW.task_id)),
-        coalesce(NEW.operation_state_version, NEW.task_state_version)));
     IF TG_ARGV[0] = 'task' THEN
         recorded := NEW.task_state_version;
+        -- The row lock makes writers of one task's events take turns: at READ
+        -- COMMITTED the count below then sees a rival committed while this one
+        -- waited (a rival for a version whose first event retention deleted).
+        -- The transaction that moved the task holds it already; a row lock
+        -- takes no room in the lock table, however many events commit at once.
         SELECT t.state_version, t.created_at INTO reached, born FROM agent_tasks t
-        WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id;
+        WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id
+        FOR NO KEY UPDATE;
         IF reached >= recorded AND NEW.created_at >= born - interval '1 day' THEN
             SELECT count(*) INTO n FROM (
                 SELECT FROM agent_events e
@@ -159,7 +159,8 @@ BEGIN
     ELSE
         recorded := NEW.operation_state_version;
         SELECT o.state_version, o.created_at INTO reached, born FROM agent_operations o
-        WHERE o.tenant_id = NEW.tenant_id AND o.id = NEW.operation_id;
+        WHERE o.tenant_id = NEW.tenant_id AND o.id = NEW.operation_id
+        FOR NO KEY UPDATE;
         IF reached >= recorded AND NEW.created_at >= born - interval '1 day' THEN
             SELECT count(*) INTO n FROM (
                 SELECT FROM agent_events e

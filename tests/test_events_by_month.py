@@ -10,6 +10,7 @@ converted in place and rolled back without losing one.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -190,9 +191,14 @@ async def test_G8_a_forged_event_racing_the_state_change_it_copies_is_refused(
         with pytest.raises(refused) as caught:
             await forger.commit()
     else:
-        with pytest.raises(refused) as caught:
-            await forger.commit()
+        # The forger's check takes the task row the mover holds: it waits for it.
+        pending = asyncio.ensure_future(forger.commit())
+        await _until_waiting(admin_conn, other_conn.get_server_pid())
         await mover.commit()
+        with pytest.raises(refused) as caught:
+            await pending
+    if isolation == "repeatable_read" and caught.value.sqlstate == "40001":
+        return  # the row it waited for changed under its snapshot: refused, to retry
     _refused_by(caught.value, "agent_events_task_version_key", in_transaction=True)
     if not _pg.ON_CITUS:
         assert isinstance(caught.value, (asyncpg.UniqueViolationError, asyncpg.CheckViolationError))
@@ -200,6 +206,19 @@ async def test_G8_a_forged_event_racing_the_state_change_it_copies_is_refused(
         "SELECT count(*) FROM agent_events WHERE task_id = $1 AND task_state_version = 1", task
     )
     assert counted == 1
+
+
+async def _until_waiting(conn: asyncpg.Connection, pid: int) -> None:
+    """Return once backend ``pid`` waits for a lock (on Citus, the wait is on a worker:
+    give it a moment instead)."""
+    for _ in range(200):
+        waits = await conn.fetchval(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+        )
+        if waits == "Lock":
+            return
+        await asyncio.sleep(0.02)
+    assert _pg.ON_CITUS, "the forger's commit never waited for the mover's row lock"
 
 
 async def _one_event_per_partition(conn: asyncpg.Connection, tenant: uuid.UUID) -> dict[str, int]:

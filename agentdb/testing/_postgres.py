@@ -37,6 +37,8 @@ from agentdb.tools._common import CITUS_ENV, ON_CITUS_ENV
 
 __all__ = [
     "CITUS_ENV",
+    "EVENTS_BY_MONTH",
+    "EVENTS_BY_MONTH_ENV",
     "ON_CITUS",
     "ON_CITUS_ENV",
     "ROLE_LOCK",
@@ -59,6 +61,9 @@ ROLE_LOCK = 0x61_67_65_6E_74_64_62
 
 #: The session runs on Citus (see the module's docstring).
 ON_CITUS = os.environ.get(ON_CITUS_ENV, "") not in ("", "0")
+#: Set (make test-events-by-month): the template's agent_events is partitioned by month.
+EVENTS_BY_MONTH_ENV = "AGENTDB_TEST_EVENTS_BY_MONTH"
+EVENTS_BY_MONTH = os.environ.get(EVENTS_BY_MONTH_ENV, "") not in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -448,7 +453,9 @@ def migrated_template(server: Server) -> Iterator[str]:
         with admin(server.admin_dsn) as conn:
             conn.execute("SELECT pg_advisory_lock(%s)", (ROLE_LOCK,))
             try:
-                migrate.migrate(server.url(name), citus=server.citus)
+                migrate.migrate(
+                    server.url(name), citus=server.citus, events_by_month=EVENTS_BY_MONTH
+                )
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (ROLE_LOCK,))
         with admin(server.url(name)) as conn:
