@@ -11,7 +11,7 @@
 -- version (G8) cannot be a unique index on a partitioned table (its unique
 -- keys must hold created_at, and then they are not unique per version), so
 -- two deferred constraint triggers keep the rule - and they cost: the
--- batched cycle's server CPU per task was 1.29-1.42x that of one table on
+-- batched cycle's server CPU per task was 1.24-1.34x that of one table on
 -- the development machine (partitioning with the triggers off: 1.0-1.1x). A
 -- key holding the partition key would cost nothing extra, but needs the
 -- task's created_at in every versioned event insert: a change to the insert
