@@ -532,7 +532,7 @@ BEGIN
     CREATE INDEX agent_events_operation_version_key
         ON agent_events (tenant_id, operation_id, operation_state_version)
         WHERE operation_id IS NOT NULL;
-    -- Retention paths (G9).
+    -- G9: the retention paths.
     CREATE INDEX agent_events_retain_until_idx ON agent_events (retain_until);
     CREATE INDEX agent_events_payload_expiry_idx ON agent_events (payload_expires_at)
         WHERE payload IS NOT NULL;
