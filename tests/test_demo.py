@@ -296,17 +296,18 @@ def test_G20_G22_G23_G24_a_run_reviews_fans_out_cancels_and_ticks_under_kills(
     "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: str(s.name)
 )
 def test_a_demo_ended_by_a_signal_mid_run_leaves_no_process(
-    db: Database, sig: signal.Signals
+    db: Database, sig: signal.Signals, tmp_path: Path
 ) -> None:
     """SIGTERM and SIGINT (to the demo alone, not its process group): the demo stops its
-    workers and relays, reaps them and says so in one line. SIGKILL: the kernel kills them
-    when the demo dies (they asked it to), so that none goes on holding leases and connections."""
+    workers and relays, reaps them and says so in one line, which names their logs (kept).
+    SIGKILL: the kernel kills them when the demo dies (they asked it to), so that none goes
+    on holding leases and connections."""
     mark = uuid.uuid4().hex
     demo = subprocess.Popen(
         [sys.executable, "-m", "agentdb", "demo", "--dsn", db.admin_dsn, "--tasks", "300",
          "--tenants", "3", "--timeout", "200", "--seed", "5"],
-        cwd=ROOT, env=_procs.marked_env(mark), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        cwd=ROOT, env=_procs.marked_env(mark, TMPDIR=str(tmp_path)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert _procs.wait_for_children(demo, mark, within=120), "no worker started"
@@ -326,6 +327,8 @@ def test_a_demo_ended_by_a_signal_mid_run_leaves_no_process(
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"agentdb: demo stopped by {sig.name} after "), err
     assert "while running the workload: " in last
+    (logs,) = tmp_path.glob("agentdb-run-*/processes.log")
+    assert f"(worker and relay logs: {logs})" in last
     assert _procs.marked(mark) == []  # reaped before the demo exited
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from agentdb.tools import _signals, embedded
 from agentdb.tools.embedded import PREFIX, embedded_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,5 +235,39 @@ def test_the_context_manager_cleans_up_on_a_normal_exit_and_on_an_error(
 
     with pytest.raises(RuntimeError, match="boom"):
         fail()
+    (data,) = seen
+    _assert_nothing_left(data, tmp)
+
+
+def test_a_signal_before_the_cleanup_holds_signals_restarts_it_and_still_acts(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second Ctrl-C of the test above, landing in the instants before the cleanup
+    holds signals (CI caught it once on a loaded box): the cleanup starts again instead
+    of leaving the directory, and the interrupt is raised once it is done. The landing
+    is made exact: the cleanup's first attempt to hold signals raises it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    real = _signals.deferred
+    cleaning, landed = [False], [0]
+
+    @contextlib.contextmanager
+    def hold_after_a_signal() -> Iterator[None]:
+        if cleaning[0] and not landed[0]:
+            landed[0] += 1
+            raise KeyboardInterrupt  # as Python raises it from its SIGINT handler
+        with real():
+            yield
+
+    monkeypatch.setattr(embedded, "deferred", hold_after_a_signal)
+    seen: list[Path] = []
+
+    def run() -> None:
+        with embedded_postgres(migrate=False):
+            seen.extend(_data_dirs(tmp))
+            cleaning[0] = True  # the block ends normally: the interrupt is the only one
+
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    assert landed == [1]
     (data,) = seen
     _assert_nothing_left(data, tmp)

@@ -345,13 +345,18 @@ def test_bad_publisher_module_is_one_line(db: Database) -> None:
     assert "is not an async callable" in proc.stderr
 
 
-def test_demo_against_a_database_kills_workers_and_loses_nothing(db: Database) -> None:
+def test_demo_against_a_database_kills_workers_and_loses_nothing(
+    db: Database, tmp_path: Path
+) -> None:
+    """... and a run that passed removes its worker and relay logs (kept only for a failure)."""
     proc = subprocess.run(
         [sys.executable, "-m", "agentdb", "demo", "--dsn", db.admin_dsn, "--tasks", "60",
          "--workers", "2", "--relays", "1", "--kill-every", "0.3", "--seed", "7"],
         capture_output=True, text=True, check=False, timeout=300,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(tmp_path.iterdir()) == []
     report = dict(
         line.strip().rsplit("  ", 1) for line in proc.stdout.splitlines() if line.startswith("  ")
     )

@@ -79,9 +79,33 @@ def embedded_postgres(*, migrate: bool = True) -> Iterator[str]:
                 apply(dsn)
             yield dsn
         finally:
+            _remove(data)
+
+
+def _remove(data: Path) -> None:
+    """Stop the server on ``data`` and delete the directory, SIGINT and SIGTERM held.
+
+    A signal can land before they are held: a second Ctrl-C while the first one's
+    ``KeyboardInterrupt`` is still unwinding towards this cleanup, on a loaded box
+    that paused the process in between. That interrupt starts the cleanup again
+    instead of ending it, and is raised once the directory is gone.
+
+    Raises:
+        KeyboardInterrupt: (or :class:`~agentdb.tools._signals.Terminated`) a signal
+            that came during the cleanup, once it is done.
+    """
+    came: KeyboardInterrupt | None = None
+    done = False
+    while not done:
+        try:
             with deferred():
                 _stop(data)
                 shutil.rmtree(data, ignore_errors=True)
+                done = True
+        except KeyboardInterrupt as exc:
+            came = came or exc
+    if came is not None:
+        raise came
 
 
 def _stop(data: Path) -> None:

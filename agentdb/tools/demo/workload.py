@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -62,7 +63,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 from agentdb import _db, budgets, tasks, tenancy
 from agentdb.tools.demo import checks
@@ -76,7 +77,6 @@ __all__ = ["STALL_AFTER", "Result", "count", "run_workload", "with_database"]
 #: Seconds every unfinished invoice may sleep on a wake-up that came before the run stops.
 STALL_AFTER = 10.0
 
-T = TypeVar("T")
 
 _TERMINAL = ("succeeded", "failed", "dead", "cancelled")
 
@@ -447,13 +447,16 @@ async def run_workload(
 
 
 def with_database(
-    dsn: str | None, body: Callable[[str, IO[bytes], Path], T], limits: Limits | None = None
-) -> T:
-    """Run ``body(dsn, log, log_path)`` against ``dsn`` (migrated) or an embedded Postgres.
+    dsn: str | None, body: Callable[[str, IO[bytes], Path], int], limits: Limits | None = None
+) -> int:
+    """Run ``body(dsn, log, log_path)`` against ``dsn`` (migrated) or an embedded Postgres;
+    return the exit status ``body`` returns.
 
     The processes' output goes to ``log`` (``log_path``, in a new temporary
-    directory). With ``limits``, migrating (and starting the embedded Postgres)
-    is held to its deadline.
+    directory). The directory is removed when ``body`` returns 0, and kept for
+    whoever reads a failure, a timeout or an interrupt (their messages name it).
+    With ``limits``, migrating (and starting the embedded Postgres) is held to
+    its deadline.
 
     Raises:
         MigrationError: the migrations failed.
@@ -477,4 +480,7 @@ def with_database(
             with step("starting an embedded Postgres"):
                 dsn = stack.enter_context(embedded_postgres())
         log = stack.enter_context(open(log_path, "ab"))
-        return body(dsn, log, log_path)
+        status = body(dsn, log, log_path)
+    if status == 0:
+        shutil.rmtree(log_path.parent, ignore_errors=True)
+    return status

@@ -10,6 +10,7 @@ BOUNCER = T + "test_pgbouncer.py"
 MISBEHAVING = T + "test_worker_misbehaving.py"
 FINISHING = T + "test_worker_finishing.py"
 CLONES = T + "test_clones.py"
+EMBEDDED = T + "test_embedded_cleanup.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---- handlers and publishers that misbehave ------------------------------------------
@@ -460,6 +461,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if True:\n            parser = build_parser(args_list)",
         (HOSTILE + "::test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command",),
         "a Ctrl-C while the command's tool is imported raises there, where Python may swallow it",
+    ),
+    m(
+        "demo-logs-kept-after-a-clean-run",
+        "agentdb/tools/demo/workload.py",
+        "    if status == 0:\n        shutil.rmtree(log_path.parent",
+        "    if status == 99:\n        shutil.rmtree(log_path.parent",
+        (T + "test_relay.py::test_demo_against_a_database_kills_workers_and_loses_nothing",),
+        "every demo run leaves its worker and relay logs in the temp folder",
+    ),
+    # A second Ctrl-C landing before the embedded server's cleanup holds signals.
+    m(
+        "embedded-cleanup-cut-by-a-second-signal",
+        "agentdb/tools/embedded.py",
+        "            came = came or exc\n",
+        "            raise\n",
+        (EMBEDDED + "::test_a_signal_before_the_cleanup_holds_signals_restarts_it_and_still_acts",),
+        "a Ctrl-C before the cleanup holds signals leaves the server's directory behind",
+    ),
+    m(
+        "embedded-cleanup-swallows-the-signal",
+        "agentdb/tools/embedded.py",
+        "    if came is not None:\n        raise came\n",
+        "    if came is not None and not done:\n        raise came\n",
+        (EMBEDDED + "::test_a_signal_before_the_cleanup_holds_signals_restarts_it_and_still_acts",),
+        "a Ctrl-C that restarted the cleanup is swallowed: the process carries on",
     ),
     m(
         "loop-made-with-ctrl-c-unheld",
