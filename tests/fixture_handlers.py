@@ -57,3 +57,17 @@ async def rated(job: Job) -> None:
 
 #: A task whose one call is rate-limited (tests/test_budgets.py).
 RATED = {"rated": rated}
+
+
+async def stubborn(job: Job) -> None:
+    """Swallows every cancellation: a handler that will not stop (records that it started)."""
+    await asyncio.to_thread(Path(os.environ["AGENTDB_TEST_MARKER"]).write_text, str(job.task.id))
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            continue
+
+
+#: A job whose handler ignores its cancellation.
+STUBBORN = {"stubborn": stubborn}

@@ -483,6 +483,32 @@ async def test_G12_sigterm_releases_leases_so_another_worker_starts_at_once(
     assert (again.id, again.lease_token, again.attempts) == (task.id, 2, 1)
 
 
+async def test_G12_a_handler_that_ignores_its_cancellation_does_not_keep_the_worker_from_exiting(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """Its lease is released, then the process exits without it: the event loop would
+    wait for it for ever."""
+    task = await tasks.create(pool, tenants.a, "stubborn", lease_ttl=timedelta(minutes=30))
+    marker = tmp_path / "started"
+    proc = _spawn(
+        db, "worker", "tests.fixture_handlers:STUBBORN", "--poll-interval", "0.1",
+        "--shutdown-grace", "0.5", marker=marker,
+    )  # fmt: skip
+    try:
+        await _until(lambda: _exists(marker))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert "exiting without 1 handler(s) that ignore cancellation" in err, err
+    [again] = await leases.claim(pool, "next-worker")
+    assert (again.id, again.lease_token, again.attempts) == (task.id, 2, 1)
+
+
 async def _exists(path: Path) -> bool:
     return await asyncio.to_thread(path.exists)
 

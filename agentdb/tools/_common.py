@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -10,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from agentdb import _db, _dsn
 from agentdb import schema as agentdb_schema
@@ -30,6 +31,7 @@ __all__ = [
     "add_pooler",
     "add_target",
     "dsn_from",
+    "exit_now",
     "load",
     "run_with_pool",
     "setup_logging",
@@ -89,6 +91,20 @@ def run_with_pool(
             await pool.close()
 
     return run_async(main)
+
+
+def exit_now(status: int) -> NoReturn:
+    """End the process with ``status`` at once, its logs and output flushed first.
+
+    For what cannot be waited for: a coroutine that swallows its cancellation
+    keeps ``asyncio.run`` from ever returning. Nothing else is cleaned up: the
+    operating system closes the connections.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
 
 
 class _JsonFormatter(logging.Formatter):

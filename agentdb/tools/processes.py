@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -10,7 +11,14 @@ from typing import Any
 from agentdb import _db
 from agentdb._runtime import is_async_callable
 from agentdb.errors import ConfigurationError
-from agentdb.tools._common import add_dsn, dsn_from, load, run_with_pool, setup_logging
+from agentdb.tools._common import (
+    add_dsn,
+    dsn_from,
+    exit_now,
+    load,
+    run_with_pool,
+    setup_logging,
+)
 
 __all__ = ["add_relay", "add_worker"]
 
@@ -116,6 +124,14 @@ def _worker(args: argparse.Namespace) -> int:
             pooler=args.pooler,
         )
         await worker.run()
+        if worker.abandoned:
+            # Nothing stops a coroutine that swallows its cancellation, and the event
+            # loop's close (and the pool's, should it hold a connection) waits for it
+            # for ever. Its lease is released and its writes are fenced out (G12).
+            logging.getLogger("agentdb.worker").warning(
+                "exiting without %d handler(s) that ignore cancellation", len(worker.abandoned)
+            )
+            exit_now(0)
 
     # One connection per running job plus heartbeats and claims.
     run_with_pool(dsn, args.pool_size or args.concurrency + 2, body, schema=args.schema)

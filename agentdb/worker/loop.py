@@ -14,7 +14,8 @@ shutdown never costs a task an attempt); a lease the worker failed to give
 back earlier is released as that give-back would have been (attempt
 counted, its ``last_error``). A handler that ignores
 its cancellation is waited for ``shutdown_grace`` more seconds (at least
-one) and then released anyway: its later writes are fenced out (G12).
+one) and then released anyway: its later writes are fenced out (G12); it is
+left in :attr:`Worker.abandoned`.
 :class:`~agentdb.errors.PoolerMismatch` from any statement is fatal: the
 worker stops the same way and :meth:`Worker.run` raises it.
 """
@@ -209,6 +210,10 @@ class Worker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._running: dict[asyncio.Task[None], Job] = {}
+        #: The jobs whose handler ignored its cancellation at the last shutdown, still
+        #: tasks of the event loop (their leases released, their writes fenced out):
+        #: ``asyncio.run`` waits for them at its end; ``agentdb worker`` exits without.
+        self.abandoned: tuple[asyncio.Task[None], ...] = ()
         # Workers start their walk over the tenants at different places (G18).
         self._claim_after = uuid.uuid4()
         # Leases the shutdown releases with the attempt refunded: jobs it
@@ -495,6 +500,7 @@ class Worker:
                 runner.cancel()
             if pending:
                 _, stuck = await asyncio.wait(pending, timeout=max(1.0, self.shutdown_grace))
+                self.abandoned = tuple(stuck)
                 if stuck:
                     log.warning(
                         "%d handler(s) ignore cancellation; releasing their leases anyway",

@@ -470,6 +470,28 @@ MUTANTS: tuple[Mutant, ...] = (
         (T + "test_relay.py::test_demo_against_a_database_kills_workers_and_loses_nothing",),
         "every demo run leaves its worker and relay logs in the temp folder",
     ),
+    m(
+        "worker-waits-for-a-handler-ignoring-cancellation",
+        "agentdb/tools/processes.py",
+        "        if worker.abandoned:\n",
+        "        if worker.abandoned and False:\n",
+        (
+            T + "test_worker.py::test_G12_a_handler_that_ignores_its_cancellation_does_not_keep"
+            "_the_worker_from_exiting",
+        ),
+        "agentdb worker never exits once a handler swallows its cancellation",
+    ),
+    m(
+        "worker-abandoned-not-recorded",
+        "agentdb/worker/loop.py",
+        "                self.abandoned = tuple(stuck)\n",
+        "                self.abandoned = ()\n",
+        (
+            T + "test_worker.py::test_G12_a_handler_that_ignores_its_cancellation_does_not_keep"
+            "_the_worker_from_exiting",
+        ),
+        "the worker forgets which handlers ignored their cancellation",
+    ),
     # A second Ctrl-C landing before the embedded server's cleanup holds signals.
     m(
         "embedded-cleanup-cut-by-a-second-signal",
