@@ -9,6 +9,7 @@ the stable message id with :mod:`agentdb.inbox`.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 _Q = _db.queries(__name__)
+log = logging.getLogger(__name__)
 
 
 async def enqueue(
@@ -90,9 +92,26 @@ async def claim(
     claim to rotate); on plain Postgres the oldest due messages come first
     and ``after_tenant`` is not needed.
 
+    A due message that already used its ``max_attempts`` is not claimed but
+    buried as 'dead' (logged): its last claim's outcome was never recorded -
+    its relay stopped mid-publish, as a poison message makes it do every
+    time. The batch is then shorter.
+
     Raises:
         ConfigurationError: ``batch`` or ``visibility`` is not positive.
     """
+    claimed, _ = await _claim(db, relay, batch, visibility, after_tenant)
+    return claimed
+
+
+async def _claim(
+    db: _db.Executor,
+    relay: str,
+    batch: int,
+    visibility: timedelta,
+    after_tenant: uuid.UUID | None,
+) -> tuple[list[OutboxMessage], int]:
+    """:func:`claim`, and how many due messages it buried. Raises what it raises."""
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
     if visibility <= timedelta(0):
@@ -107,7 +126,22 @@ async def claim(
         rows = await _db.fetch_many(
             db, _Q["outbox_claim"], lease_owner=relay, batch=batch, visibility=visibility
         )
-    return [OutboxMessage.from_record(r) for r in rows]
+    return _bury(rows)
+
+
+def _bury(rows: Sequence[_db.Record]) -> tuple[list[OutboxMessage], int]:
+    """The claimed messages among ``rows``, and how many were buried (each logged)."""
+    claimed: list[OutboxMessage] = []
+    for r in rows:
+        if not r["buried"]:
+            claimed.append(OutboxMessage.from_record(r))
+            continue
+        log.error(
+            "message %s (%s) is dead: no outcome recorded for attempt %d of %d"
+            " (its relay stopped or lost the claim mid-publish)",
+            r["id"], r["topic"], r["attempts"], r["max_attempts"],
+        )  # fmt: skip
+    return claimed, len(rows) - len(claimed)
 
 
 async def mark_delivered(db: _db.Executor, messages: Sequence[OutboxMessage]) -> set[uuid.UUID]:
@@ -150,9 +184,10 @@ async def deliver_and_claim(
 
     For a relay under load: the batch it published is marked and the next
     one leased in one round trip and one commit. Each mark is fenced by its
-    lease token as :func:`mark_delivered`'s; the claim is :func:`claim`'s and
-    never takes a message being marked. On a Citus schema the two run one
-    after the other (each routed tenant by tenant).
+    lease token as :func:`mark_delivered`'s; the claim is :func:`claim`'s
+    (burying what used its attempts) and never takes a message being marked.
+    On a Citus schema the two run one after the other (each routed tenant by
+    tenant).
 
     Returns:
         the ids marked (see :func:`mark_delivered`), and the messages claimed.
@@ -160,14 +195,28 @@ async def deliver_and_claim(
     Raises:
         ConfigurationError: ``batch`` is not positive.
     """
+    marked, claimed, _ = await _deliver_and_claim(
+        db, relay, delivered, batch, visibility, after_tenant
+    )
+    return marked, claimed
+
+
+async def _deliver_and_claim(
+    db: _db.Executor,
+    relay: str,
+    delivered: Sequence[OutboxMessage],
+    batch: int,
+    visibility: timedelta,
+    after_tenant: uuid.UUID | None,
+) -> tuple[set[uuid.UUID], list[OutboxMessage], int]:
+    """:func:`deliver_and_claim`, and how many due messages it buried. Raises what it
+    raises."""
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
     if await schema.distributed(db):
         marked = await mark_delivered(db, delivered)
-        claimed = await claim(
-            db, relay, batch=batch, visibility=visibility, after_tenant=after_tenant
-        )
-        return marked, claimed
+        claimed, buried = await _claim(db, relay, batch, visibility, after_tenant)
+        return marked, claimed, buried
     rows = await _db.fetch_many(
         db,
         _Q["outbox_deliver_and_claim"],
@@ -178,10 +227,8 @@ async def deliver_and_claim(
         ids=[m.id for m in delivered],
         lease_tokens=[m.lease_token for m in delivered],
     )
-    return (
-        {r["id"] for r in rows if r["delivered"]},
-        [OutboxMessage.from_record(r) for r in rows if not r["delivered"]],
-    )
+    claimed, buried = _bury([r for r in rows if not r["delivered"]])
+    return {r["id"] for r in rows if r["delivered"]}, claimed, buried
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,15 +131,15 @@ class Relay:
         claimed, self._next = self._next, []
         if not claimed:
             try:
-                claimed = await outbox.claim(
-                    self.pool, self.relay_id, batch=self.batch, visibility=self.visibility,
-                    after_tenant=self._claim_after,
-                )  # fmt: skip
+                claimed, buried = await outbox._claim(
+                    self.pool, self.relay_id, self.batch, self.visibility, self._claim_after
+                )
             except (TransientError, OSError) as exc:
                 log.warning("claim failed, retrying: %s", exc)
                 return 0
+            self.stats.dead += buried
             if not claimed:
-                return 0
+                return buried  # more may be due behind what was buried
             self._count_claim(claimed)
         _faults.point("after_relay_claim")
         # A publish still running when the claim's visibility ends could no longer be
@@ -159,10 +159,11 @@ class Relay:
         if len(claimed) >= self.batch and not self._stopping.is_set():
             # A full batch: more is probably due. Mark and claim the next at once.
             try:
-                marked, self._next = await outbox.deliver_and_claim(
-                    self.pool, self.relay_id, ok, batch=self.batch,
-                    visibility=self.visibility, after_tenant=self._claim_after,
+                marked, self._next, buried = await outbox._deliver_and_claim(
+                    self.pool, self.relay_id, ok, self.batch, self.visibility,
+                    self._claim_after,
                 )  # fmt: skip
+                self.stats.dead += buried
             except (TransientError, OSError) as exc:
                 # As a failed claim is: logged, retried - the mark alone, at once.
                 log.warning("mark and claim failed, marking alone: %s", exc)

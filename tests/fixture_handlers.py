@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 from agentdb.models import Message, OutboxMessage
@@ -71,3 +72,10 @@ async def stubborn(job: Job) -> None:
 
 #: A job whose handler ignores its cancellation.
 STUBBORN = {"stubborn": stubborn}
+
+
+async def poison_publisher(message: OutboxMessage) -> None:
+    """Kills its own relay process (SIGKILL) on a 'poison' message, as a message that
+    crashes the publisher's library would; publishes every other message."""
+    if message.topic == "poison":
+        os.kill(os.getpid(), signal.SIGKILL)

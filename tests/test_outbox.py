@@ -11,6 +11,8 @@ import pytest
 
 from agentdb import inbox, outbox
 from agentdb.errors import ConfigurationError, LeaseLost, NotFound
+from agentdb.models import OutboxMessage
+from agentdb.relay import Relay
 from tests.conftest import Database, Tenants
 
 
@@ -179,3 +181,67 @@ async def test_G10_a_number_python_will_not_read_as_int_does_not_strand_the_batc
     assert claimed[good].payload == {"n": 1}
     assert claimed[big].payload["n"] == Decimal("9" * 5000)  # exact
     assert await outbox.mark_delivered(pool, list(claimed.values())) == {good, big}
+
+
+async def _run_out(pool: asyncpg.Pool, admin_conn: asyncpg.Connection, times: int) -> None:
+    """``times`` claims of every due message whose outcome is never recorded: each
+    relay stops mid-publish, its visibility runs out."""
+    for _ in range(times):
+        assert await outbox.claim(pool, "dies", batch=10, visibility=timedelta(milliseconds=1))
+        await admin_conn.execute("SELECT pg_sleep(0.01)")
+
+
+async def test_G10_a_message_whose_relay_stops_on_every_attempt_is_buried_at_its_last(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A poison message kills its relay mid-publish every time: no failure is recorded,
+    so outbox_mark_failed never buries it. The claim does, once it used its attempts,
+    instead of handing it out for ever. Control: beside it, a message with an attempt
+    left is claimed."""
+    async with pool.acquire() as conn:
+        poison = await outbox.enqueue(conn, tenants.a, "t", {}, max_attempts=2)
+    await _run_out(pool, admin_conn, 2)
+    async with pool.acquire() as conn:
+        fresh = await outbox.enqueue(conn, tenants.a, "t", {}, max_attempts=2)
+    assert [m.id for m in await outbox.claim(pool, "next", batch=10)] == [fresh]
+    dead = await outbox.get(pool, tenants.a, poison)
+    assert (dead.state, dead.attempts) == ("dead", 2)
+    assert dead.last_error == (
+        "no outcome recorded for attempt 2 of 2: its relay stopped or lost the claim mid-publish"
+    )
+    assert (await outbox.get(pool, tenants.a, fresh)).state == "pending"
+
+
+async def test_G10_deliver_and_claim_buries_a_message_that_used_its_attempts(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    async with pool.acquire() as conn:
+        poison = await outbox.enqueue(conn, tenants.a, "t", {}, max_attempts=1)
+        fresh = await outbox.enqueue(conn, tenants.a, "t", {})
+    await _run_out(pool, admin_conn, 1)  # both claimed once; fresh has attempts left
+    marked, claimed = await outbox.deliver_and_claim(pool, "next", [], batch=10)
+    assert (marked, [m.id for m in claimed]) == (set(), [fresh])
+    assert (await outbox.get(pool, tenants.a, poison)).state == "dead"
+
+
+async def test_G10_a_relay_drains_past_a_batch_that_was_all_buried(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The relay's claim buries a whole batch and claims nothing: the drain goes on to
+    the messages behind it, and counts the buried ones dead."""
+    async with pool.acquire() as conn:
+        poison = [await outbox.enqueue(conn, tenants.a, "t", {}, max_attempts=1) for _ in range(2)]
+    await _run_out(pool, admin_conn, 1)
+    async with pool.acquire() as conn:
+        later = {await outbox.enqueue(conn, tenants.a, "t", {}) for _ in range(3)}
+    published: list[uuid.UUID] = []
+
+    async def publish(message: OutboxMessage) -> None:
+        published.append(message.id)
+
+    relay = Relay(pool, publish, batch=2)
+    assert await relay.drain() == 3
+    assert set(published) == later
+    assert relay.stats.dead == 2
+    for mid in poison:
+        assert (await outbox.get(pool, tenants.a, mid)).state == "dead"

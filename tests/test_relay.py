@@ -300,6 +300,55 @@ async def test_G10_G11_concurrent_relays_publish_each_message_once(
     assert await pool.fetchval("SELECT count(*) FROM agent_outbox WHERE state = 'delivered'") == 300
 
 
+def test_G10_a_poison_message_that_kills_its_relay_every_time_goes_dead_the_rest_delivered(
+    db: Database, tenants: Tenants
+) -> None:
+    """Real relay processes, SIGKILLed by their publisher on one message, restarted as a
+    supervisor would: no failure is ever recorded for it, so only the claim can bury it -
+    after its 3 attempts, not on a 4th. Every other message ends delivered."""
+    import psycopg
+
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO agent_outbox (tenant_id, topic, max_attempts) VALUES (%s, 'poison', 3)",
+            (tenants.a,),
+        )
+        conn.execute(
+            "INSERT INTO agent_outbox (tenant_id, topic) SELECT %s, 'fine' FROM generate_series(1, 20)",
+            (tenants.a,),
+        )
+    argv = [sys.executable, "-m", "agentdb", "relay", "tests.fixture_handlers:poison_publisher",
+            "--dsn", db.url("agentdb_test_runtime"), "--poll-interval", "0.1", "--batch", "5",
+            "--visibility", "1"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    killed = 0
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        for _ in range(8):
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+            deadline = time.monotonic() + 30
+            while proc.poll() is None and time.monotonic() < deadline:
+                if conn.execute("SELECT count(*) FROM agent_outbox WHERE state = 'pending'"
+                                ).fetchone() == (0,):  # fmt: skip
+                    proc.send_signal(signal.SIGTERM)
+                    break
+                time.sleep(0.05)
+            _, err = proc.communicate(timeout=30)
+            if proc.returncode == -signal.SIGKILL:
+                killed += 1
+                continue
+            assert proc.returncode == 0, err
+            break
+        rows = dict(conn.execute(
+            "SELECT topic, array_agg(DISTINCT state || ':' || attempts) FROM agent_outbox"
+            " GROUP BY topic"
+        ).fetchall())  # fmt: skip
+    assert killed == 3
+    assert rows["poison"] == ["dead:3"]
+    assert all(r.startswith("delivered:") for r in rows["fine"]), rows["fine"]
+    assert "no outcome recorded for attempt 3 of 3" in err, err
+
+
 def test_cli_relay_with_a_broken_publisher_logs_one_line_per_failure(
     db: Database, tenants: Tenants
 ) -> None:
@@ -400,7 +449,7 @@ async def test_G10_a_relay_under_load_marks_and_claims_in_one_statement(
     one statement (on plain Postgres); the short last batch is marked alone, at once.
     Each message is published once and ends delivered."""
     ids = await _enqueue(pool, tenants.a, 35)
-    calls = _count_calls(monkeypatch, "claim", "deliver_and_claim", "mark_delivered")
+    calls = _count_calls(monkeypatch, "_claim", "_deliver_and_claim", "mark_delivered")
     published: list[uuid.UUID] = []
 
     async def publish(message: OutboxMessage) -> None:
@@ -410,9 +459,9 @@ async def test_G10_a_relay_under_load_marks_and_claims_in_one_statement(
     assert await relay.drain() == 35
     assert sorted(published) == sorted(ids)
     if ON_CITUS:  # there deliver_and_claim is mark_delivered, then claim
-        assert calls == {"claim": 5, "deliver_and_claim": 3, "mark_delivered": 4}
+        assert calls == {"_claim": 5, "_deliver_and_claim": 3, "mark_delivered": 4}
     else:
-        assert calls == {"claim": 2, "deliver_and_claim": 3, "mark_delivered": 1}
+        assert calls == {"_claim": 2, "_deliver_and_claim": 3, "mark_delivered": 1}
     assert (relay.stats.claimed, relay.stats.delivered, relay.stats.lost_claims) == (35, 35, 0)
     states = await admin_conn.fetch("SELECT DISTINCT state FROM agent_outbox")
     assert [r["state"] for r in states] == ["delivered"]
@@ -434,14 +483,14 @@ async def test_G10_a_relay_stopped_after_marking_delivers_what_that_mark_claimed
         published.append(message.id)
 
     relay = Relay(pool, publish, batch=10, poll_interval=0.05)
-    real = outbox.deliver_and_claim
+    real = outbox._deliver_and_claim
 
     async def then_stop(*args: object, **kw: object) -> object:
         answer = await real(*args, **kw)  # type: ignore[arg-type]
         relay.stop()
         return answer
 
-    monkeypatch.setattr(outbox, "deliver_and_claim", then_stop)
+    monkeypatch.setattr(outbox, "_deliver_and_claim", then_stop)
     await asyncio.wait_for(relay.run(install_signals=False), 30)
     assert len(published) == len(set(published)) == 15
     pending = await admin_conn.fetchval(
@@ -461,7 +510,7 @@ async def test_G10_a_failed_mark_and_claim_is_marked_alone_and_the_relay_goes_on
     is published once and ends delivered. (Had it failed after its commit, the batch it
     claimed would wait for its visibility to end, as after a relay's crash.)"""
     ids = await _enqueue(pool, tenants.a, 25)
-    real = outbox.deliver_and_claim
+    real = outbox._deliver_and_claim
     failures: list[int] = []
 
     async def fails_once(*args: object, **kw: object) -> object:
@@ -470,7 +519,7 @@ async def test_G10_a_failed_mark_and_claim_is_marked_alone_and_the_relay_goes_on
             raise TransientError("connection lost: test")
         return await real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(outbox, "deliver_and_claim", fails_once)
+    monkeypatch.setattr(outbox, "_deliver_and_claim", fails_once)
     published: list[uuid.UUID] = []
 
     async def publish(message: OutboxMessage) -> None:

@@ -39,7 +39,7 @@ _ROWS: dict[str, tuple[type, tuple[str, ...]]] = {
     "operation_list_unsettled": (Operation, ()),
     "operation_reserve_many": (Operation, ("ord", "created")),
     "operation_complete_many": (Operation, ("ord",)),
-    "outbox_claim": (OutboxMessage, ()),
+    "outbox_claim": (OutboxMessage, ("buried",)),
 }
 
 

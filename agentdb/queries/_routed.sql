@@ -341,24 +341,42 @@ RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_has
 
 -- name: routed_outbox_claim :many
 -- outbox_claim (outbox.sql) for tenant $1 alone: lease up to $3 of its due
--- pending messages to relay $2 for $4. SKIP LOCKED keeps relays disjoint.
+-- pending messages to relay $2 for $4. SKIP LOCKED keeps relays disjoint. A
+-- due message that used its attempts is buried as 'dead', and returned with
+-- buried = true, as outbox_claim does.
 -- guarantee: G10
+-- zero rows: nothing of the tenant's is due.
 -- params: $1 tenant_id uuid, $2 lease_owner text, $3 batch int8, $4 visibility interval
 WITH due AS MATERIALIZED (
-    SELECT id
+    SELECT id, attempts >= max_attempts AS exhausted
     FROM agent_outbox
     WHERE tenant_id = $1 AND state = 'pending' AND next_attempt_at <= now()
     ORDER BY next_attempt_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
+), buried AS (
+    UPDATE agent_outbox o
+    SET state = 'dead', last_error = 'no outcome recorded for attempt ' || o.attempts
+            || ' of ' || o.max_attempts || ': its relay stopped or lost the claim mid-publish'
+    FROM due
+    WHERE o.tenant_id = $1 AND o.id = due.id AND due.exhausted
+    RETURNING o.id, o.tenant_id, o.topic, o.attempts, o.max_attempts
+), claimed AS (
+    UPDATE agent_outbox o
+    SET lease_owner = $2, lease_token = o.lease_token + 1, attempts = o.attempts + 1,
+        next_attempt_at = now() + $4
+    FROM due
+    WHERE o.tenant_id = $1 AND o.id = due.id AND NOT due.exhausted
+    RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
+              o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at
 )
-UPDATE agent_outbox o
-SET lease_owner = $2, lease_token = o.lease_token + 1, attempts = o.attempts + 1,
-    next_attempt_at = now() + $4
-FROM due
-WHERE o.tenant_id = $1 AND o.id = due.id
-RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
-          o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at;
+SELECT false AS buried, id, tenant_id, task_id, topic, payload, attempts, max_attempts,
+       lease_owner, lease_token, trace_id, span_id, created_at
+FROM claimed
+UNION ALL
+SELECT true, id, tenant_id, NULL, topic, NULL, attempts, max_attempts, NULL, NULL, NULL, NULL,
+       NULL
+FROM buried;
 
 -- name: routed_outbox_delivered :many
 -- outbox_mark_delivered (outbox.sql) for tenant $1's messages alone, each

@@ -7,23 +7,45 @@
 -- Lease up to $2 due pending messages to relay $1 for $3: each gets a new
 -- lease token, counts a delivery attempt and becomes invisible to other
 -- relays until $3 passes. SKIP LOCKED keeps concurrent relays disjoint.
+-- A due message that already used its attempts - its last claim never came
+-- back as delivered or failed: the relay stopped mid-publish, again and
+-- again (a poison message) - is not claimed again but buried as 'dead', as
+-- outbox_mark_failed buries the last failure. Rows with buried = true are
+-- those (only id, tenant_id, topic, attempts and max_attempts are set); the
+-- others are the claimed messages.
 -- guarantee: G10
+-- zero rows: nothing is due.
 -- params: $1 lease_owner text, $2 batch int8, $3 visibility interval
 WITH due AS (
-    SELECT tenant_id, id
+    SELECT tenant_id, id, attempts >= max_attempts AS exhausted
     FROM agent_outbox
     WHERE state = 'pending' AND next_attempt_at <= now()
     ORDER BY next_attempt_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+), buried AS (
+    UPDATE agent_outbox o
+    SET state = 'dead', last_error = 'no outcome recorded for attempt ' || o.attempts
+            || ' of ' || o.max_attempts || ': its relay stopped or lost the claim mid-publish'
+    FROM due
+    WHERE o.tenant_id = due.tenant_id AND o.id = due.id AND due.exhausted
+    RETURNING o.id, o.tenant_id, o.topic, o.attempts, o.max_attempts
+), claimed AS (
+    UPDATE agent_outbox o
+    SET lease_owner = $1, lease_token = o.lease_token + 1, attempts = o.attempts + 1,
+        next_attempt_at = now() + $3
+    FROM due
+    WHERE o.tenant_id = due.tenant_id AND o.id = due.id AND NOT due.exhausted
+    RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
+              o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at
 )
-UPDATE agent_outbox o
-SET lease_owner = $1, lease_token = o.lease_token + 1, attempts = o.attempts + 1,
-    next_attempt_at = now() + $3
-FROM due
-WHERE o.tenant_id = due.tenant_id AND o.id = due.id
-RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
-          o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at;
+SELECT false AS buried, id, tenant_id, task_id, topic, payload, attempts, max_attempts,
+       lease_owner, lease_token, trace_id, span_id, created_at
+FROM claimed
+UNION ALL
+SELECT true, id, tenant_id, NULL, topic, NULL, attempts, max_attempts, NULL, NULL, NULL, NULL,
+       NULL
+FROM buried;
 
 -- name: outbox_deliver_and_claim :many
 -- outbox_mark_delivered and outbox_claim in one statement (one round trip,
@@ -47,7 +69,7 @@ WITH marked AS (
       AND o.lease_token = m.lease_token AND o.state NOT IN ('delivered', 'dead')
     RETURNING o.tenant_id, o.id
 ), due AS (
-    SELECT q.tenant_id, q.id
+    SELECT q.tenant_id, q.id, q.attempts >= q.max_attempts AS exhausted
     FROM agent_outbox q
     WHERE q.state = 'pending' AND q.next_attempt_at <= now()
       -- NOT IN, not NOT EXISTS: a hashed subplan, built once (the arrays hold no NULLs).
@@ -56,21 +78,33 @@ WITH marked AS (
     ORDER BY q.next_attempt_at
     LIMIT $2
     FOR UPDATE OF q SKIP LOCKED
+), buried AS (
+    -- As in outbox_claim.
+    UPDATE agent_outbox o
+    SET state = 'dead', last_error = 'no outcome recorded for attempt ' || o.attempts
+            || ' of ' || o.max_attempts || ': its relay stopped or lost the claim mid-publish'
+    FROM due
+    WHERE o.tenant_id = due.tenant_id AND o.id = due.id AND due.exhausted
+    RETURNING o.id, o.tenant_id, o.topic, o.attempts, o.max_attempts
 ), claimed AS (
     UPDATE agent_outbox o
     SET lease_owner = $1, attempts = o.attempts + 1, lease_token = o.lease_token + 1,
         next_attempt_at = now() + $3
     FROM due
-    WHERE o.tenant_id = due.tenant_id AND o.id = due.id
+    WHERE o.tenant_id = due.tenant_id AND o.id = due.id AND NOT due.exhausted
     RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
               o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at
 )
-SELECT false AS delivered, id, tenant_id, task_id, topic, payload, attempts, max_attempts,
-       lease_owner, lease_token, trace_id, span_id, created_at
+SELECT false AS delivered, false AS buried, id, tenant_id, task_id, topic, payload, attempts,
+       max_attempts, lease_owner, lease_token, trace_id, span_id, created_at
 FROM claimed
 UNION ALL
-SELECT true, id, tenant_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM marked;
+SELECT true, false, id, tenant_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM marked
+UNION ALL
+SELECT false, true, id, tenant_id, NULL, topic, NULL, attempts, max_attempts, NULL, NULL, NULL,
+       NULL, NULL
+FROM buried;
 
 -- name: outbox_enqueue :one
 -- Add a message in the caller's transaction, so it commits (or not) with the

@@ -136,4 +136,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "routed_claim: a finished task is leased again",
         citus=True,
     ),
+    m(
+        "routed-outbox-claim-hands-out-an-exhausted-message",
+        ROUTED_SQL,
+        "    SELECT id, attempts >= max_attempts AS exhausted\n",
+        "    SELECT id, false AS exhausted\n",
+        (OUTBOX,),
+        "routed_outbox_claim: a message whose relay stops mid-publish every time is claimed"
+        " for ever",
+        citus=True,
+    ),
 )

@@ -16,6 +16,10 @@ from agentdb.tools.mutate.catalogue import (
 )
 
 HELD = T + "test_held_snapshot.py"
+OUTBOX_BURIED = (
+    T
+    + "test_outbox.py::test_G10_a_message_whose_relay_stops_on_every_attempt_is_buried_at_its_last"
+)
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---- G18: the fair claim ------------------------------------------------------------------
@@ -353,6 +357,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "operation_list_unsettled: list operations whose task is under a live lease",
     ),
     # ---- outbox and inbox ------------------------------------------------------------------
+    m(
+        "outbox-claim-hands-out-an-exhausted-message",
+        OUTBOX_SQL,
+        "    SELECT tenant_id, id, attempts >= max_attempts AS exhausted\n",
+        "    SELECT tenant_id, id, false AS exhausted\n",
+        (OUTBOX_BURIED,),
+        "outbox_claim: a message whose relay stops mid-publish every time is claimed for ever",
+    ),
+    m(
+        "outbox-deliver-and-claim-hands-out-an-exhausted-message",
+        OUTBOX_SQL,
+        "    SELECT q.tenant_id, q.id, q.attempts >= q.max_attempts AS exhausted\n",
+        "    SELECT q.tenant_id, q.id, false AS exhausted\n",
+        (T + "test_outbox.py::test_G10_deliver_and_claim_buries_a_message_that_used_its_attempts",),
+        "outbox_deliver_and_claim: a message that used its attempts is claimed again",
+    ),
     m(
         "outbox-claim-no-skip-locked",
         OUTBOX_SQL,
