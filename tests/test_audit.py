@@ -658,11 +658,31 @@ def test_G15_rls_enabled_but_not_forced_is_flagged(db: Database, auditor: str) -
     assert report.finding("G15").fix == "ALTER TABLE agent_outbox FORCE ROW LEVEL SECURITY;"
 
 
-def test_G15_policy_opening_every_row_to_public_is_flagged(db: Database, auditor: str) -> None:
+@pytest.mark.parametrize(
+    "using",
+    ["true", "1 = 1", "true OR false", "current_setting('app.admin', true) = 'on'"],
+)
+def test_G15_policy_opening_every_row_to_public_is_flagged(
+    db: Database, auditor: str, using: str
+) -> None:
+    """A PUBLIC policy whose USING reads no column is true for every row at once (and
+    an agent's session can SET a custom setting)."""
     report = _broken(
-        db, "CREATE POLICY agent_tasks_open ON agent_tasks USING (true)", G15="partial"
+        db, f"CREATE POLICY agent_tasks_open ON agent_tasks USING ({using})", G15="partial"
     )
     assert "opens every row of agent_tasks to PUBLIC" in report.finding("G15").reason
+
+
+def test_G15_a_public_policy_that_reads_the_tenant_column_is_not_flagged(
+    db: Database, auditor: str
+) -> None:
+    """Control for the test above: the same PUBLIC policy, scoped by the row's tenant."""
+    report = _broken(
+        db,
+        "CREATE POLICY agent_tasks_scoped ON agent_tasks"
+        " USING (tenant_id = current_setting('app.tenant_id', true)::uuid)",
+    )
+    assert "policy agent_tasks_scoped" in report.finding("G15").evidence
 
 
 def test_G16_trace_id_without_format_check_is_flagged(db: Database, auditor: str) -> None:

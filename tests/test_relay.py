@@ -314,7 +314,8 @@ def test_G10_a_poison_message_that_kills_its_relay_every_time_goes_dead_the_rest
             (tenants.a,),
         )
         conn.execute(
-            "INSERT INTO agent_outbox (tenant_id, topic) SELECT %s, 'fine' FROM generate_series(1, 20)",
+            "INSERT INTO agent_outbox (tenant_id, topic)"
+            " SELECT %s, 'fine' FROM generate_series(1, 20)",
             (tenants.a,),
         )
     argv = [sys.executable, "-m", "agentdb", "relay", "tests.fixture_handlers:poison_publisher",

@@ -161,6 +161,8 @@ class Policy:
     roles: tuple[str, ...]
     qual: str | None
     with_check: str | None
+    #: The USING expression reads a column (of the row, or of a subquery's table).
+    reads_row: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,9 +481,11 @@ def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
     for rel_oid, name, event, instead, where in _rows(conn, q.RULES, nsp):
         if rel_oid in tables:
             tables[rel_oid].rules.append(Rule(name, event, instead, bool(where)))
-    for rel_oid, name, permissive, roles, qual, check in _rows(conn, q.POLICIES, nsp):
+    for rel_oid, name, permissive, roles, qual, check, reads in _rows(conn, q.POLICIES, nsp):
         if rel_oid in tables:
-            tables[rel_oid].policies.append(Policy(name, permissive, tuple(roles), qual, check))
+            tables[rel_oid].policies.append(
+                Policy(name, permissive, tuple(roles), qual, check, reads)
+            )
     for rel_oid, grantee, privilege in _rows(conn, q.GRANTS, nsp, nsp):
         if rel_oid in tables:
             tables[rel_oid].grants.append((grantee, privilege))

@@ -176,13 +176,16 @@ WHERE c.relnamespace = %s AND c.relkind IN ('r', 'p') AND r.ev_enabled <> 'D'
 ORDER BY r.ev_class, r.rulename
 """
 
-# polroles holds 0 for PUBLIC.
+# polroles holds 0 for PUBLIC. The last column: the USING expression reads a
+# column at all (a Var node in its tree) - USING (1 = 1), (true OR false) or
+# (current_setting('app.admin') = 'on') read none, and open every row or none.
 POLICIES: Final[LiteralString] = """
 SELECT p.polrelid, p.polname::text, p.polpermissive,
        ARRAY(SELECT CASE WHEN u.role_oid = 0 THEN 'public'
                          ELSE pg_get_userbyid(u.role_oid)::text END
              FROM unnest(p.polroles) AS u (role_oid) ORDER BY 1),
-       pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid)
+       pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid),
+       coalesce(p.polqual::text LIKE '%%{VAR %%', false)
 FROM pg_policy p
 JOIN pg_class c ON c.oid = p.polrelid
 WHERE c.relnamespace = %s

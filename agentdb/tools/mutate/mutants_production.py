@@ -492,6 +492,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "the worker forgets which handlers ignored their cancellation",
     ),
+    m(
+        "audit-public-policy-reading-no-column-unseen",
+        "agentdb/tools/audit/catalog_sql.py",
+        "       coalesce(p.polqual::text LIKE '%%{VAR %%', false)\n",
+        "       coalesce(pg_get_expr(p.polqual, p.polrelid) <> 'true', false)\n",
+        (
+            T + "test_audit.py::test_G15_policy_opening_every_row_to_public_is_flagged",
+            T + "test_audit.py::test_G15_a_public_policy_that_reads_the_tenant_column_is_not"
+            "_flagged",
+        ),
+        "agentdb audit: a PUBLIC policy USING (1 = 1) passes as tenant scoping",
+    ),
     # A second Ctrl-C landing before the embedded server's cleanup holds signals.
     m(
         "embedded-cleanup-cut-by-a-second-signal",
