@@ -340,7 +340,7 @@ def test_G10_a_poison_message_that_kills_its_relay_every_time_goes_dead_the_rest
                 continue
             assert proc.returncode == 0, err
             break
-        rows = dict(conn.execute(
+        rows: dict[str, list[str]] = dict(conn.execute(
             "SELECT topic, array_agg(DISTINCT state || ':' || attempts) FROM agent_outbox"
             " GROUP BY topic"
         ).fetchall())  # fmt: skip
