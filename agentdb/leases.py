@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from agentdb import _db, _explain, _routed, schema, telemetry
+from agentdb._db.instant import aware
 from agentdb._db.jsonb import TEXT_CAP
 from agentdb.errors import ConfigurationError
 from agentdb.models import Lease, Task
@@ -146,8 +147,7 @@ async def release(
         ConfigurationError: ``wake_at`` has no time zone (asyncpg would read it
             in this machine's local time).
     """
-    if wake_at is not None and (not isinstance(wake_at, datetime) or wake_at.utcoffset() is None):
-        raise ConfigurationError(f"wake_at {wake_at!r} has no time zone (or is no datetime)")
+    aware("wake_at", wake_at)
 
     params = {
         "tenant_id": lease.tenant_id,

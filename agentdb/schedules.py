@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from agentdb import _db
+from agentdb._db.instant import aware
 from agentdb._db.jsonb import OBJECT_CAP, document
 from agentdb.errors import (
     ConfigurationError,
@@ -104,8 +105,7 @@ async def create(
         raise ConfigurationError("a schedule takes exactly one of every= and cron=")
     if catch_up not in CATCH_UP:
         raise ConfigurationError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {catch_up!r}")
-    if start_at is not None and start_at.utcoffset() is None:
-        raise ConfigurationError(f"start_at {start_at.isoformat()} has no time zone")
+    aware("start_at", start_at)
     body = document(params or {}, cap=OBJECT_CAP, what="schedule params")
     args = {
         "tenant_id": tenant_id, "id": uuid.uuid4(), "name": name, "task_type": task_type,

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from agentdb import _db, _explain, _routed, schema, telemetry
+from agentdb._db.instant import aware
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import (
     AgentDBError,
@@ -127,9 +128,8 @@ async def create(
         InvariantViolation: another CHECK refused a value (named in the error), such as a
             ``dedupe_key`` starting ``child/`` (reserved for child keys).
     """
-    if deadline is not None and deadline.utcoffset() is None:
-        raise ConfigurationError(f"deadline {deadline.isoformat()} has no time zone")
-    _aware("wake_at", wake_at)
+    aware("deadline", deadline)
+    aware("wake_at", wake_at)
     if child_key is not None:
         if parent is None or dedupe_key is not None:
             raise ConfigurationError("child_key needs parent= and stands in for dedupe_key")
@@ -166,16 +166,6 @@ async def create(
             given_hash=digest or "",
         )
     return task
-
-
-def _aware(what: str, instant: datetime | None) -> None:
-    """Refuse a naive datetime: asyncpg would read it in the client's local time zone."""
-    if instant is None:
-        return
-    if not isinstance(instant, datetime):
-        raise ConfigurationError(f"{what} must be a datetime, not {type(instant).__name__}")
-    if instant.utcoffset() is None:
-        raise ConfigurationError(f"{what} {instant.isoformat()} has no time zone")
 
 
 async def get(db: _db.Executor, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task:
@@ -252,7 +242,7 @@ async def transition(
             this machine's local time), or ``payload`` is not JSON data.
         PayloadTooLarge / SecretInPayload: the event payload was refused (G9).
     """
-    _aware("wake_at", wake_at)
+    aware("wake_at", wake_at)
     messages = list(outbox)
     event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
     trace_id, span_id = telemetry.ids(trace_id, span_id)

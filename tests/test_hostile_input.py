@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentdb import budgets, leases, operations, outbox, tasks, tenancy
+from agentdb import budgets, leases, operations, outbox, schedules, tasks, tenancy
 from agentdb.errors import ConfigurationError
 from agentdb.models import Message
 from tests import _pg
@@ -227,6 +227,36 @@ async def test_a_naive_wake_at_is_refused_never_read_in_local_time(
         await leases.release(pool, claimed.lease, wake_at=naive)
     released = await leases.release(pool, claimed.lease, wake_at=aware)  # control
     assert released.wake_at == aware
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (datetime(2030, 1, 1, 12), "has no time zone"),
+        ("2030-01-01T12:00:00+00:00", "must be a datetime, not str"),
+        (1893499200, "must be a datetime, not int"),
+    ],
+    ids=["naive", "text", "epoch"],
+)
+async def test_every_instant_parameter_refuses_what_is_not_an_aware_datetime(
+    pool: asyncpg.Pool, tenants: Tenants, value: Any, match: str
+) -> None:
+    """deadline=, start_at= and wake_at= alike: a ConfigurationError naming the parameter,
+    never an AttributeError from inside agentdb, and nothing written."""
+    with pytest.raises(ConfigurationError, match=f"deadline .*{match}|deadline {match}"):
+        await tasks.create(pool, tenants.a, "t", deadline=value)
+    with pytest.raises(ConfigurationError, match=f"wake_at .*{match}|wake_at {match}"):
+        await tasks.create(pool, tenants.a, "t", wake_at=value, waiting=True)
+    with pytest.raises(ConfigurationError, match=f"start_at .*{match}|start_at {match}"):
+        await schedules.create(pool, tenants.a, "s", "t", every=timedelta(hours=1), start_at=value)
+    task = await tasks.create(pool, tenants.a, "t")  # control
+    [claimed] = await leases.claim(pool, "w", task_types=["t"])
+    assert claimed.lease is not None
+    with pytest.raises(ConfigurationError, match=f"wake_at .*{match}|wake_at {match}"):
+        await leases.release(pool, claimed.lease, wake_at=value)
+    assert await pool.fetchval("SELECT count(*) FROM agent_tasks") == 1
+    assert await pool.fetchval("SELECT count(*) FROM agent_schedules") == 0
+    assert (await tasks.get(pool, tenants.a, task.id)).state == "running"
 
 
 async def test_an_outbox_lease_that_has_already_run_out_is_refused(

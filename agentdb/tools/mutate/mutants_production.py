@@ -11,6 +11,7 @@ MISBEHAVING = T + "test_worker_misbehaving.py"
 FINISHING = T + "test_worker_finishing.py"
 CLONES = T + "test_clones.py"
 EMBEDDED = T + "test_embedded_cleanup.py"
+INSTANTS = HOSTILE + "::test_every_instant_parameter_refuses_what_is_not_an_aware_datetime"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---- handlers and publishers that misbehave ------------------------------------------
@@ -153,7 +154,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "create-naive-wake-at",
         "agentdb/tasks.py",
-        '    _aware("wake_at", wake_at)\n    if child_key is not None:',
+        '    aware("wake_at", wake_at)\n    if child_key is not None:',
         "    if child_key is not None:",
         (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
         "tasks.create: a naive wake_at is read in the client's local time zone",
@@ -161,7 +162,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "transition-naive-wake-at",
         "agentdb/tasks.py",
-        '    _aware("wake_at", wake_at)\n    messages = list(outbox)',
+        '    aware("wake_at", wake_at)\n    messages = list(outbox)',
         "    messages = list(outbox)",
         (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
         "tasks.transition: a naive wake_at is read in the client's local time zone",
@@ -169,10 +170,34 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "release-naive-wake-at",
         "agentdb/leases.py",
-        "    if wake_at is not None and (not isinstance(wake_at, datetime) or wake_at.utcoffset() is None):",
-        "    if False:",
+        '    aware("wake_at", wake_at)\n\n    params = {',
+        "    params = {",
         (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
         "leases.release: a naive wake_at is read in the client's local time zone",
+    ),
+    m(
+        "create-naive-deadline",
+        "agentdb/tasks.py",
+        '    aware("deadline", deadline)\n',
+        "",
+        (INSTANTS,),
+        "tasks.create: a naive deadline is read in the client's local time zone",
+    ),
+    m(
+        "schedule-naive-start-at",
+        "agentdb/schedules.py",
+        '    aware("start_at", start_at)\n',
+        "",
+        (INSTANTS,),
+        "schedules.create: a naive start_at is read in the client's local time zone",
+    ),
+    m(
+        "instant-type-unchecked",
+        "agentdb/_db/instant.py",
+        "    if not isinstance(instant, datetime):\n",
+        "    if False:\n",
+        (INSTANTS,),
+        "an instant that is no datetime fails inside agentdb with an AttributeError",
     ),
     m(
         "claim-task-types-string-read",
