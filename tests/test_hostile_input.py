@@ -331,6 +331,13 @@ def test_ctrl_c_early_in_a_command_is_one_line_never_a_traceback(
         proc.kill()
         _, err = proc.communicate()
         raise AssertionError(f"still running 30 s after Ctrl-C at {delay}s: {err!r}") from None
+    if proc.returncode == 1 and err.startswith("Could not import runpy module\n"):
+        # On a loaded box the signal can land while CPython itself is still starting,
+        # before `-m` has run a line of agentdb: CPython prints that and a traceback
+        # of its own import, whatever the module. Nothing of agentdb's to check.
+        assert err.rstrip().endswith("KeyboardInterrupt"), err
+        assert f'File "{ROOT}' not in err, err  # no frame of agentdb's
+        return
     assert "Traceback" not in err, err
     # Interrupted before Python could install its handler, the process just ends (-2).
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
