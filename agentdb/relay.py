@@ -126,7 +126,10 @@ class Relay:
     async def run_once(self) -> int:
         """Claim, publish and mark one batch; return how many were claimed.
 
-        The batch is the one the previous round's mark claimed, if it did.
+        The batch is the one the previous round's mark claimed, if it did. A
+        claim that only buried messages (used their attempts: see
+        :func:`agentdb.outbox.claim`) returns how many it buried, as more may
+        be due behind them.
         """
         claimed, self._next = self._next, []
         if not claimed:
