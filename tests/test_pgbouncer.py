@@ -284,11 +284,12 @@ def tiny_bouncer(db: Database) -> Iterator[Bouncer]:
     ],
 )
 def test_a_demo_queued_in_a_tiny_pool_times_out_in_one_line_and_leaves_no_process(
-    db: Database, tiny_bouncer: Bouncer, hold: str, timeout: int, stage: str
+    db: Database, tiny_bouncer: Bouncer, hold: str, timeout: int, stage: str, tmp_path: Path
 ) -> None:
     """The pool's one server connection held in a transaction: every statement of the demo
     and of its workers and relays waits in PgBouncer's queue, none ever returns, and the run
-    cannot finish. It still ends by its --timeout, and takes its processes with it."""
+    cannot finish. It still ends by its --timeout, and takes its processes with it (its logs,
+    kept for a run that failed, go to this test's own temp folder)."""
     url = db.through(tiny_bouncer)
     mark = uuid.uuid4().hex
     holder = psycopg.connect(url, autocommit=True, prepare_threshold=None)
@@ -303,8 +304,8 @@ def test_a_demo_queued_in_a_tiny_pool_times_out_in_one_line_and_leaves_no_proces
     demo = subprocess.Popen(
         [sys.executable, "-m", "agentdb", "demo", "--dsn", url, "--pooler", "transaction",
          "--tasks", "60", "--tenants", "3", "--timeout", str(timeout), "--seed", "11"],
-        cwd=ROOT, env=_procs.marked_env(mark), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        cwd=ROOT, env=_procs.marked_env(mark, TMPDIR=str(tmp_path)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         if hold == "once-the-fleet-runs":
