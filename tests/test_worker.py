@@ -464,20 +464,8 @@ async def test_G12_sigterm_releases_leases_so_another_worker_starts_at_once(
     db: Database, tenants: Tenants, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     task = await tasks.create(pool, tenants.a, "slow", lease_ttl=timedelta(minutes=30))
-    marker = tmp_path / "started"
-    proc = _spawn(
-        db, "worker", "tests.fixture_handlers:HANDLERS", "--poll-interval", "0.1",
-        "--shutdown-grace", "0.5", marker=marker,
-    )  # fmt: skip
-    try:
-        await _until(lambda: _exists(marker))
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    code, err = await _sigterm_once_started(db, "tests.fixture_handlers:HANDLERS", tmp_path)
+    assert code == 0, err
     # Long before the 30-minute lease would expire, the task is due again.
     [again] = await leases.claim(pool, "next-worker")
     assert (again.id, again.lease_token, again.attempts) == (task.id, 2, 1)
@@ -489,10 +477,21 @@ async def test_G12_a_handler_that_ignores_its_cancellation_does_not_keep_the_wor
     """Its lease is released, then the process exits without it: the event loop would
     wait for it for ever."""
     task = await tasks.create(pool, tenants.a, "stubborn", lease_ttl=timedelta(minutes=30))
+    code, err = await _sigterm_once_started(db, "tests.fixture_handlers:STUBBORN", tmp_path)
+    assert code == 0, err
+    assert "Traceback" not in err, err
+    assert "exiting without 1 handler(s) that ignore cancellation" in err, err
+    [again] = await leases.claim(pool, "next-worker")
+    assert (again.id, again.lease_token, again.attempts) == (task.id, 2, 1)
+
+
+async def _sigterm_once_started(db: Database, handlers: str, tmp_path: Path) -> tuple[int, str]:
+    """``agentdb worker`` with ``handlers`` (grace 0.5 s), sent SIGTERM once a handler has
+    started; its exit status and stderr (killed, and the test failing, after 60 s)."""
     marker = tmp_path / "started"
     proc = _spawn(
-        db, "worker", "tests.fixture_handlers:STUBBORN", "--poll-interval", "0.1",
-        "--shutdown-grace", "0.5", marker=marker,
+        db, "worker", handlers, "--poll-interval", "0.1", "--shutdown-grace", "0.5",
+        marker=marker,
     )  # fmt: skip
     try:
         await _until(lambda: _exists(marker))
@@ -502,11 +501,7 @@ async def test_G12_a_handler_that_ignores_its_cancellation_does_not_keep_the_wor
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err, err
-    assert "exiting without 1 handler(s) that ignore cancellation" in err, err
-    [again] = await leases.claim(pool, "next-worker")
-    assert (again.id, again.lease_token, again.attempts) == (task.id, 2, 1)
+    return proc.returncode, err
 
 
 async def _exists(path: Path) -> bool:
