@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentdb import _db, _explain, schema, telemetry
-from agentdb._db.jsonb import OBJECT_CAP, document
+from agentdb._db.jsonb import OBJECT_CAP
+from agentdb._db.jsonb import value as json_value
 from agentdb.budgets import Cost
 from agentdb.errors import (
     AgentDBError,
@@ -66,7 +67,7 @@ class Completion:
     """One element of :func:`complete_many`: the arguments of :func:`complete`."""
 
     operation: Operation
-    result: Mapping[str, Any] | None = None
+    result: Any = None
     provider_reference: str | None = None
     lease: Lease | None = None
     cost: Cost | None = None
@@ -273,7 +274,7 @@ async def complete_many(
         ids=[c.operation.id for c in batch],
         expected_versions=[c.operation.state_version for c in batch],
         provider_references=[c.provider_reference for c in batch],
-        results=[document(c.result, cap=OBJECT_CAP, what="operation result") for c in batch],
+        results=[json_value(c.result, cap=OBJECT_CAP, what="operation result") for c in batch],
         lease_owners=[c.lease.owner if c.lease else None for c in batch],
         lease_tokens=[c.lease.token if c.lease else None for c in batch],
         actor_id=actor,

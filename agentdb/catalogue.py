@@ -364,6 +364,30 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
         "agent_semconv_pins_version_format",
         "agent_semconv_pins_append_only",
     ),
+    # G25: a durable handler's steps, once per task and name, under the task's lease.
+    *_entries(
+        "G25",
+        "agent_steps_pkey",
+        "agent_steps_signal_key",
+        "agent_steps_guard",
+        "agent_steps_waits_valid",
+        "agent_steps_owner_all",
+        "agent_steps_runtime_all",
+        "agent_steps_agent_scope",
+    ),
+    *_entries("G2", "agent_steps_task_fkey"),
+    *_entries("G4", "agent_steps_input_hash_format"),
+    *_entries(
+        "G5",
+        "agent_steps_name_valid",
+        "agent_steps_kind_valid",
+        "agent_steps_state_valid",
+        "agent_steps_lease_token_valid",
+    ),
+    *_entries("G9", "agent_steps_result_valid", error="PayloadTooLarge"),
+    *_entries("G9", "agent_steps_result_no_secrets", error="SecretInPayload"),
+    # G20: no message for a cancelled task, whoever writes it.
+    *_entries("G20", "agent_outbox_for_open_task"),
     # G17: credentials are references, never secrets.
     *_entries("G17", "agent_credential_refs_is_reference"),
     # Wake-up hints: listeners poll anyway, so nothing is lost without them.
@@ -434,6 +458,9 @@ RULES: Final[tuple[Rule, ...]] = (
         "G23",
         "a wait for children sleeps only after a count at READ COMMITTED",
     ),
+    Rule("agent_steps_guard", "AG018", "G25", "a step is written under the current lease, once"),
+    Rule("agent_steps_guard", "AG012", "G20", "no step for a finished task"),
+    Rule("agent_steps_guard", "AG013", "G21", "no step for a task past its deadline"),
     Rule("agent_operations_version_guard", "AG002", "G7", "state_version moves by exactly +1"),
     Rule("agent_operations_version_guard", "AG004", "G2", "tenant_id, id, created_at never change"),
     Rule(

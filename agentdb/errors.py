@@ -21,12 +21,14 @@ The tree::
     |   |   ImmutableColumn (+ ImmutableKey), LeaseTokenRegression, MissingEvent,
     |   |   TenantScopeMissing, ConcurrencyLimitExceeded, BudgetRuleViolation,
     |   |   TaskFinished, DeadlineExceeded, SignalRuleViolation,
-    |   |   ReadCommittedRequired, ScheduleRuleViolation (agentdb's SQLSTATEs AG001-AG017)
+    |   |   ReadCommittedRequired, ScheduleRuleViolation, StepRuleViolation
+    |   |   (agentdb's SQLSTATEs AG001-AG018)
     |   +-- TenantMismatch, DuplicateKey, PayloadTooLarge, SecretInPayload
     |   +-- BudgetExceeded, RateLimited   a reservation refused at reserve (G19)
     +-- StaleWrite                the statement matched no row
     |   +-- NotFound, StaleVersion, LeaseLost (+ OutboxLeaseLost, Cancelled, PastDeadline)
     +-- IdempotencyConflict       same key, different input (G4)
+    |   +-- StepConflict          a step name recorded with other arguments (G25)
     +-- OperationInFlight         same key, first attempt not settled (G4)
     +-- OperationUnsettled        a crashed attempt's operation could not be reconciled (G13)
 """
@@ -82,6 +84,8 @@ __all__ = [
     "SignalIsolationViolation",
     "SignalRuleViolation",
     "StaleVersion",
+    "StepConflict",
+    "StepRuleViolation",
     "StaleWrite",
     "TaskFinished",
     "TenantMismatch",
@@ -290,6 +294,14 @@ class ScheduleRuleViolation(InvariantViolation):
 
     guarantee = "G24"
     sqlstate_code = "AG017"
+
+
+class StepRuleViolation(InvariantViolation):
+    """G25: a step written without the task's current lease, a recorded step changed, or a
+    signal taken that is not its task's (SQLSTATE AG018)."""
+
+    guarantee = "G25"
+    sqlstate_code = "AG018"
 
 
 class BudgetExceeded(InvariantViolation):
@@ -509,6 +521,29 @@ class IdempotencyConflict(AgentDBError):
         self.key = key
         self.stored_hash = stored_hash
         self.given_hash = given_hash
+
+
+class StepConflict(IdempotencyConflict):
+    """G25: a handler reached a step name its earlier run recorded with other arguments (or as
+    another kind of step); the recorded result is never handed to a different call.
+
+    A step is keyed by its name, never by its position: a deploy that changed what a
+    named step is given, or a name reused in a loop, shows up here instead of as a
+    wrong replay. Name loop iterations (``f"search/{i}"``).
+
+    Attributes:
+        step: the step's name; ``stored_hash`` / ``given_hash`` as for :class:`IdempotencyConflict`.
+    """
+
+    guarantee: ClassVar[str] = "G25"
+
+    def __init__(
+        self, message: str, *, tenant_id: uuid.UUID, step: str, stored_hash: str, given_hash: str
+    ) -> None:
+        super().__init__(
+            message, tenant_id=tenant_id, key=step, stored_hash=stored_hash, given_hash=given_hash
+        )
+        self.step = step
 
 
 class OperationInFlight(AgentDBError):

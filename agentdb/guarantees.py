@@ -1,4 +1,4 @@
-"""The guarantees G1-G23, and (re-exported from :mod:`agentdb.catalogue`) the catalogue
+"""The guarantees (G1-G25), and (re-exported from :mod:`agentdb.catalogue`) the catalogue
 that ties every schema object to one of them.
 
 One registry, read by everything that names a guarantee: the error classes
@@ -208,8 +208,8 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "ledger to be reconciled.",
                 "tasks.cancel (one versioned write with its event, dropping the lease); no "
                 "edge out of 'cancelled' in agent_transitions; the triggers "
-                "agent_operations_for_open_task and agent_operations_for_open_task_retry "
-                "(AG012)",
+                "agent_operations_for_open_task, agent_operations_for_open_task_retry, "
+                "agent_steps_guard and agent_outbox_for_open_task (AG012)",
             ),
             Guarantee(
                 "G21",
@@ -260,6 +260,19 @@ GUARANTEES: Final[Mapping[str, Guarantee]] = MappingProxyType(
                 "trigger agent_tasks_schedule_guard (AG017: a due tick of a schedule of the "
                 "task's tenant) and agent_tasks_schedule_fixed; agentdb_fire_schedule (the "
                 "schedule row locked, SKIP LOCKED); agent_schedules_next_tick_valid",
+            ),
+            Guarantee(
+                "G25",
+                "a step is recorded once, under its lease",
+                "A durable handler's step is recorded once per task and name, only under the "
+                "task's current lease and while the task runs within its deadline; a recorded "
+                "step never changes (a wait is finished once), its arguments' hash is bound to "
+                "its name, and a signal is taken by one step at most - so a re-entered handler "
+                "replays what was recorded and never another call's result.",
+                "agent_steps_pkey (tenant_id, task_id, name); agent_steps_signal_key; the "
+                "trigger agent_steps_guard (AG018; AG012, AG013); the lease fence of "
+                "step_insert, step_finish and step_take_signal; agent_steps_result_valid and "
+                "agent_steps_result_no_secrets (G9)",
             ),
         )
     }

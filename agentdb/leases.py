@@ -18,7 +18,7 @@ from agentdb._db.jsonb import TEXT_CAP
 from agentdb.errors import ConfigurationError
 from agentdb.models import Lease, Task
 
-__all__ = ["Release", "bury_exhausted", "claim", "expire_deadlines", "release", "renew"]
+__all__ = ["Release", "bury_exhausted", "claim", "expire_deadlines", "held", "release", "renew"]
 
 _Q = _db.queries(__name__)
 
@@ -114,6 +114,21 @@ async def renew(db: _db.Executor, lease: Lease, *, lease_ttl: timedelta | None =
     if row is None:
         raise await _explain.task_write(db, lease.tenant_id, lease.task_id, None, lease)
     return Lease(lease.tenant_id, lease.task_id, lease.owner, lease.token, row["lease_expires_at"])
+
+
+async def held(
+    db: _db.Executor, owner: str, tasks: Sequence[tuple[uuid.UUID, uuid.UUID]]
+) -> dict[uuid.UUID, int]:
+    """Of ``tasks`` (tenant id, task id), those ``owner`` still holds, with each one's lease
+    token: a task missing, or under another token, was cancelled (G20), swept past its
+    deadline (G21) or taken over (G12)."""
+    if not tasks:
+        return {}
+    rows = await _db.fetch_many(
+        db, _Q["lease_held"], tenant_ids=[t for t, _ in tasks], ids=[i for _, i in tasks],
+        lease_owner=owner,
+    )  # fmt: skip
+    return {r["id"]: r["lease_token"] for r in rows}
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from agentdb import _db, _explain, _routed, budgets, schema, telemetry
-from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
+from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP
+from agentdb._db.jsonb import value as json_value
 from agentdb.budgets import Cost
 from agentdb.errors import (
     AgentDBError,
@@ -291,7 +292,7 @@ async def _settle(
     actor: str | None,
     event_type: str,
     provider_reference: str | None = None,
-    result: Mapping[str, Any] | None = None,
+    result: Any = None,
     error: str | None = None,
     cost: Cost | None = None,
 ) -> Operation:
@@ -302,7 +303,7 @@ async def _settle(
         "from_states": list(from_states),
         "to_state": to_state,
         "provider_reference": provider_reference,
-        "result": document(result, cap=OBJECT_CAP, what="operation result"),
+        "result": json_value(result, cap=OBJECT_CAP, what="operation result"),
         "error": error[:TEXT_CAP] if error is not None else None,
         "actor_id": actor or (lease.owner if lease else "agentdb"),
         "event_type": event_type,
@@ -341,7 +342,7 @@ async def complete(
     db: _db.Executor,
     op: Operation,
     *,
-    result: Mapping[str, Any] | None = None,
+    result: Any = None,
     provider_reference: str | None = None,
     lease: Lease | None = None,
     cost: Cost | None = None,
@@ -439,7 +440,7 @@ async def reconcile(
     *,
     succeeded: bool,
     provider_reference: str,
-    result: Mapping[str, Any] | None = None,
+    result: Any = None,
     error: str | None = None,
     lease: Lease | None = None,
     cost: Cost | None = None,

@@ -33,7 +33,7 @@ from typing import Any
 
 from agentdb.errors import ConfigurationError
 
-__all__ = ["DEFAULT", "MASK", "Redactor", "configure", "redact"]
+__all__ = ["DEFAULT", "MASK", "Redactor", "configure", "mask", "redact"]
 
 MASK = "[redacted]"
 _PASSES = 64
@@ -100,7 +100,7 @@ class Redactor:
         out += (value[done:start], MASK, value[end:])
         return "".join(out)
 
-    def _string(self, value: str) -> Any:
+    def _string(self, value: str, refs: bool = True) -> Any:
         masked = self._mask(value)
         # A secret glued to the one before it hid behind that one's lookbehind;
         # once the first is masked it follows "]", where the database's check
@@ -112,14 +112,14 @@ class Redactor:
                 break
             masked = again
         size = len(masked.encode("utf-8"))
-        if size > self.max_value_bytes:
+        if refs and size > self.max_value_bytes:
             digest = hashlib.sha256(value.encode("utf-8")).hexdigest()
             return {"$ref": f"sha256:{digest}", "bytes": len(value.encode("utf-8"))}
         return masked
 
-    def _walk(self, value: Any) -> Any:
+    def _walk(self, value: Any, refs: bool = True) -> Any:
         if isinstance(value, str):
-            return self._string(value)
+            return self._string(value, refs)
         if isinstance(value, Mapping):
             out: dict[str, Any] = {}
             for i, (key, item) in enumerate(value.items()):
@@ -132,10 +132,10 @@ class Redactor:
                 name = key
                 if self._values.search(name):
                     name = f"[redacted key {i}]"
-                out[name] = MASK if self._key.search(name) else self._walk(item)
+                out[name] = MASK if self._key.search(name) else self._walk(item, refs)
             return out
         if isinstance(value, list | tuple):
-            return [self._walk(v) for v in value]
+            return [self._walk(v, refs) for v in value]
         return value
 
     def redact(self, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,6 +155,22 @@ class Redactor:
         return result
 
 
+    def mask(self, value: Any) -> Any:
+        """A copy of ``value`` (any JSON) with its secrets masked - keys that name one, values
+        that look like one - and nothing else changed: no string is replaced by a reference,
+        however long. For what must be read back as it was (a step's result, G25).
+
+        Raises:
+            ConfigurationError: as :meth:`redact`.
+        """
+        try:
+            return self._walk(value, refs=False)
+        except RecursionError:
+            raise ConfigurationError("the value is nested too deeply") from None
+        except UnicodeEncodeError as exc:
+            raise ConfigurationError(f"the value is not valid Unicode: {exc}") from None
+
+
 DEFAULT = Redactor()
 _current = DEFAULT
 
@@ -168,3 +184,8 @@ def configure(redactor: Redactor) -> None:
 def redact(payload: Mapping[str, Any]) -> dict[str, Any]:
     """Redact ``payload`` with the configured :class:`Redactor`."""
     return _current.redact(payload)
+
+
+def mask(value: Any) -> Any:
+    """Mask the secrets in ``value`` with the configured :class:`Redactor` (:meth:`Redactor.mask`)."""
+    return _current.mask(value)

@@ -48,6 +48,7 @@ _KEY = {
     "agent_budget_holds": "budget_id",
     "agent_rate_limits": "action",
     "agent_global_rate_limits": "action",
+    "agent_steps": "name",
 }
 
 

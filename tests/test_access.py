@@ -35,6 +35,7 @@ AGENT_SCOPED = (
     "agent_events",
     "agent_artifacts",
     "agent_signals",
+    "agent_steps",
 )
 TENANT_TABLES = (
     "agent_tenants",
@@ -51,6 +52,7 @@ TENANT_TABLES = (
     "agent_rate_limits",
     "agent_signals",
     "agent_schedules",
+    "agent_steps",
 )
 # Table names below come from the constants above, never from data.
 _COUNT = (
@@ -68,6 +70,14 @@ async def _seed(conn: asyncpg.Connection, tenant: uuid.UUID) -> None:
     task_id = await F.create_task(conn, tenant)
     op_id = await F.create_operation(conn, tenant, task_id)
     await F.signal(conn, tenant, task_id)
+    # A step is written under the task's lease (G25): the task is claimed first.
+    await F.claim_task(conn, tenant, task_id)
+    await F.insert(
+        conn,
+        "agent_steps",
+        {"tenant_id": tenant, "task_id": task_id, "name": "plan", "kind": "step",
+         "input_hash": F.HASH, "lease_token": 1},
+    )  # fmt: skip
     await F.insert(conn, "agent_outbox", {"tenant_id": tenant, "topic": "t", "task_id": task_id})
     await F.insert(
         conn, "agent_inbox", {"tenant_id": tenant, "consumer": "c", "message_id": uuid.uuid4()}
@@ -421,8 +431,8 @@ async def test_G15_owner_without_createrole_and_no_roles_then_grant(
                 " OR polname LIKE '%agent_scope'"
             ).fetchone()
         # 0014 adds the budget tables' runtime policies, 0020 the signals' runtime and agent
-        # ones, 0023 the schedules' runtime one
-        assert policies == (20,)
+        # ones, 0023 the schedules' runtime one, 0029 the steps' runtime and agent ones
+        assert policies == (22,)
 
 
 def test_cli_wrong_password_is_one_line(
@@ -481,6 +491,7 @@ _TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
         "agent_global_rate_limits": "INSERT,SELECT,UPDATE",
         "agent_signals": "INSERT,SELECT",
         "agent_schedules": "INSERT,SELECT,UPDATE",
+        "agent_steps": "INSERT,SELECT,UPDATE",
     },
     "agentdb_agent": {
         "agent_tenants": "SELECT",
@@ -491,6 +502,8 @@ _TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
         "agent_artifacts": "SELECT",
         # G22: plain signals to its own tenant's tasks (agent_signals_agent_send), no approvals.
         "agent_signals": "INSERT,SELECT",
+        # G25: reads its own tenant's steps; writes none (a step needs the task's lease).
+        "agent_steps": "SELECT",
     },
     STRANGER: {"agent_tasks": "SELECT", "agent_events": "SELECT"},  # granted by the test setup
 }

@@ -858,6 +858,87 @@ def _retick(column: str) -> Step:
 
 _TENANT_A_ACTION = lambda c: f"g-{c.a}"  # noqa: E731 - one global action per test
 
+def _step_row(
+    *,
+    task_state: str | None = None,
+    deadline: datetime | None = None,
+    claimed: bool = True,
+    signals: int = 0,
+    on: str = "fresh",
+    then: dict[str, Any] | None = None,
+    **row: Any,
+) -> Step:
+    """A raw step (``row`` overrides its columns) of a fresh task of tenant a, claimed under
+    lease token 1 (unless not ``claimed``), sent ``signals`` signals first, or moved to
+    ``task_state`` (after its claim is given back), given ``deadline``; ``on="b"`` aims it at
+    tenant b's task while the row says tenant a. ``then``: an UPDATE of the step after it."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        task_id = await F.create_task(conn, ctx.a, deadline_at=deadline)
+        for _ in range(signals):
+            await F.signal(conn, ctx.a, task_id)
+        if claimed:
+            await F.claim_task(conn, ctx.a, task_id)
+        if task_state:
+            await F.update_task(
+                conn, ctx.a, task_id, state=task_state, state_version=2, lease_owner=None,
+                lease_acquired_at=None, lease_expires_at=None,
+            )  # fmt: skip
+        values = {
+            "tenant_id": ctx.a,
+            "task_id": task_id if on == "fresh" else ctx.task_b,
+            "name": "plan",
+            "kind": "step",
+            "input_hash": H,
+            "lease_token": 1,
+            **_resolve(ctx, row),
+        }
+        name = await F.insert(conn, "agent_steps", values)
+        if then:
+            sets = ", ".join(f"{col} = ${i}" for i, col in enumerate(then, start=4))
+            await conn.execute(
+                f"UPDATE agent_steps SET {sets} WHERE tenant_id = $1 AND task_id = $2"  # noqa: S608
+                " AND name = $3",
+                ctx.a, task_id, name, *then.values(),
+            )  # fmt: skip
+        return name
+
+    return step
+
+
+def _two_steps(**second: Any) -> Step:
+    """Two raw steps of one claimed task of tenant a: ``plan``, then one with ``second``."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        task_id = await F.create_task(conn, ctx.a)
+        await F.signal(conn, ctx.a, task_id)
+        await F.claim_task(conn, ctx.a, task_id)
+        base = {"tenant_id": ctx.a, "task_id": task_id, "input_hash": H, "lease_token": 1}
+        await F.insert(
+            conn, "agent_steps", {**base, "name": "wait-1", "kind": "signal", "signal_seq": 1}
+        )
+        return await F.insert(conn, "agent_steps", {**base, "name": "plan", "kind": "step",
+                                                    **second})  # fmt: skip
+
+    return step
+
+
+def _message_for(task_state: str | None) -> Step:
+    """An outbox message, enqueued raw, naming a fresh task of tenant a - open, or moved to
+    ``task_state`` first."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        task_id = await F.create_task(conn, ctx.a)
+        if task_state:
+            await F.update_task(conn, ctx.a, task_id, state=task_state, state_version=1)
+        return await F.insert(
+            conn, "agent_outbox", {"tenant_id": ctx.a, "topic": "t", "task_id": task_id}
+        )
+
+    return step
+
+
+
 CASES: list[Case] = [
     # ---- tenants, principals, transitions: owner-managed ------------------------------
     Case("agent_tenants_pkey", "23505", tenant(id=FIXED), tenant(id=FIXED), role="admin"),
@@ -2086,6 +2167,112 @@ CASES: list[Case] = [
         _schedule(params='{"n": 1}'),
         _schedule(params="[1]"),
     ),
+    # ---- G25: a step is recorded once per task and name, under the task's lease ----------
+    Case("agent_steps_guard", "AG018", _step_row(), _step_row(lease_token=2)),
+    Case(
+        "agent_steps_guard",
+        "AG018",
+        _step_row(),
+        _step_row(claimed=False),
+        label="not-running",
+    ),
+    Case(
+        "agent_steps_guard",
+        "AG018",
+        _step_row(kind="sleep", state="waiting", wake_at=FUTURE, then={"state": "done"}),
+        _step_row(kind="sleep", state="waiting", wake_at=FUTURE, then={"wake_at": PAST}),
+        label="changed",
+    ),
+    Case(
+        "agent_steps_guard",
+        "AG018",
+        _step_row(kind="signal", state="waiting", then={"state": "done"}),
+        _step_row(result='{"n": 1}', then={"result": '{"n": 2}'}),
+        label="recorded",
+    ),
+    Case(
+        "agent_steps_guard",
+        "AG018",
+        _step_row(signals=1, kind="signal", signal_seq=1),
+        _step_row(signals=1, kind="signal", signal_seq=2),
+        label="no-signal",
+    ),
+    Case("agent_steps_guard", "AG012", _step_row(), _step_row(task_state="cancelled")),
+    Case(
+        "agent_steps_guard",
+        "AG013",
+        _step_row(deadline=FUTURE),
+        _step_row(claimed=False, deadline=PAST),
+    ),
+    Case("agent_steps_pkey", "23505", _two_steps(), _two_steps(name="wait-1")),
+    Case(
+        "agent_steps_signal_key",
+        "23505",
+        _two_steps(),
+        _two_steps(kind="signal", signal_seq=1),
+    ),
+    Case("agent_steps_task_fkey", "23503", _step_row(), _step_row(on="b")),
+    Case(
+        "agent_steps_waits_valid",
+        "23514",
+        _step_row(kind="children", state="waiting"),
+        _step_row(kind="step", state="waiting"),
+    ),
+    Case(
+        "agent_steps_waits_valid",
+        "23514",
+        _step_row(kind="sleep", state="waiting", wake_at=FUTURE),
+        _step_row(kind="sleep", state="waiting"),
+        label="sleep-end",
+    ),
+    Case(
+        "agent_steps_waits_valid",
+        "23514",
+        _step_row(signals=1, kind="signal", signal_seq=1),
+        _step_row(signals=1, kind="step", signal_seq=1),
+        label="taker",
+    ),
+    Case("agent_steps_name_valid", "23514", _step_row(name="p"), _step_row(name=""), role="replica"),
+    Case(
+        "agent_steps_kind_valid", "23514", _step_row(kind="step"), _step_row(kind="loop"),
+        role="replica",
+    ),
+    Case(
+        "agent_steps_state_valid",
+        "23514",
+        _step_row(kind="sleep", state="waiting", wake_at=FUTURE),
+        _step_row(kind="sleep", state="paused", wake_at=FUTURE),
+        role="replica",
+    ),
+    Case(
+        "agent_steps_lease_token_valid",
+        "23514",
+        _step_row(lease_token=1),
+        _step_row(lease_token=0),
+        role="replica",
+    ),
+    Case(
+        "agent_steps_input_hash_format",
+        "23514",
+        _step_row(input_hash=H),
+        _step_row(input_hash="nothex"),
+    ),
+    Case("agent_steps_result_valid", "23514", _step_row(result='{"n": 1}'), _step_row(result=BIG)),
+    Case(
+        "agent_steps_result_no_secrets",
+        "23514",
+        _step_row(result='{"password": "[redacted]"}'),
+        _step_row(result='{"password": "hunter2"}'),
+    ),
+    # ---- G20: no message for a cancelled task, whoever enqueues it ------------------------
+    Case("agent_outbox_for_open_task", "AG012", _message_for(None), _message_for("cancelled")),
+    Case(
+        "agent_outbox_for_open_task",
+        "AG012",
+        _message_for("dead"),
+        _message_for("cancelled"),
+        label="dead",
+    ),
 ]
 
 
@@ -2182,6 +2369,7 @@ _BY_SQLSTATE: dict[str, type[errors.InvariantViolation]] = {
     "AG015": errors.SignalIsolationViolation,
     "AG016": errors.FanInIsolationViolation,
     "AG017": errors.ScheduleRuleViolation,
+    "AG018": errors.StepRuleViolation,
     "23503": errors.TenantMismatch,
     "23505": errors.DuplicateKey,
     "23514": errors.InvariantViolation,
@@ -2193,6 +2381,8 @@ _BY_NAME: dict[str, type[errors.InvariantViolation]] = {
     "agent_outbox_payload_size": errors.PayloadTooLarge,
     "agent_signals_payload_valid": errors.PayloadTooLarge,
     "agent_schedules_params_valid": errors.PayloadTooLarge,
+    "agent_steps_result_valid": errors.PayloadTooLarge,
+    "agent_steps_result_no_secrets": errors.SecretInPayload,
     "agent_events_payload_no_secrets": errors.SecretInPayload,
     "agent_budgets_within_limit": errors.BudgetExceeded,
     "agent_rate_limits_within_limit": errors.RateLimited,

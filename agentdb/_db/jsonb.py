@@ -9,7 +9,7 @@ from typing import Any
 
 from agentdb.errors import ConfigurationError, PayloadTooLarge
 
-__all__ = ["EVENT_PAYLOAD_CAP", "OBJECT_CAP", "TEXT_CAP", "document"]
+__all__ = ["EVENT_PAYLOAD_CAP", "OBJECT_CAP", "TEXT_CAP", "document", "value"]
 
 _NUL = re.compile(r"(?:^|[^\\])(?:\\\\)*\\u0000")
 
@@ -22,7 +22,7 @@ OBJECT_CAP = 65536
 TEXT_CAP = 4000
 
 
-def _key_not_text(value: Mapping[str, Any]) -> object:
+def _key_not_text(value: Mapping[str, Any] | list[Any] | tuple[Any, ...]) -> object:
     """The first object key under ``value`` that is not a string, else ``_TEXT``."""
     pending: list[Any] = [value]
     while pending:
@@ -57,7 +57,23 @@ def document(value: Mapping[str, Any] | None, *, cap: int, what: str) -> str | N
         )
     # json.dumps would write the key 1 as "1" (None as "null"): stored under
     # another name, and {1: "a", "1": "b"} would lose "a" in jsonb.
-    key = _key_not_text(value)
+    return _encode(value, cap=cap, what=what)
+
+
+def value(value: Any, *, cap: int, what: str) -> str | None:
+    """Encode any JSON value (an object, an array, a string, a number, a boolean) for a jsonb
+    parameter, as :func:`document` does an object; ``None`` is SQL NULL.
+
+    Raises:
+        as :func:`document`.
+    """
+    if value is None:
+        return None
+    return _encode(value, cap=cap, what=what)
+
+
+def _encode(value: Any, *, cap: int, what: str) -> str:
+    key = _key_not_text(value) if isinstance(value, dict | list | tuple) else _TEXT
     if key is not _TEXT:
         raise ConfigurationError(
             f"{what} has an object key that is not a string: {key!r} ({type(key).__name__})"

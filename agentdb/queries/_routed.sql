@@ -503,6 +503,9 @@ SET state = $4,
     wait_signal = CASE WHEN $4 = 'waiting' THEN $11 END,
     signal_cursor = coalesce($12, t.signal_cursor),
     wait_children = CASE WHEN $4 = 'waiting' THEN $13::int4 END,
+    -- As task_transition: a run that ends waiting gives its attempt back.
+    attempts = CASE WHEN $4 = 'waiting' AND prior.state = 'running'
+                    THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
     updated_at = now()
 FROM prior
 WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3

@@ -310,6 +310,20 @@ WITH upd AS (
 )
 SELECT state, state_version, wake_at, attempts FROM upd;
 
+-- name: lease_held :many
+-- Which of the tasks $2 (in tenants $1) worker $3 still runs, with the lease
+-- token it holds each by: the worker's lease watch asks once a second while
+-- it runs jobs, so a cancel (G20) or the deadline sweep (G21) - which drop
+-- the lease in their own write - stops a handler within about a second,
+-- not after a third of its lease. One row per task still held; a task that
+-- is not among them, or under another token, is no longer this worker's.
+-- On Citus, tenant_id = ANY ($1) prunes the read to the tenants' shards.
+-- guarantee: G12, G20, G21
+-- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 lease_owner text
+SELECT id, lease_token
+FROM agent_tasks
+WHERE tenant_id = ANY ($1) AND id = ANY ($2) AND lease_owner = $3;
+
 -- name: lease_renew :one
 -- Extend the caller's lease. Changes only lease_expires_at (and updated_at),
 -- so it does not bump state_version (the one exception the version guard

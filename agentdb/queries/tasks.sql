@@ -157,6 +157,10 @@ WITH prior AS (
         wait_signal = CASE WHEN $4 = 'waiting' THEN $19 END,
         signal_cursor = coalesce($20, t.signal_cursor),
         wait_children = CASE WHEN $4 = 'waiting' THEN $21::int4 END,
+        -- A run that ends waiting gives its attempt back: attempts count the runs that
+        -- failed or crashed, so a handler that waits often is not worn out by it.
+        attempts = CASE WHEN $4 = 'waiting' AND prior.state = 'running'
+                        THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
         updated_at = now()
     FROM prior
     WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3

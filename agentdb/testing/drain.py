@@ -30,7 +30,8 @@ __all__ = ["DrainTimeout", "Drained", "drain", "split_handlers"]
 _LEFT = (
     "SELECT id, tenant_id, task_type, state, attempts, wake_at, last_error FROM agent_tasks"
     " WHERE task_type = ANY ($1) AND (state = 'running'"
-    " OR (state = 'pending' AND wake_at <= now() + $2::interval)) ORDER BY created_at"
+    " OR (state IN ('pending', 'waiting') AND wake_at <= now() + $2::interval))"
+    " ORDER BY created_at"
 )
 
 
@@ -112,7 +113,8 @@ async def drain(
     ``db`` is a pool, a :class:`Database` (the ``agentdb_db`` fixture) or a DSN.
     Work left means a task running, or pending and due within ``horizon``
     (retries back off from ``retry_base`` seconds, so they come due at once);
-    tasks waiting on purpose (``Wait``, a far ``wake_at``) do not keep it going.
+    tasks waiting on purpose (``Wait`` for a signal or children, a far ``wake_at``) do not
+    keep it going; a wait that ends within ``horizon`` (a short ``job.sleep``) does.
     With ``publisher``, the outbox is then relayed to it until nothing is due.
     Recording fakes (:class:`~agentdb.testing.RecordingProvider`) called by the
     handlers record through the drain's pool.

@@ -75,7 +75,7 @@ from agentdb.errors import (
 from agentdb.models import Task
 from agentdb.worker.completer import ALONE, Success, successes
 from agentdb.worker.job import Job
-from agentdb.worker.outcomes import Fail, Outcome, Retry, Succeed, Wait
+from agentdb.worker.outcomes import Fail, Outcome, Parked, Retry, Succeed, Wait
 
 if TYPE_CHECKING:
     from agentdb.worker.loop import WorkerStats
@@ -230,7 +230,11 @@ class Finisher:
                     wake_at=outcome.until,
                     step=step,
                     wait_signal=outcome.signal,
-                    signals_read=job.signals_read,
+                    # Only a wait for a signal moves the cursor past what the run read: a
+                    # run that waits for its children or a time reads the same signals
+                    # again when it is re-entered from the top (an approval read before
+                    # a fan-out is still there after it).
+                    signals_read=job.signals_read if outcome.signal is not None else None,
                     wait_children=want,
                 ),
                 lands_in=("waiting",),
@@ -264,7 +268,11 @@ class Finisher:
                 wake_at=wake_at,
                 error=error,
                 refund_attempt=outcome.refund_attempt,
-                event_type="task.rate_limited" if outcome.refund_attempt else "task.retry",
+                event_type="task.parked"
+                if isinstance(outcome, Parked)
+                else "task.rate_limited"
+                if outcome.refund_attempt
+                else "task.retry",
             ),
             lands_in=("pending", "dead"),
         )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from agentdb import _db, _faults, children, operations, signals, telemetry
+from agentdb import _db, _faults, children, operations, signals, steps, telemetry
 from agentdb.batch import Completion, ReserveRequest
 from agentdb.errors import (
     AgentDBError,
@@ -22,17 +23,21 @@ from agentdb.errors import (
 from agentdb.models import Lease, Operation, Reservation, Signal, Task
 from agentdb.operations import Cost
 from agentdb.worker.completer import GroupCommit
-from agentdb.worker.outcomes import ReconcileHook
+from agentdb.worker.durable import Durable, Reconcile
+from agentdb.worker.outcomes import MANUAL, Reconciler
 
 __all__ = ["Job"]
 
 
-class Job:
+class Job(Durable):
     """One claimed task, for the duration of one attempt.
 
     Every write made through it is fenced by the current lease. ``task`` is
     the row as claimed; ``lease`` the latest renewal (the worker's heartbeat
-    replaces it).
+    replaces it). The straight-line API - :meth:`step`, :meth:`effect`,
+    :meth:`wait_for_signal`, :meth:`sleep`, :meth:`run_children` - is
+    :mod:`agentdb.worker.durable`'s; below it, :meth:`reserve` and the settling
+    methods for handlers that keep their own state.
     """
 
     def __init__(
@@ -40,7 +45,8 @@ class Job:
         pool: _db.Pool,
         task: Task,
         *,
-        reconcilers: Mapping[str, ReconcileHook],
+        reconcilers: Mapping[str, Reconciler],
+        definite: tuple[type[BaseException], ...] = (),
         on_reconciled: Callable[[], None] = lambda: None,
         completions: GroupCommit[Completion, Operation] | None = None,
         reservations: GroupCommit[ReserveRequest, Reservation] | None = None,
@@ -58,6 +64,8 @@ class Job:
         self.cancelled = False
         #: the lease went with the deadline sweep (G21).
         self.past_deadline = False
+        #: set by the worker's lease watch: renew now (the lease looks gone).
+        self.nudge = asyncio.Event()
         self._reconcilers = reconcilers
         self._on_reconciled = on_reconciled
         #: the worker's group commits of completions and reservations; None: each alone.
@@ -66,6 +74,11 @@ class Job:
         self._fresh: dict[uuid.UUID, Operation] = {}
         #: the last signal ``seq`` this attempt read (None: it read none).
         self.signals_read: int | None = None
+        #: what earlier runs recorded (steps and effects), read on the first named call.
+        self._ledger: steps.Ledger | None = None
+        #: exceptions an effect's function raises when the provider did nothing (the
+        #: worker's ``definite=``; NotPerformed always is one).
+        self._definite = definite
 
     async def spawn(
         self, task_type: str, key: str, params: Mapping[str, Any] | None = None, **create: Any
@@ -103,13 +116,19 @@ class Job:
         ``cost`` holds an estimate on the tenant's (and task's) budgets (G19).
 
         If an earlier attempt of this task left the key reserved, in flight or
-        unknown, its outcome is first reconciled through the hook registered
-        for ``action``; without a hook (or when the hook cannot tell) the
-        operation is marked 'unknown' and :class:`OperationUnsettled` is raised,
-        so the provider is never called twice blindly.
+        unknown (it crashed, or raised before recording what the provider said),
+        its outcome is settled first (G13): by the reconcile hook registered for
+        ``action``; with :data:`MANUAL` registered instead, the operation is
+        marked 'unknown' and :class:`OperationUnsettled` is raised (the worker
+        parks the task until an operator settles it); with neither, the
+        reservation is handed back ``fresh`` once more, marked unknown and then
+        in flight in the ledger (``operation.unknown``, ``operation.started``):
+        call the provider again **with the same idempotency key** - a repeat the
+        provider's key makes safe, and the only way to learn the outcome without
+        a hook.
 
         Raises:
-            OperationUnsettled: as above; the worker retries the task later.
+            OperationUnsettled: as above; the worker parks the task.
             OperationInFlight: the key is held by another task's unsettled operation.
             IdempotencyConflict: the key was used for a different input.
             LeaseLost: the lease is gone; the worker stops the job.
@@ -117,12 +136,21 @@ class Job:
             RateLimited: the action is over its rate limit; unhandled, the worker
                 retries the task when the window ends, without spending an attempt.
         """
+        return await self._reserve_effect(idempotency_key, action, input, cost, None)
+
+    async def _reserve_effect(
+        self, key: str, action: str, input: Any, cost: Cost | None, policy: Reconcile
+    ) -> Reservation:
+        """:meth:`reserve`, settling an earlier attempt's operation by ``policy`` (a hook,
+        MANUAL, or None: the worker's hook for the action, else a repeat with the key)."""
         try:
-            res = await self._reserve(idempotency_key, action, input, cost)
+            res = await self._reserve(key, action, input, cost)
         except OperationInFlight as busy:
-            if busy.operation.task_id != self.task.id:
-                raise  # another task's operation: genuinely in flight elsewhere
-            res = await self._recover(busy.operation, idempotency_key, action, input, cost)
+            if busy.operation.task_id != self.task.id or busy.operation.id in self._fresh:
+                # Another task's operation, or this attempt's own: genuinely in flight.
+                raise
+            chosen = policy if policy is not None else self._reconcilers.get(busy.operation.action)
+            res = await self._recover(busy.operation, key, action, input, cost, chosen)
         if res.fresh:
             self._fresh[res.operation.id] = res.operation
             _faults.point("after_reserve")
@@ -163,25 +191,38 @@ class Job:
         return Reservation(mine, fresh=True)
 
     async def _recover(
-        self, op: Operation, key: str, action: str, input: Any, cost: Cost | None
+        self,
+        op: Operation,
+        key: str,
+        action: str,
+        input: Any,
+        cost: Cost | None,
+        policy: Reconciler | None,
     ) -> Reservation:
         # We hold the task's lease, so the attempt that reserved this operation
         # is fenced out: its outcome is whatever the provider recorded.
-        hook = self._reconcilers.get(op.action)
-        found = await hook(op) if hook is not None else None
-        if hook is not None and found is None:
+        if policy == MANUAL or policy is None:
+            if op.state != "unknown":
+                op = await operations.mark_unknown(
+                    self.pool, op, error="left unsettled by an attempt that stopped",
+                    lease=self.lease,
+                )  # fmt: skip
+            if policy == MANUAL:
+                raise OperationUnsettled(op)
+            # No hook to ask: the provider's idempotency key answers a repeat with the
+            # first call's effect, so calling it again with the same key is how the
+            # outcome is learned - recorded as such (unknown, then started), never blind.
+            return Reservation(
+                await operations.start(self.pool, op, lease=self.lease), fresh=True
+            )
+        found = await policy(op)
+        if found is None:
             # The provider has no record: the effect never happened.
             await operations.fail(
                 self.pool, op, "no effect found at the provider", lease=self.lease
             )
             self._on_reconciled()
             return await self._reserve(key, action, input, cost)
-        if found is None:
-            if op.state != "unknown":
-                op = await operations.mark_unknown(
-                    self.pool, op, error="left unsettled by a crashed attempt", lease=self.lease
-                )
-            raise OperationUnsettled(op)
         settled = await operations.reconcile(
             self.pool,
             op,
@@ -200,7 +241,7 @@ class Job:
         self,
         op: Operation,
         *,
-        result: Mapping[str, Any] | None = None,
+        result: Any = None,
         provider_reference: str | None = None,
         cost: Cost | None = None,
     ) -> Operation:

@@ -52,13 +52,15 @@ from agentdb.errors import (
     TransientError,
 )
 from agentdb.worker.completer import completions, reservations
+from agentdb.worker.durable import Suspended
 from agentdb.worker.finish import Finisher, abandon, storable
 from agentdb.worker.job import Job
 from agentdb.worker.outcomes import (
     Fail,
     Handler,
     Outcome,
-    ReconcileHook,
+    Parked,
+    Reconciler,
     Retry,
     check_handlers,
     outcome_of,
@@ -100,6 +102,8 @@ class WorkerStats:
     released_on_shutdown: int = 0
     #: attempts a rate limit refused (G19): retried at the window's end, attempt refunded.
     rate_limited: int = 0
+    #: attempts parked for an operator (an unknown outcome of a MANUAL effect, G13).
+    parked: int = 0
     #: outcomes the caps or the database refused (the task was failed instead).
     refused: int = 0
     #: leases released because the finishing write kept failing.
@@ -128,7 +132,7 @@ async def _call(handler: Handler, job: Job) -> object:
                 "awaitable (it ran synchronously, on the event loop)"
             )
         return await pending
-    except (Exception, asyncio.CancelledError):
+    except (Exception, asyncio.CancelledError, Suspended):
         raise
     except BaseException as exc:
         raise _Escaped(describe(exc)) from exc
@@ -159,7 +163,8 @@ class Worker:
         pool: _db.Pool,
         handlers: Mapping[str, Handler],
         *,
-        reconcilers: Mapping[str, ReconcileHook] | None = None,
+        reconcilers: Mapping[str, Reconciler] | None = None,
+        definite: tuple[type[BaseException], ...] = (),
         worker_id: str | None = None,
         concurrency: int = 4,
         lease_ttl: timedelta | None = None,
@@ -170,6 +175,8 @@ class Worker:
         maintenance_interval: float = 10.0,
         retry_base: float = 1.0,
         retry_cap: float = 300.0,
+        park_interval: float = 60.0,
+        watch_interval: float = 1.0,
     ) -> None:
         if not handlers:
             raise ConfigurationError("a worker needs at least one handler")
@@ -188,7 +195,13 @@ class Worker:
             retry_base=retry_base,
             retry_cap=retry_cap,
             maintenance_interval=maintenance_interval,
+            park_interval=park_interval,
+            watch_interval=watch_interval,
         )
+        if not all(isinstance(d, type) and issubclass(d, BaseException) for d in definite):
+            raise ConfigurationError(
+                f"definite= names exception classes (a provider's refusals), not {definite!r}"
+            )
         if not shutdown_grace >= 0:  # also catches NaN, with which stop() never returned
             raise ConfigurationError(
                 f"shutdown_grace must be 0 seconds or more, not {shutdown_grace!r}"
@@ -197,6 +210,9 @@ class Worker:
         self.pool = pool
         self.handlers = dict(handlers)
         self.reconcilers = dict(reconcilers or {})
+        self.definite = tuple(definite)
+        self.park_interval = park_interval
+        self.watch_interval = watch_interval
         self.worker_id = worker_id or owner_id()
         self.concurrency = concurrency
         self.lease_ttl = lease_ttl
@@ -262,6 +278,7 @@ class Worker:
                 self.concurrency,
             )
             next_maintenance = 0.0
+            watch = asyncio.create_task(self._watch())
             try:
                 while not self._stopping.is_set():
                     self._wake.clear()
@@ -273,6 +290,7 @@ class Worker:
                         continue  # more may be due right now
                     await nap(self._wake, self.poll_interval)
             finally:
+                watch.cancel()
                 await self._shutdown()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
         if self._fatal is not None:
@@ -333,8 +351,9 @@ class Worker:
         for task in claimed:
             self.stats.claimed += 1
             job = Job(
-                self.pool, task, reconcilers=self.reconcilers, on_reconciled=self._reconciled,
-                completions=self._completions, reservations=self._reservations,
+                self.pool, task, reconcilers=self.reconcilers, definite=self.definite,
+                on_reconciled=self._reconciled, completions=self._completions,
+                reservations=self._reservations,
             )  # fmt: skip
             runner = asyncio.create_task(self._run_job(job))
             self._running[runner] = job
@@ -358,6 +377,10 @@ class Worker:
         try:
             try:
                 outcome = self._verdict(job, await work)
+            except Suspended as suspended:
+                # A durable wait (job.wait_for_signal, sleep, run_children): the task
+                # sleeps on what it waits for, holding no worker.
+                outcome = suspended.wait
             except asyncio.CancelledError:
                 if job.lease_lost:
                     await self._lost(job, "handler stopped")
@@ -379,7 +402,7 @@ class Worker:
             except IdempotencyConflict as exc:
                 # The handler reused a key for a different request: another attempt
                 # would only conflict again.
-                outcome = Fail(f"IdempotencyConflict: {exc}")
+                outcome = Fail(describe(exc))
             except _NotAwaitable as exc:
                 outcome = Fail(str(exc))
                 log.error("task %s (%s): %s", task.id, task.task_type, exc)
@@ -398,13 +421,21 @@ class Worker:
                 outcome = Retry(str(exc))
                 log.warning("task %s (%s) attempt %d raised %s", task.id, task.task_type,
                             task.attempts, exc, exc_info=exc.__cause__)  # fmt: skip
+            except OperationUnsettled as exc:
+                # G13: an effect declared MANUAL whose outcome is unknown waits for an
+                # operator; the task comes back every park_interval to look, its
+                # attempt refunded, so waiting never kills it.
+                outcome = Parked(
+                    storable(f"parked: {exc}; settle it with operations.reconcile"),
+                    timedelta(seconds=self.park_interval),
+                    refund_attempt=True,
+                )
+                self.stats.parked += 1
+                log.warning("task %s: %s; parked for an operator", task.id, exc)
             except Exception as exc:
                 outcome = Retry(describe(exc))
-                if isinstance(exc, OperationUnsettled):
-                    log.info("task %s: %s; retried later", task.id, outcome.error)
-                else:
-                    log.warning("task %s (%s) attempt %d raised %s", task.id, task.task_type,
-                                task.attempts, outcome.error, exc_info=exc)  # fmt: skip
+                log.warning("task %s (%s) attempt %d raised %s", task.id, task.task_type,
+                            task.attempts, outcome.error, exc_info=exc)  # fmt: skip
             beat.cancel()
             await self._finisher.finish(job, outcome)
         except Exception:
@@ -442,13 +473,39 @@ class Worker:
         else:
             log.warning("task %s: lease lost, %s; nothing more is written", job.task.id, when)
 
+    async def _watch(self) -> None:
+        """Once every ``watch_interval`` while jobs run, one statement asks which of their
+        leases are still this worker's; a job whose lease a cancel (G20), the deadline sweep
+        (G21) or a take-over (G12) took has its heartbeat renew now, which finds out why and
+        stops the handler - within about a second, not a third of a 5-minute lease. Never
+        raises: a failed look is tried again at the next tick (the heartbeat stays the
+        backstop)."""
+        while True:
+            await asyncio.sleep(self.watch_interval)
+            jobs = [j for j in self._running.values() if not j.lease_lost]
+            if not jobs:
+                continue
+            try:
+                held = await leases.held(
+                    self.pool, self.worker_id, [(j.task.tenant_id, j.task.id) for j in jobs]
+                )
+            except Exception as exc:
+                log.debug("lease watch skipped: %s", describe(exc))
+                continue
+            for job in jobs:
+                if held.get(job.task.id) != job.lease.token:
+                    job.nudge.set()
+
     async def _heartbeat(self, job: Job, work: asyncio.Task[Any]) -> None:
         ttl = (
             job.lease.expires_at - (job.task.lease_acquired_at or datetime.now(UTC))
         ).total_seconds()
         interval = max(0.05, ttl / 3)
         while True:
-            await asyncio.sleep(interval)
+            # Every third of the TTL, or at once when the lease watch saw the lease go.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(job.nudge.wait(), interval)
+            job.nudge.clear()
             try:
                 job.lease = await leases.renew(
                     self.pool, job.lease, lease_ttl=timedelta(seconds=ttl)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agentdb._runtime import is_async_callable
 from agentdb.errors import ConfigurationError
@@ -47,11 +47,14 @@ if TYPE_CHECKING:
     from agentdb.worker.job import Job
 
 __all__ = [
+    "MANUAL",
     "Fail",
     "Handler",
     "Outcome",
+    "Parked",
     "ReconcileHook",
     "Reconciled",
+    "Reconciler",
     "Retry",
     "Succeed",
     "Wait",
@@ -79,6 +82,13 @@ class Retry:
     after: timedelta | None = None
     #: Give the attempt back (a rate limit refused it before anything ran, G19).
     refund_attempt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Parked(Retry):
+    """Given back to wait for an operator (an effect declared ``MANUAL`` whose outcome is
+    unknown, G13): due again after ``after``, its attempt refunded (the parked run did
+    nothing), event ``task.parked`` - until the operation is settled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +136,22 @@ class Reconciled:
 
     succeeded: bool
     provider_reference: str
-    result: Mapping[str, Any] | None = None
+    result: Any = None
     error: str | None = None
 
 
 #: ``async def hook(op) -> Reconciled | None``; ``None`` means "the provider
 #: has no record of it": the effect did not happen and may be attempted again.
 ReconcileHook = Callable[[Operation], Awaitable[Reconciled | None]]
+
+#: In place of a reconcile hook (``reconcilers={"wire": MANUAL}``, or an effect's
+#: ``reconcile=MANUAL``): an unknown outcome of the action waits for an operator, who
+#: settles it with :func:`agentdb.operations.reconcile`; the task is parked until then.
+#: Without a hook and without MANUAL, the next attempt calls the provider again with the
+#: same idempotency key - the repeat the provider's key makes safe (G13).
+MANUAL: Final = "manual"
+#: A reconcile hook, or :data:`MANUAL`.
+Reconciler = ReconcileHook | Literal["manual"]
 
 
 _OUTCOMES = (Succeed, Retry, Wait, Fail)
@@ -169,9 +188,12 @@ def check_handlers(
         for name, fn in table.items():
             if not isinstance(name, str) or not name:
                 raise ConfigurationError(f"{kind} {key} {name!r} must be a non-empty string")
+            if kind == "reconcile hook" and fn == MANUAL:
+                continue
             if not is_async_callable(fn):
                 got = f"{type(fn).__name__} {getattr(fn, '__qualname__', '')}".strip()
                 raise ConfigurationError(
                     f"{kind} for {key} {name!r} is not an async callable (got {got}): "
                     "it must be an async def, or an object whose __call__ is one"
+                    + (", or MANUAL" if kind == "reconcile hook" else "")
                 )
