@@ -7,7 +7,7 @@ apart because its statements are its own (``queries/batch.sql``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 

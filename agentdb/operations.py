@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, TypeVar
 

@@ -154,7 +154,6 @@ class Redactor:
             raise ConfigurationError(f"the event payload is not valid Unicode: {exc}") from None
         return result
 
-
     def mask(self, value: Any) -> Any:
         """A copy of ``value`` (any JSON) with its secrets masked - keys that name one, values
         that look like one - and nothing else changed: no string is replaced by a reference,
@@ -187,5 +186,5 @@ def redact(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def mask(value: Any) -> Any:
-    """Mask the secrets in ``value`` with the configured :class:`Redactor` (:meth:`Redactor.mask`)."""
+    """Mask the secrets in ``value`` with the configured redactor (:meth:`Redactor.mask`)."""
     return _current.mask(value)

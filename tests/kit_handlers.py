@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 from agentdb.testing import RecordingProvider
-from agentdb.worker import Job, Retry, Succeed, Wait
+from agentdb.worker import MANUAL, Job, Retry, Succeed, Wait
 
 psp = RecordingProvider("psp")
 mailer = RecordingProvider("mailer")
@@ -74,5 +74,39 @@ TWO_PROVIDERS = SimpleNamespace(
 IGNORES_FRESH = SimpleNamespace(
     handlers={"order": ignores_fresh}, reconcilers={"charge": psp.lookup}
 )
-#: No reconcile hook: a crash after the reservation leaves the charge unsettled for good.
+#: No reconcile hook: a crash after the reservation leaves the charge unknown, and the next
+#: attempt calls the provider again with its key (which the provider answers from its key).
 NO_HOOK = {"order": charge_and_email}
+#: MANUAL: a crash after the reservation parks the task until an operator settles the charge.
+MANUAL_CHARGE = SimpleNamespace(
+    handlers={"order": charge_and_email}, reconcilers={"charge": MANUAL, "email": MANUAL}
+)
+
+
+def _plan(order: int) -> dict[str, int]:
+    """A pure step: may run again after a crash mid-step, and that is fine."""
+    return {"order": order, "items": 2}
+
+
+async def durable_order(job: Job) -> Succeed:
+    """Straight-line (G25): a step, a fan-out to two children, an effect, a durable sleep,
+    another effect - each recorded, so every crash resumes where the last run stopped."""
+    order = job.task.params["order"]
+    plan = await job.step("plan", _plan, order)
+    items = await job.run_children(
+        "items", [("d-item", {"order": order, "n": n}) for n in range(plan["items"])],
+        lease_ttl=timedelta(seconds=1),
+    )  # fmt: skip
+    total = sum(int(i.result["price"]) for i in items if i.result)
+    await job.effect("charge", psp.call, "charge", {"order": order, "total": total})
+    await job.sleep("settle", timedelta(milliseconds=20))
+    await job.effect("email", mailer.call, "email", {"order": order})
+    return Succeed(payload={"total": total})
+
+
+async def durable_item(job: Job) -> Succeed:
+    return Succeed(payload={"price": 10 + job.task.params["n"]})
+
+
+#: No hooks at all: an unknown outcome is called again with its key.
+DURABLE = {"d-order": durable_order, "d-item": durable_item}

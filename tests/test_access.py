@@ -549,6 +549,10 @@ _ROUTINES: dict[str, set[str]] = {
     "agentdb_event_partitions": set(),
     "agentdb_purge_0027": set(),
     "agentdb_purge_tenant_0027": set(),
+    # G25, G20: trigger functions (definer, so a step's or a message's writer may lock
+    # its task); called directly they refuse to run, like every trigger function.
+    "agentdb_guard_step": {"agentdb_runtime", "agentdb_agent", STRANGER},
+    "agentdb_guard_outbox_task": {"agentdb_runtime", "agentdb_agent", STRANGER},
 }
 _PRIVILEGES = ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"]
 

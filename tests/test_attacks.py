@@ -858,6 +858,7 @@ def _retick(column: str) -> Step:
 
 _TENANT_A_ACTION = lambda c: f"g-{c.a}"  # noqa: E731 - one global action per test
 
+
 def _step_row(
     *,
     task_state: str | None = None,
@@ -936,7 +937,6 @@ def _message_for(task_state: str | None) -> Step:
         )
 
     return step
-
 
 
 CASES: list[Case] = [
@@ -2232,9 +2232,14 @@ CASES: list[Case] = [
         _step_row(signals=1, kind="step", signal_seq=1),
         label="taker",
     ),
-    Case("agent_steps_name_valid", "23514", _step_row(name="p"), _step_row(name=""), role="replica"),
     Case(
-        "agent_steps_kind_valid", "23514", _step_row(kind="step"), _step_row(kind="loop"),
+        "agent_steps_name_valid", "23514", _step_row(name="p"), _step_row(name=""), role="replica"
+    ),
+    Case(
+        "agent_steps_kind_valid",
+        "23514",
+        _step_row(kind="step"),
+        _step_row(kind="loop"),
         role="replica",
     ),
     Case(

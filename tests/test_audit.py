@@ -105,6 +105,7 @@ ARTICLE_STATUSES = {
     "G22": "not_applicable",  # no signal table
     "G23": "not_applicable",  # no parent reference
     "G24": "not_applicable",  # no schedule table
+    "G25": "not_applicable",  # no step table
 }
 
 
@@ -210,7 +211,7 @@ def test_fresh_agentdb_schema_cli_exits_0_with_fail_on_partial(agentdb_dsn: str)
     result = _cli("--dsn", agentdb_dsn, "--fail-on", "partial")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
-    assert "24 guarantees: 24 enforced, 0 partial, 0 missing" in result.stdout
+    assert "25 guarantees: 25 enforced, 0 partial, 0 missing" in result.stdout
 
 
 def test_G13_evidence_is_the_unknown_state_and_the_unsettled_index(agentdb_dsn: str) -> None:
@@ -327,6 +328,8 @@ def test_G2_fk_on_task_id_alone_is_flagged(db: Database, auditor: str) -> None:
             FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id);
         ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_parent_fkey
             FOREIGN KEY (tenant_id, parent_id) REFERENCES agent_tasks (tenant_id, id);
+        ALTER TABLE agent_steps ADD CONSTRAINT agent_steps_task_fkey
+            FOREIGN KEY (tenant_id, task_id) REFERENCES agent_tasks (tenant_id, id);
         """,
         G2="partial",
     )

@@ -20,15 +20,16 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentdb import Message, leases, operations, signals, steps, tasks
+from agentdb import Message, leases, operations, outbox, signals, steps, tasks
 from agentdb.errors import (
     ConfigurationError,
     LeaseLost,
     PayloadTooLarge,
     StepConflict,
+    TaskFinished,
 )
-from agentdb.testing import drain
 from agentdb.models import Operation
+from agentdb.testing import drain
 from agentdb.worker import (
     MANUAL,
     Fail,
@@ -149,7 +150,8 @@ async def test_G25_a_name_reached_with_other_arguments_is_a_conflict_never_a_rep
     [t] = done.tasks
     # IdempotencyConflict's rule: another attempt would only conflict again - failed.
     assert t.state == "failed"
-    assert t.last_error is not None and "StepConflict" in t.last_error
+    assert t.last_error is not None
+    assert "StepConflict" in t.last_error
     assert "'plan'" in t.last_error
     ledger = await steps.ledger(pool, tenants.a, task.id)
     assert ledger.steps["plan"].result == {"p": "v1"}  # unchanged
@@ -198,8 +200,14 @@ async def test_G25_a_step_under_a_lost_lease_records_nothing(
     job = Job(pool, held, reconcilers={})
     await tasks.cancel(pool, tenants.a, held.id, reason="stop")
     ran: list[int] = []
-    with pytest.raises(LeaseLost):
-        await job.step("after-cancel", lambda: ran.append(1) or 1)
+
+    def work() -> int:
+        ran.append(1)
+        return 1
+
+    with pytest.raises(LeaseLost):  # Cancelled: the step's record is refused
+        await job.step("after-cancel", work)
+    assert ran == [1]  # it ran (a step may), and nothing of it was recorded
     assert (await steps.ledger(pool, tenants.a, held.id)).steps == {}
 
 
@@ -237,6 +245,7 @@ async def test_G25_an_effect_is_reserved_before_the_call_gets_its_key_and_replay
         " WHERE idempotency_key = $1",
         key,
     )
+    assert op is not None
     assert (op["state"], op["action"], op["provider_reference"]) == ("succeeded", "charge", "ref-1")
 
 
@@ -333,7 +342,8 @@ async def test_G25_a_manual_effect_is_parked_for_an_operator_and_resumes_when_se
             await asyncio.sleep(0.05)
         assert parked >= 3  # parked again and again, never dead of it
         now = await tasks.get(pool, tenants.a, task.id)
-        assert now.state in ("pending", "running") and now.attempts <= 1
+        assert now.state in ("pending", "running")
+        assert now.attempts <= 1
         assert psp.requests == {f"{task.id}/wire": 1}  # never called blindly again
         [op] = await operations.list_unsettled(pool)
         await operations.reconcile(pool, op, succeeded=True, provider_reference="wire-9",
@@ -475,9 +485,7 @@ async def test_G25_a_quorum_returns_the_results_it_saw_and_keeps_them(
     seen: list[list[str]] = []
 
     async def parent(job: Job) -> Succeed:
-        kids = await job.run_children(
-            "probe", [("d-fast", None), ("d-slow", None)], quorum=1
-        )
+        kids = await job.run_children("probe", [("d-fast", None), ("d-slow", None)], quorum=1)
         seen.append([k.state for k in kids])
         await job.sleep("pause", PAUSE)
         return Succeed()
@@ -634,3 +642,83 @@ async def test_G22_G23_the_approval_and_child_task_examples_combined_wake_and_fi
         task.id,
     )
     assert json.loads(result) == {"total": 350}
+
+
+# ---- cost and reach ----------------------------------------------------------------------
+
+
+async def test_G25_replaying_k_recorded_steps_costs_one_round_trip(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    psp = Provider()
+    held = await _claimed(pool, tenants.a, "d-replay")
+
+    async def run(job: Job) -> list[Any]:
+        return [
+            await job.step("plan", lambda: {"plan": 1}),
+            await job.effect("search/0", psp.call, "q0"),
+            await job.step("draft", lambda: "text"),
+            await job.effect("search/1", psp.call, "q1"),
+            await job.step("check", lambda: True),
+            await job.effect("send", psp.call, "to"),
+        ]
+
+    first = await run(Job(pool, held, reconcilers={}))
+    statements: list[str] = []
+    async with pool.acquire() as conn:
+        conn.add_query_logger(lambda q: statements.append(q.query))
+        replay = Job(conn, held, reconcilers={})  # type: ignore[arg-type]
+        again = await run(replay)
+    assert again == first
+    assert len(statements) == 1, statements  # the ledger, once, for all six
+    assert sum(psp.requests.values()) == 3
+
+
+async def test_G20_a_cancel_stops_a_handler_inside_a_long_step_by_the_lease_watch(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The lease is a day long, so the heartbeat would not look for eight hours: only the
+    worker's lease watch can stop the handler while it waits inside its step."""
+    entered = asyncio.Event()
+    stopped = asyncio.Event()
+
+    async def long_model() -> str:
+        entered.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return "never"
+
+    async def agent(job: Job) -> Succeed:
+        await job.step("think", long_model)
+        return Succeed()
+
+    task = await tasks.create(pool, tenants.a, "d-cancel", lease_ttl=timedelta(days=1))
+    worker = Worker(pool, {"d-cancel": agent}, poll_interval=0.05, watch_interval=0.2)
+    running = asyncio.create_task(worker.run(install_signals=False))
+    try:
+        await asyncio.wait_for(entered.wait(), 30)
+        await tasks.cancel(pool, tenants.a, task.id, reason="customer asked")
+        await asyncio.wait_for(stopped.wait(), 60)
+    finally:
+        worker.stop()
+        await running
+    assert worker.stats.cancelled == 1
+    assert (await tasks.get(pool, tenants.a, task.id)).state == "cancelled"
+    assert (await steps.ledger(pool, tenants.a, task.id)).steps == {}  # nothing recorded
+
+
+async def test_G20_a_message_enqueued_for_a_cancelled_task_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    task = await tasks.create(pool, tenants.a, "d-msg")
+    async with pool.acquire() as conn, conn.transaction():  # the caller's own transaction
+        await outbox.enqueue(conn, tenants.a, "invoice.sent", {"n": 1}, task_id=task.id)
+    await tasks.cancel(pool, tenants.a, task.id)
+    with pytest.raises(TaskFinished):
+        async with pool.acquire() as conn, conn.transaction():
+            await outbox.enqueue(conn, tenants.a, "invoice.sent", {"n": 2}, task_id=task.id)
+    sent = await pool.fetchval("SELECT count(*) FROM agent_outbox WHERE task_id = $1", task.id)
+    assert sent == 1

@@ -237,7 +237,10 @@ async def test_the_idempotent_example_handler_passes_every_crash_point(
     work = [("send_invoice", {"invoice": 11})]
     report = await crash_test(db, example.HANDLERS, work, example.payments)
     assert report.ok, report
-    assert [s.point for s in report.scenarios] == list(WORKER_POINTS)
+    # Every point a handler of reserve/complete passes (a straight-line one passes the
+    # step and effect points too: test_a_straight_line_handler_passes_every_crash_point).
+    durable = ("during_step", "during_effect")
+    assert [s.point for s in report.scenarios] == [p for p in WORKER_POINTS if p not in durable]
     assert report.not_reached == ()  # every point was passed, and the worker died there
     # The worker that died at the provider call left a request that did nothing.
     during = next(s for s in report.scenarios if s.point == "during_call")
@@ -295,17 +298,51 @@ async def test_a_call_the_key_absorbed_after_agentdb_recorded_it_done_is_caught(
     assert "without checking Reservation.fresh" in message
 
 
-async def test_a_handler_without_a_reconcile_hook_is_reported_unfinished(db: SuiteDatabase) -> None:
+async def test_a_handler_without_a_reconcile_hook_calls_again_with_the_key(
+    db: SuiteDatabase,
+) -> None:
+    """G13: the charge a crash left unknown is called again with its key, which the provider
+    answers with the first call's effect - performed once, and nothing left unfinished."""
+    report = await crash_test(
+        db, "tests.kit_handlers:NO_HOOK", [("order", {"order": 6})], [kit.psp, kit.mailer],
+        points=["during_call", "after_call"],
+    )  # fmt: skip
+    assert report.ok, report
+    for s in report.scenarios:
+        charges = [c.outcome for name, c in s.calls if name == "psp"]
+        assert (
+            charges == ["received", "executed"]
+            if s.point == "during_call"
+            else ["executed", "replayed"]
+        ), s.describe()
+
+
+async def test_a_manual_effect_left_unknown_is_reported_unfinished(db: SuiteDatabase) -> None:
     with pytest.raises(NotIdempotent) as caught:
         await crash_test(
-            db, "tests.kit_handlers:NO_HOOK", [("order", {"order": 6})], [kit.psp, kit.mailer],
-            points=["after_reserve"], within=6,
+            db, "tests.kit_handlers:MANUAL_CHARGE", [("order", {"order": 7})],
+            [kit.psp, kit.mailer], points=["after_reserve"], within=6,
         )  # fmt: skip
     message = str(caught.value)
     assert "not idempotent at after_reserve (1 of 2 runs)" in message
     assert "the tasks did not finish within 6s" in message
-    assert "OperationUnsettled" in message
+    assert "parked" in message
     assert "reconcilers={action: provider.lookup}" in message
+
+
+async def test_a_straight_line_handler_passes_every_crash_point(db: SuiteDatabase) -> None:
+    """G25: a step, a fan-out, an effect, a durable sleep, another effect - killed at every
+    point it passes, inside its step and its effect included: each effect once."""
+    report = await crash_test(
+        db, "tests.kit_handlers:DURABLE", [("d-order", {"order": 8})], [kit.psp, kit.mailer]
+    )
+    assert report.ok, report
+    points = [s.point for s in report.scenarios]
+    assert {"during_step", "during_effect", "after_reserve", "after_call"} <= set(points)
+    assert report.not_reached == ()
+    for s in (report.baseline, *report.scenarios):
+        executed = sorted(f"{p}:{c.action}" for p, c in s.calls if c.outcome == "executed")
+        assert executed == ["mailer:email", "psp:charge"], s.describe()
 
 
 def test_at_least_a_third_of_the_suite_runs_on_the_plugins_fixtures() -> None:

@@ -24,7 +24,7 @@ from agentdb import leases, operations, tasks
 from agentdb.errors import OperationInFlight, TransientError
 from agentdb.models import Lease, Operation
 from agentdb.testing._postgres import ON_CITUS
-from agentdb.worker import Fail, Job, Reconciled, Retry, Worker
+from agentdb.worker import MANUAL, Fail, Job, Reconciled, Retry, Worker
 from tests import factories as F
 from tests.conftest import Database, Tenants
 
@@ -421,7 +421,42 @@ async def test_G13_an_operation_left_by_a_crashed_attempt_is_reconciled_not_reru
     assert worker.stats.reconciled == 1
 
 
-async def test_G13_without_a_reconcile_hook_the_operation_is_surfaced_as_unknown(
+async def test_G13_without_a_reconcile_hook_the_provider_is_called_again_with_the_key(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    keys: list[str] = []
+
+    async def handler(job: Job) -> None:
+        res = await job.reserve("k", "wire", {"eur": 1})
+        if res.fresh:
+            keys.append(res.operation.idempotency_key)
+            await job.complete(res.operation, result={"ok": True}, provider_reference="w-1")
+
+    task = await tasks.create(pool, tenants.a, "t")
+    [first] = await leases.claim(pool, "crashed-worker")
+    await operations.reserve(pool, tenants.a, task.id, "k", "wire", {"eur": 1}, lease=first.lease)
+    await F.expire_lease(admin_conn, task.id)
+    worker = Worker(pool, {"t": handler}, poll_interval=0.05, retry_base=60)
+    async with running(worker):
+        await _until(lambda: _succeeded(worker))
+    assert keys == ["k"]  # called again - with the key the crashed attempt was given
+    events = await admin_conn.fetch(
+        "SELECT event_type, payload FROM agent_events WHERE operation_id IS NOT NULL ORDER BY id"
+    )
+    assert [e["event_type"] for e in events] == [
+        "operation.reserved", "operation.unknown", "operation.started", "operation.succeeded",
+    ]  # fmt: skip
+
+
+async def _succeeded(worker: Worker) -> bool:
+    return worker.stats.succeeded >= 1
+
+
+async def _retried(worker: Worker) -> bool:
+    return worker.stats.retried >= 1
+
+
+async def test_G13_an_action_declared_manual_is_surfaced_as_unknown_and_parked(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
     calls = 0
@@ -435,16 +470,19 @@ async def test_G13_without_a_reconcile_hook_the_operation_is_surfaced_as_unknown
     [first] = await leases.claim(pool, "crashed-worker")
     await operations.reserve(pool, tenants.a, task.id, "k", "wire", {"eur": 1}, lease=first.lease)
     await F.expire_lease(admin_conn, task.id)
-    worker = Worker(pool, {"t": handler}, poll_interval=0.05, retry_base=60)
+    worker = Worker(pool, {"t": handler}, reconcilers={"wire": MANUAL}, poll_interval=0.05)
     async with running(worker):
-        await _until(lambda: _retried(worker))
+        await _until(lambda: _parked(worker))
     assert calls == 0
     assert await admin_conn.fetchval("SELECT state FROM agent_operations") == "unknown"
-    assert (await tasks.get(pool, tenants.a, task.id)).state == "pending"  # retried later
+    later = await tasks.get(pool, tenants.a, task.id)
+    assert later.state == "pending"  # parked: back in a minute, its attempt given back
+    assert later.attempts == 1  # the crashed claim's; the parked run's was refunded
+    assert "parked" in (later.last_error or "")
 
 
-async def _retried(worker: Worker) -> bool:
-    return worker.stats.retried >= 1
+async def _parked(worker: Worker) -> bool:
+    return worker.stats.parked >= 1
 
 
 # ---- processes --------------------------------------------------------------------

@@ -503,7 +503,8 @@ SET state = $4,
     wait_signal = CASE WHEN $4 = 'waiting' THEN $11 END,
     signal_cursor = coalesce($12, t.signal_cursor),
     wait_children = CASE WHEN $4 = 'waiting' THEN $13::int4 END,
-    -- As task_transition: a run that ends waiting gives its attempt back.
+    -- A run that ends waiting gives its attempt back: attempts count the runs that
+    -- failed or crashed, so a handler that waits often is not worn out by it.
     attempts = CASE WHEN $4 = 'waiting' AND prior.state = 'running'
                     THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
     updated_at = now()

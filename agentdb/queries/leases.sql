@@ -279,6 +279,20 @@ WITH victims AS (
 )
 SELECT tenant_id, id FROM moved;
 
+-- name: lease_held :many
+-- Which of the tasks $2 (in tenants $1) worker $3 still runs, with the lease
+-- token it holds each by: the worker's lease watch asks once a second while
+-- it runs jobs, so a cancel (G20) or the deadline sweep (G21) - which drop
+-- the lease in their own write - stops a handler within about a second,
+-- not after a third of its lease. One row per task still held; a task that
+-- is not among them, or under another token, is no longer this worker's.
+-- On Citus, tenant_id = ANY ($1) prunes the read to the tenants' shards.
+-- guarantee: G12, G20, G21
+-- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 lease_owner text
+SELECT id, lease_token
+FROM agent_tasks
+WHERE tenant_id = ANY ($1) AND id = ANY ($2) AND lease_owner = $3;
+
 -- name: lease_release :one
 -- Give the task back: running -> pending (due at $5, default now), or
 -- 'dead' if it has used its attempts and $6 is false. With $6 (a graceful
@@ -309,20 +323,6 @@ WITH upd AS (
     FROM upd
 )
 SELECT state, state_version, wake_at, attempts FROM upd;
-
--- name: lease_held :many
--- Which of the tasks $2 (in tenants $1) worker $3 still runs, with the lease
--- token it holds each by: the worker's lease watch asks once a second while
--- it runs jobs, so a cancel (G20) or the deadline sweep (G21) - which drop
--- the lease in their own write - stops a handler within about a second,
--- not after a third of its lease. One row per task still held; a task that
--- is not among them, or under another token, is no longer this worker's.
--- On Citus, tenant_id = ANY ($1) prunes the read to the tenants' shards.
--- guarantee: G12, G20, G21
--- params: $1 tenant_ids uuid[], $2 ids uuid[], $3 lease_owner text
-SELECT id, lease_token
-FROM agent_tasks
-WHERE tenant_id = ANY ($1) AND id = ANY ($2) AND lease_owner = $3;
 
 -- name: lease_renew :one
 -- Extend the caller's lease. Changes only lease_expires_at (and updated_at),

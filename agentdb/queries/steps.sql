@@ -4,6 +4,51 @@
 -- the statement writes nothing unless it is the task's current one, and the
 -- trigger agent_steps_guard refuses any writer whose token is not (AG018).
 
+-- name: step_finish :one
+-- Finish waiting step $3 of task $2, once: its result (a fan-out's
+-- children, a sleep's end, a wait that timed out).
+-- guarantee: G25, G12
+-- zero rows: the lease is not the task's current one, or the step is not waiting (finished already: read it by name).
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 name text, $4 result jsonb, $5 lease_owner text, $6 lease_token int8
+UPDATE agent_steps s
+SET state = 'done', result = $4, lease_token = $6, updated_at = now()
+FROM agent_tasks t
+WHERE s.tenant_id = $1 AND s.task_id = $2 AND s.name = $3 AND s.state = 'waiting'
+  AND t.tenant_id = $1 AND t.id = $2
+  AND t.lease_owner = $5 AND t.lease_token = $6  -- running: see "Held snapshots" in leases.sql
+RETURNING s.name, s.kind, s.state, s.input_hash, s.result, s.wake_at, s.wake_at <= now() AS due;
+
+-- name: step_get :one
+-- One recorded step of task $2 (a wait's taken signal joined in): what a
+-- write that found its name taken, or took nothing, reads.
+-- guarantee: G25
+-- zero rows: step $3 is not recorded.
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 name text
+SELECT s.name, s.kind, s.state, s.input_hash, s.result, s.wake_at, s.wake_at <= now() AS due,
+       s.signal_seq, g.id AS signal_id, g.name AS signal_name, g.kind AS signal_kind, g.decision,
+       g.payload AS signal_payload, g.sender, g.dedupe_key AS signal_dedupe_key,
+       g.input_hash AS signal_input_hash, g.created_at AS signal_created_at
+FROM agent_steps s
+LEFT JOIN agent_signals g
+       ON g.tenant_id = s.tenant_id AND g.task_id = s.task_id AND g.seq = s.signal_seq
+      AND g.tenant_id = $1
+WHERE s.tenant_id = $1 AND s.task_id = $2 AND s.name = $3;
+
+-- name: step_insert :one
+-- Record step $3 of task $2: done with its result, or waiting (a wait, a
+-- sleep, a fan-out) until wake_at. Written only while the lease is current.
+-- guarantee: G25, G12, G4
+-- zero rows: the lease ($10, $11) is not the task's current one, or step $3 is recorded already (an earlier write whose answer was lost); read it by name.
+-- params: $1 tenant_id uuid, $2 task_id uuid, $3 name text, $4 kind text, $5 state text, $6 input_hash text, $7 result jsonb, $8 signal_seq int8, $9 wait interval, $10 lease_owner text, $11 lease_token int8
+INSERT INTO agent_steps (tenant_id, task_id, name, kind, state, input_hash, result, signal_seq,
+                         wake_at, lease_token)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, now() + $9::interval, $11
+FROM agent_tasks t
+WHERE t.tenant_id = $1 AND t.id = $2
+  AND t.lease_owner = $10 AND t.lease_token = $11  -- running: see "Held snapshots" in leases.sql
+ON CONFLICT (tenant_id, task_id, name) DO NOTHING
+RETURNING name, kind, state, input_hash, result, wake_at, wake_at <= now() AS due;
+
 -- name: step_ledger :many
 -- Everything a handler's earlier runs recorded for task $2, in one read:
 -- its steps (a wait's taken signal joined in) and its operations (the
@@ -27,35 +72,6 @@ SELECT 'operation', o.idempotency_key, 'effect', o.state, o.input_hash, o.result
        o.action, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM agent_operations o
 WHERE o.tenant_id = $1 AND o.task_id = $2;
-
--- name: step_insert :one
--- Record step $3 of task $2: done with its result, or waiting (a wait, a
--- sleep, a fan-out) until wake_at. Written only while the lease is current.
--- guarantee: G25, G12, G4
--- zero rows: the lease ($10, $11) is not the task's current one, or step $3 is recorded already (an earlier write whose answer was lost); read it by name.
--- params: $1 tenant_id uuid, $2 task_id uuid, $3 name text, $4 kind text, $5 state text, $6 input_hash text, $7 result jsonb, $8 signal_seq int8, $9 wait interval, $10 lease_owner text, $11 lease_token int8
-INSERT INTO agent_steps (tenant_id, task_id, name, kind, state, input_hash, result, signal_seq,
-                         wake_at, lease_token)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, now() + $9::interval, $11
-FROM agent_tasks t
-WHERE t.tenant_id = $1 AND t.id = $2
-  AND t.lease_owner = $10 AND t.lease_token = $11  -- running: see "Held snapshots" in leases.sql
-ON CONFLICT (tenant_id, task_id, name) DO NOTHING
-RETURNING name, kind, state, input_hash, result, wake_at, wake_at <= now() AS due;
-
--- name: step_finish :one
--- Finish waiting step $3 of task $2, once: its result (a fan-out's
--- children, a sleep's end, a wait that timed out).
--- guarantee: G25, G12
--- zero rows: the lease is not the task's current one, or the step is not waiting (finished already: read it by name).
--- params: $1 tenant_id uuid, $2 task_id uuid, $3 name text, $4 result jsonb, $5 lease_owner text, $6 lease_token int8
-UPDATE agent_steps s
-SET state = 'done', result = $4, lease_token = $6, updated_at = now()
-FROM agent_tasks t
-WHERE s.tenant_id = $1 AND s.task_id = $2 AND s.name = $3 AND s.state = 'waiting'
-  AND t.tenant_id = $1 AND t.id = $2
-  AND t.lease_owner = $5 AND t.lease_token = $6  -- running: see "Held snapshots" in leases.sql
-RETURNING s.name, s.kind, s.state, s.input_hash, s.result, s.wake_at, s.wake_at <= now() AS due;
 
 -- name: step_take_signal :one
 -- Wait step $3 of task $2 takes the first signal named $4 that no step of
@@ -98,19 +114,3 @@ SELECT g.seq AS signal_seq, g.id AS signal_id, g.name AS signal_name, g.kind AS 
 FROM (SELECT 1) AS one
 LEFT JOIN took ON true
 LEFT JOIN agent_signals g ON g.tenant_id = $1 AND g.task_id = $2 AND g.seq = took.signal_seq;
-
--- name: step_get :one
--- One recorded step of task $2 (a wait's taken signal joined in): what a
--- write that found its name taken, or took nothing, reads.
--- guarantee: G25
--- zero rows: step $3 is not recorded.
--- params: $1 tenant_id uuid, $2 task_id uuid, $3 name text
-SELECT s.name, s.kind, s.state, s.input_hash, s.result, s.wake_at, s.wake_at <= now() AS due,
-       s.signal_seq, g.id AS signal_id, g.name AS signal_name, g.kind AS signal_kind, g.decision,
-       g.payload AS signal_payload, g.sender, g.dedupe_key AS signal_dedupe_key,
-       g.input_hash AS signal_input_hash, g.created_at AS signal_created_at
-FROM agent_steps s
-LEFT JOIN agent_signals g
-       ON g.tenant_id = s.tenant_id AND g.task_id = s.task_id AND g.seq = s.signal_seq
-      AND g.tenant_id = $1
-WHERE s.tenant_id = $1 AND s.task_id = $2 AND s.name = $3;

@@ -190,6 +190,9 @@ class _Run:
         env[DSN_ENV] = self.dsn
         env[SCENARIO_ENV] = scenario
         env["AGENTDB_FAULTS_LOG"] = str(self.workdir / f"{scenario.replace('/', '_')}.faults")
+        # Every point the workers pass, killed or not: from the baseline, the points the
+        # handler reaches (a straight-line handler passes during_step, another does not).
+        env["AGENTDB_FAULTS_TRACE"] = str(self.workdir / f"{scenario.replace('/', '_')}.trace")
         if self.pooler:
             env["AGENTDB_POOLER"] = self.pooler
         if self.pythonpath:
@@ -212,12 +215,17 @@ class _Run:
 
 
 async def _until(
-    pool: _db.Pool, tenant: uuid.UUID, n: int, proc: subprocess.Popen[bytes], deadline: float
+    pool: _db.Pool,
+    tenant: uuid.UUID,
+    ids: Sequence[uuid.UUID],
+    proc: subprocess.Popen[bytes],
+    deadline: float,
 ) -> bool:
-    """Wait until the tenant's ``n`` tasks are terminal (True) or ``proc`` ended (False)."""
+    """Wait until the tasks ``ids`` are terminal (True) or ``proc`` ended (False). The
+    children they spawn are the tenant's too; a parent finishes only after its own."""
     while time.monotonic() < deadline:
-        rows = await pool.fetch(_STATES, tenant)
-        if len(rows) == n and all(r["state"] in _TERMINAL for r in rows):
+        rows = {r["id"]: r["state"] for r in await pool.fetch(_STATES, tenant)}
+        if all(rows.get(i) in _TERMINAL for i in ids):
             return True
         if proc.poll() is not None:
             return False
@@ -247,7 +255,7 @@ async def _scenario(
     deadline = time.monotonic() + run.timeout
     first = run.worker(env)
     try:
-        done = await _until(pool, tenant, len(ids), first, deadline)
+        done = await _until(pool, tenant, ids, first, deadline)
     finally:
         stop(first)
     killed = bool(kills_by_point(Path(env["AGENTDB_FAULTS_LOG"])))
@@ -259,7 +267,7 @@ async def _scenario(
     if killed:
         recovery = run.worker(run.env(scenario, ""))
         try:
-            done = await _until(pool, tenant, len(ids), recovery, deadline)
+            done = await _until(pool, tenant, ids, recovery, deadline)
         finally:
             stop(recovery)
     rows = {r["id"]: r for r in await pool.fetch(_STATES, tenant)}
@@ -267,8 +275,9 @@ async def _scenario(
         left = [f"{i} {rows[i]['state']} ({rows[i]['last_error']})" for i in ids]
         problems.append(
             f"the tasks did not finish within {run.timeout:g}s of the start: {', '.join(left)}"
-            " (a crashed attempt's operation is reconciled by a hook for its action:"
-            " reconcilers={action: provider.lookup})"
+            " (an operation declared MANUAL whose outcome a crash left unknown waits for an"
+            " operator: give its action a reconcile hook, reconcilers={action:"
+            " provider.lookup}, or let its provider be called again with its key)"
         )
         await _cancel_unfinished(pool, tenant, ids)
     calls: list[tuple[str, ProviderCall]] = []
@@ -328,7 +337,7 @@ async def crash_test(
     work: Sequence[tuple[str, Mapping[str, Any]]],
     providers: ProviderLedger | Sequence[ProviderLedger],
     *,
-    points: Sequence[str] = WORKER_POINTS,
+    points: Sequence[str] | None = None,
     within: float = 60.0,
     pooler: str | None = None,
     check: bool = True,
@@ -350,7 +359,7 @@ async def crash_test(
         CrashTestError: a worker process could not run the handlers (its log is quoted).
         ValueError: an unknown point.
     """
-    unknown = [p for p in points if p not in WORKER_POINTS]
+    unknown = [p for p in points or () if p not in WORKER_POINTS]
     if unknown:
         raise ValueError(f"unknown worker fault point(s) {unknown}; known: {list(WORKER_POINTS)}")
     ledgers = [providers] if not isinstance(providers, Sequence) else list(providers)
@@ -367,6 +376,9 @@ async def crash_test(
         ):
             run = _Run(dsn, spec, path, pooler, Path(tmp), log, within)
             base, base_tenant, base_ids = await _scenario(run, pool, None, work, ledgers, tag)
+            if points is None:  # each point the handler reaches without a crash
+                reached = _traced(Path(run.env(f"{tag}/baseline", "")["AGENTDB_FAULTS_TRACE"]))
+                points = [p for p in WORKER_POINTS if p in reached]
             base_effects = _effects(base, base_tenant, base_ids)
             base = _with(base, _judge(base, base, base_effects, base_effects)
                          + await _blind_repeats(pool, base, base_tenant))  # fmt: skip
@@ -387,6 +399,14 @@ async def crash_test(
             + f"\n{report}"
         )
     return report
+
+
+def _traced(path: Path) -> set[str]:
+    """The points a run's workers passed (AGENTDB_FAULTS_TRACE), none if it wrote nothing."""
+    try:
+        return set(path.read_text().split())
+    except FileNotFoundError:
+        return set()
 
 
 def _effects(s: Scenario, tenant: uuid.UUID, ids: Sequence[uuid.UUID]) -> Counter[str]:

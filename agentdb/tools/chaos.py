@@ -45,6 +45,8 @@ _RATE = {
     "after_claim": 0.3,
     "before_reserve_commit": 0.2,
     "after_reserve": 0.2,
+    "during_step": 0.3,
+    "during_effect": 0.2,
     "during_call": 0.2,
     "after_call": 0.2,
     "after_complete": 0.2,

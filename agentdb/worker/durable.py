@@ -84,7 +84,7 @@ from agentdb.errors import ConfigurationError, IdempotencyConflict, StepConflict
 from agentdb.hashing import input_hash
 from agentdb.models import Operation, Reservation, Signal
 from agentdb.tasks import FINISHED_STATES
-from agentdb.worker.outcomes import MANUAL, ReconcileHook, Wait
+from agentdb.worker.outcomes import ReconcileHook, Wait
 
 if TYPE_CHECKING:
     from agentdb import _db
@@ -103,7 +103,7 @@ NAME_MAX: Final = 200
 _CHILD_KEY_MAX: Final = 200
 
 
-class Suspended(BaseException):  # noqa: N818 - not an error: the handler suspends
+class Suspended(BaseException):
     """A durable wait suspends the handler: the worker writes ``wait`` and the task sleeps.
 
     A ``BaseException``, so a handler's ``except Exception`` does not swallow it; a
@@ -115,7 +115,7 @@ class Suspended(BaseException):  # noqa: N818 - not an error: the handler suspen
         self.wait = wait
 
 
-class NotPerformed(Exception):  # noqa: N818 - a verdict, raised by the effect's function
+class NotPerformed(Exception):
     """Raised by an effect's function: the provider definitely did not perform it (it refused
     the request before doing anything - a 4xx, a 503 with nothing done). The operation is
     recorded failed and the next attempt calls the provider again."""
@@ -281,8 +281,7 @@ class Durable:
         found = self._recorded(led, name, "step", digest)
         if found is not None:
             return found.result
-        value = await _call(fn, *args, **kwargs)
-        _faults.point("during_step")
+        value = await _faults.inside("during_step", _call(fn, *args, **kwargs))
         step = await steps.record(
             self.pool, self.task.tenant_id, self.task.id, name, kind="step",
             input_hash=digest, result=_stored(name, value), lease=self.lease,
@@ -357,7 +356,9 @@ class Durable:
             return _replayed(name, op.result)
         not_done: tuple[type[BaseException], ...] = (NotPerformed, *self._definite, *definite)
         try:
-            value = await _call(fn, *args, idempotency_key=op_key, **kwargs)
+            value = await _faults.inside(
+                "during_effect", _call(fn, *args, idempotency_key=op_key, **kwargs)
+            )
         except not_done as exc:
             await self.fail(op, describe(exc))
             raise
@@ -401,11 +402,21 @@ class Durable:
 
     @overload
     async def wait_for_signal(
-        self, name: str, signal: str = ..., /, *, timeout: timedelta
+        self,
+        name: str,
+        signal: str = ...,
+        /,
+        *,
+        timeout: timedelta,  # noqa: ASYNC109 - a durable wait's timeout, not this call's
     ) -> Signal | None: ...
 
     async def wait_for_signal(
-        self, name: str, signal: str = "approval", /, *, timeout: timedelta | None = None
+        self,
+        name: str,
+        signal: str = "approval",
+        /,
+        *,
+        timeout: timedelta | None = None,  # noqa: ASYNC109 - a durable wait's, not this call's
     ) -> Signal | None:
         """The first signal named ``signal`` no other step of this task took (an approval, with
         its ``decision``, ``sender`` and ``payload["comment"]``), taken by step ``name`` once
@@ -575,4 +586,3 @@ def _child(doc: Mapping[str, Any]) -> ChildResult:
         result=doc.get("result"),
         error=doc.get("error"),
     )
-

@@ -212,9 +212,7 @@ class Job(Durable):
             # No hook to ask: the provider's idempotency key answers a repeat with the
             # first call's effect, so calling it again with the same key is how the
             # outcome is learned - recorded as such (unknown, then started), never blind.
-            return Reservation(
-                await operations.start(self.pool, op, lease=self.lease), fresh=True
-            )
+            return Reservation(await operations.start(self.pool, op, lease=self.lease), fresh=True)
         found = await policy(op)
         if found is None:
             # The provider has no record: the effect never happened.

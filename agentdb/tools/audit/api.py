@@ -1,4 +1,4 @@
-"""Which of the guarantees G1-G24 does an existing schema enforce?
+"""Which of the guarantees G1-G25 does an existing schema enforce?
 
 :func:`audit` reads the live catalog of one schema (``pg_catalog`` only,
 inside a READ ONLY transaction, so a role with no table privileges can run
@@ -39,6 +39,7 @@ from agentdb.tools.audit.checks_keys import check_g1, check_g2, check_g3, check_
 from agentdb.tools.audit.checks_lifecycle import check_g6, check_g7, check_g8, check_g9
 from agentdb.tools.audit.checks_schedules import check_g24
 from agentdb.tools.audit.checks_signals import check_g22
+from agentdb.tools.audit.checks_steps import check_g25
 from agentdb.tools.audit.detect import MAP_KEYS, Context, detect, parse_mapping
 from agentdb.tools.audit.report import (
     EXIT_FINDINGS,
@@ -66,7 +67,7 @@ __all__ = [
 # Not API: the tests open the audit's connection to prove it cannot write.
 _read_only = catalog.read_only
 
-#: One check per guarantee, in the order the report lists them (G1 to G24).
+#: One check per guarantee, in the order the report lists them (G1 to G25).
 CHECKS: Final[tuple[Callable[[Context], Finding], ...]] = (
     check_g1,
     check_g2,
@@ -92,13 +93,14 @@ CHECKS: Final[tuple[Callable[[Context], Finding], ...]] = (
     check_g22,
     check_g23,
     check_g24,
+    check_g25,
 )
 
 
 def audit(
     dsn: str, *, schema: str | None = None, mapping: Mapping[str, str] | None = None
 ) -> Report:
-    """Audit one schema of the database at ``dsn`` against G1-G24.
+    """Audit one schema of the database at ``dsn`` against every guarantee.
 
     ``schema`` defaults to the first schema on the connecting role's
     search_path. ``mapping`` assigns tables to roles (keys :data:`MAP_KEYS`;

@@ -26,9 +26,9 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``audit`` subcommand to ``agentdb``'s subparsers."""
     p = sub.add_parser(
         "audit",
-        help="report which guarantees G1-G24 an existing schema enforces",
+        help="report which guarantees an existing schema enforces",
         description="Read the catalog of one schema (read-only) and report, for each "
-        "guarantee G1-G24, whether it is enforced, partial, missing or not applicable, "
+        "guarantee, whether it is enforced, partial, missing or not applicable, "
         "with the objects that enforce it and a suggested fix.",
     )
     p.add_argument("--dsn", help="postgresql:// URL (default: $DATABASE_URL)")

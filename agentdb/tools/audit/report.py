@@ -261,7 +261,7 @@ JSON_SCHEMA: Final[dict[str, Any]] = {
             "required": ["guarantee", "title", "status", "reason", "evidence", "problems", "fix"],
             "additionalProperties": False,
             "properties": {
-                "guarantee": {"type": "string", "pattern": "^G([1-9]|1[0-9]|2[0-4])$"},
+                "guarantee": {"type": "string", "pattern": "^G([1-9]|1[0-9]|2[0-5])$"},
                 "title": {"type": "string"},
                 "status": {"enum": list(STATUSES)},
                 "reason": {"type": "string"},

@@ -11,14 +11,17 @@ distributed one.
 Signals
     *Recorded once*: each approval is one row of ``agent_signals`` and one
     ``task.approved`` / ``task.rejected`` event, however often the reviewer
-    sent it (its dedupe key). *Read once*: a run that ends in a ``Wait``
-    marks what it read; a signal handed again to a later run of the task
-    (a later lease token, by the claim events) than one that read it and
-    ended in a committed wait was delivered twice. A run that ends otherwise
-    (a crash, a retry) marks nothing, and the next one is handed the same
-    signals again - as it should be. *Lost*: an approval that its task,
-    still live when it finished or not at all, never read; or a task asleep
-    on a signal that is there unread.
+    sent it (its dedupe key). *Read once*: the invoice's ``review`` step
+    takes one approval and records which (G25); every run of the task is
+    handed that one again and no other - a run handed another approval than
+    the recorded one, or an approval taken by two steps, was a second
+    delivery. *Lost*: an approval that its task, still live when it finished
+    or not at all, never took; or a task asleep on a signal that is there
+    unread.
+Steps
+    The ``assess`` step's model is called once per task - again only by a
+    run that died (or lost its lease) before its record was written, never
+    after the record, and never twice by one run.
 Wakes
     A parent is woken by the last of its children (``task.children_done``)
     once at most, and a task by a signal (``task.woken``) once at most: the
@@ -57,6 +60,7 @@ __all__ = ["FLOW_KEYS", "count_flows", "stalled"]
 FLOW_KEYS = (
     "approved", "rejected", "reviews", "reviews_twice", "reviews_late", "approvals_miscounted",
     "approvals_read", "signals_read_twice", "lost_signals", "unapproved_charges",
+    "model_steps", "model_calls", "model_again", "model_after_record",
     "children", "parents", "parents_woken", "double_wakes", "lost_wakes", "fan_in_wrong",
     "cancels", "cancelled", "cancelled_pending", "cancelled_running", "cancelled_waiting",
     "cancels_late", "after_cancel", "in_flight_at_cancel",
@@ -100,8 +104,13 @@ _TICKS = (
     "SELECT schedule_id, schedule_tick FROM agent_tasks"
     " WHERE tenant_id = ANY ($1) AND schedule_id IS NOT NULL"
 )
+_STEPS = (
+    "SELECT task_id, name, signal_seq, lease_token, created_at FROM agent_steps"
+    " WHERE tenant_id = ANY ($1) AND task_id = ANY ($2)"
+)
 # The demo's own ledgers (recreated for every run: no tenant to filter on).
 _READS = "SELECT task_id, seq, lease_token FROM agentdb_demo.signal_reads"
+_MODEL = "SELECT task_id, lease_token, at FROM agentdb_demo.model_calls"
 _REVIEWS = "SELECT task_id, sends, outcome FROM agentdb_demo.reviews"
 _CANCELS = "SELECT task_id, outcome, at FROM agentdb_demo.cancels"
 _EFFECTS = "SELECT key, action, task_id, at FROM agentdb_demo.provider_effects"
@@ -112,30 +121,29 @@ def _payload(raw: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _twice(events: list[_db.Record], reads: dict[tuple[uuid.UUID, int], set[int]]) -> int:
-    """Signals handed to a run after one that read them ended in a committed wait."""
-    claims: dict[uuid.UUID, list[tuple[int, int]]] = defaultdict(list)  # (version, token)
-    waits: dict[uuid.UUID, list[int]] = defaultdict(list)
-    for e in events:
-        if e["event_type"] in ("task.claimed", "task.reclaimed"):
-            token = _payload(e["payload"]).get("lease_token")
-            if token is not None:
-                claims[e["task_id"]].append((e["task_state_version"], int(token)))
-        elif e["from_state"] == "running" and e["to_state"] == "waiting":
-            waits[e["task_id"]].append(e["task_state_version"])
-    marked: dict[uuid.UUID, set[int]] = defaultdict(set)  # the tokens of runs that waited
-    for task_id, versions in waits.items():
-        runs = sorted(claims[task_id])
-        for w in versions:
-            before = [token for version, token in runs if version < w]
-            if before:
-                marked[task_id].add(before[-1])
-    twice = 0
-    for (task_id, _), tokens in reads.items():
-        first = min((t for t in tokens if t in marked[task_id]), default=None)
-        if first is not None:
-            twice += sum(t > first for t in tokens)
-    return twice
+def _twice(steps: list[_db.Record], reads: dict[tuple[uuid.UUID, int], set[int]]) -> int:
+    """Approvals handed to a run that are not the one its review step recorded, and
+    approvals taken by more than one step."""
+    taken: dict[uuid.UUID, int] = {
+        r["task_id"]: int(r["signal_seq"]) for r in steps if r["signal_seq"] is not None
+    }
+    by_step = Counter(
+        (r["task_id"], int(r["signal_seq"])) for r in steps if r["signal_seq"] is not None
+    )
+    twice = sum(taken.get(task_id) != seq for task_id, seq in reads)
+    return twice + sum(n - 1 for n in by_step.values())
+
+
+def _model(steps: list[_db.Record], calls: list[_db.Record], found: dict[str, int]) -> None:
+    """The ``assess`` step's model calls against its records (the docstring's rule)."""
+    recorded = {r["task_id"]: r for r in steps if r["name"] == "assess"}
+    found["model_steps"] = len(recorded)
+    found["model_calls"] = len(calls)
+    found["model_again"] = max(0, len(calls) - len(recorded))
+    per_run = Counter((c["task_id"], c["lease_token"]) for c in calls)
+    found["model_after_record"] = sum(n - 1 for n in per_run.values()) + sum(
+        c["task_id"] in recorded and c["at"] > recorded[c["task_id"]]["created_at"] for c in calls
+    )
 
 
 async def stalled(db: _db.Executor, tenant_ids: Sequence[uuid.UUID]) -> dict[str, int]:
@@ -199,14 +207,17 @@ async def count_flows(db: _db.Executor, tenant_ids: Sequence[uuid.UUID]) -> dict
     reads: dict[tuple[uuid.UUID, int], set[int]] = defaultdict(set)
     for r in await db.fetch(_READS):
         reads[(r["task_id"], r["seq"])].add(r["lease_token"])
-    found["approvals_read"] = sum((s["task_id"], s["seq"]) in reads for s in approvals)
-    found["signals_read_twice"] = _twice(events, reads)
+    steps = await db.fetch(_STEPS, tenants, ids)
+    taken = {(r["task_id"], r["signal_seq"]) for r in steps if r["signal_seq"] is not None}
+    found["approvals_read"] = sum((s["task_id"], s["seq"]) in taken for s in approvals)
+    found["signals_read_twice"] = _twice(steps, reads)
     stuck = await stalled(db, tenants)
     found["lost_signals"] = stuck["signal"] + sum(
-        (s["task_id"], s["seq"]) not in reads
+        (s["task_id"], s["seq"]) not in taken
         and invoices[s["task_id"]]["state"] in ("succeeded", "failed")
         for s in approvals
     )
+    _model(steps, await db.fetch(_MODEL), found)
     approved_at = {s["task_id"]: s["created_at"] for s in approvals if s["decision"] == "approved"}
     effects = await db.fetch(_EFFECTS)
     for e in effects:

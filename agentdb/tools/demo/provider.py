@@ -17,29 +17,34 @@ The worker runs :data:`WORKER` (the invoice handler and the reconcile hook
 that asks the provider), the relay runs :data:`PUBLISHER` (the consumer).
 Each process has its own connections, opened from ``$DATABASE_URL``.
 
-An invoice with ``lines`` in its params prices each line in a child task
-(:data:`LINE_TYPE`, G23) and charges their total once the last of them wakes
-it; one above :data:`REVIEW_ABOVE` first waits for a reviewer's approval
-(G22), and a rejection fails it with no effect. Every handler run notes the
-signals it was handed in ``signal_reads`` (what the demo checks "read once"
-against). An invoice without ``lines`` is charged as one amount, as before.
-The driver's reviewer, canceller and schedules are :mod:`agentdb.tools.demo.actors`.
+The invoice handler is straight-line code on the ledger (G25): a model
+step assesses the invoice (the fake model notes every call in
+``model_calls``, so the report can tell a step run once from one run again);
+one above :data:`REVIEW_ABOVE` waits for a reviewer's approval (G22), and a
+rejection fails it with no effect; an invoice with ``lines`` prices each line
+in a child task (:data:`LINE_TYPE`, G23) and charges their total; a durable
+sleep lets the charge settle before the receipt is emailed. Every run notes
+the approval its review step returned in ``signal_reads`` (what the demo
+checks "read once" against: one approval per task, the same on every
+re-entry). The driver's reviewer, canceller and schedules are
+:mod:`agentdb.tools.demo.actors`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from agentdb import _db, _dsn, _faults, inbox
 from agentdb.errors import BudgetExceeded
 from agentdb.models import Message, Operation, OutboxMessage, Signal
-from agentdb.tasks import FINISHED_STATES
-from agentdb.worker import Fail, Handler, Job, Reconciled, ReconcileHook, Succeed, Wait
+from agentdb.worker import Fail, Handler, Job, NotPerformed, Reconciled, ReconcileHook, Succeed
 
 __all__ = [
     "ACTIONS",
@@ -54,6 +59,7 @@ __all__ = [
     "WORKER",
     "ProviderError",
     "ProviderTimeout",
+    "assess",
     "invoice",
     "invoice_line",
     "provider_call",
@@ -103,6 +109,11 @@ SCHEMA = (
     "CREATE TABLE agentdb_demo.signal_reads (id bigserial PRIMARY KEY, tenant_id uuid NOT NULL,"
     " task_id uuid NOT NULL, seq bigint NOT NULL, lease_token bigint NOT NULL,"
     " at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    # The fake model's notes: every call of the invoice handler's "assess" step, by run.
+    "DROP TABLE IF EXISTS agentdb_demo.model_calls",
+    "CREATE TABLE agentdb_demo.model_calls (id bigserial PRIMARY KEY, tenant_id uuid NOT NULL,"
+    " task_id uuid NOT NULL, lease_token bigint NOT NULL,"
+    " at timestamptz NOT NULL DEFAULT clock_timestamp())",
     # The reviewer's and the canceller's own ledgers (agentdb.tools.demo.actors).
     "CREATE TABLE agentdb_demo.reviews (task_id uuid PRIMARY KEY, tenant_id uuid NOT NULL,"
     " decision text NOT NULL, sends int NOT NULL, outcome text NOT NULL,"
@@ -113,8 +124,8 @@ SCHEMA = (
 )
 
 
-class ProviderError(Exception):
-    """The provider refused the request; nothing happened."""
+class ProviderError(NotPerformed):
+    """The provider refused the request; nothing happened (so the next attempt calls again)."""
 
 
 class ProviderTimeout(Exception):
@@ -141,8 +152,11 @@ async def _provider_pool() -> _db.Pool:
     return _pool
 
 
-async def provider_call(key: str, action: str, task_id: uuid.UUID) -> str:
-    """Perform ``action`` once per idempotency ``key``; return the provider's reference.
+async def provider_call(
+    action: str, task: str, request: Mapping[str, int], *, idempotency_key: str
+) -> dict[str, str]:
+    """Perform ``action`` for task ``task`` (its id) once per idempotency key; return the
+    provider's reference. ``request`` is what is charged or sent (the invoice, the amount).
 
     Every request is logged on arrival, so the report can compare requests
     received with effects executed, and tell a repeat the key absorbed
@@ -152,6 +166,7 @@ async def provider_call(key: str, action: str, task_id: uuid.UUID) -> str:
         ProviderError: refused (503); nothing was done.
         ProviderTimeout: the effect happened (or was replayed) but the answer was lost.
     """
+    key, task_id = idempotency_key, uuid.UUID(task)
     pool = await _provider_pool()
     await asyncio.sleep(_rng.uniform(0.005, 0.04))
     request = await pool.fetchval(
@@ -184,7 +199,7 @@ async def provider_call(key: str, action: str, task_id: uuid.UUID) -> str:
     )
     if _rng.random() < TIMEOUT_RATE:
         raise ProviderTimeout("no answer within 30s")
-    return str(ref)
+    return {"ref": str(ref)}
 
 
 async def provider_lookup(op: Operation) -> Reconciled | None:
@@ -200,98 +215,90 @@ async def provider_lookup(op: Operation) -> Reconciled | None:
     return None if ref is None else Reconciled(True, str(ref), {"ref": str(ref)})
 
 
-async def _note_reads(job: Job, seen: list[Signal]) -> None:
-    """Write down the signals this run was handed (the check of "read once" reads them)."""
+async def assess(
+    tenant_id: uuid.UUID, task_id: uuid.UUID, lease_token: int, invoice: int, amount: int
+) -> dict[str, str]:
+    """The fake model: sorts an invoice into a risk band, slowly, noting each call.
+
+    Called through ``job.step`` with the run's own ids bound by
+    :func:`functools.partial` (only the invoice and amount are the step's
+    arguments, hashed with its name): the note says which run called it.
+    """
+    pool = await _provider_pool()
+    await pool.execute(
+        "INSERT INTO agentdb_demo.model_calls (tenant_id, task_id, lease_token)"
+        " VALUES ($1, $2, $3)",
+        tenant_id,
+        task_id,
+        lease_token,
+    )
+    await asyncio.sleep(_rng.uniform(0.005, 0.03))  # the model thinks
+    return {"band": "review" if amount > REVIEW_ABOVE else "auto", "invoice": str(invoice)}
+
+
+async def _note_read(job: Job, seen: Signal) -> None:
+    """Write down the approval this run's review step returned (the "read once" check)."""
     pool = await _provider_pool()
     await pool.execute(
         "INSERT INTO agentdb_demo.signal_reads (tenant_id, task_id, seq, lease_token)"
-        " SELECT $1, $2, unnest($3::bigint[]), $4",
+        " VALUES ($1, $2, $3, $4)",
         job.task.tenant_id,
         job.task.id,
-        [s.seq for s in seen],
+        seen.seq,
         job.task.lease_token,
     )
 
 
-def _decision(seen: list[Signal]) -> str | None:
-    """The reviewer's decision among the signals read, if it came."""
-    return next(
-        (s.decision for s in reversed(seen) if s.kind == "approval" and s.name == APPROVAL), None
-    )
+#: How long a charge settles before its receipt is emailed (a durable sleep).
+SETTLE = timedelta(milliseconds=50)
 
 
-async def _fan_out(job: Job, lines: list[int]) -> Wait:
-    """One child per line item (once per key: a retried fan-out gets the same children)."""
-    for i, amount in enumerate(lines):
-        await job.spawn(
-            LINE_TYPE, f"line-{i}", {"invoice": job.task.params["invoice"], "amount": amount},
-            max_attempts=job.task.max_attempts, lease_ttl=job.task.lease_ttl,
-        )  # fmt: skip
-    return Wait(children=True)
-
-
-async def invoice(job: Job) -> Succeed | Fail | Wait:
-    """Review (large invoices), price the lines in child tasks, then charge and email.
-
-    Each effect is reserved before the call and recorded after it. A charge the
-    tenant's budget has no room for fails the task (no effect), and so does a
-    rejection. Every run reads its unread signals first: the ``Wait`` it ends
-    in marks them read, so a run woken by its last child is handed none.
+async def invoice(job: Job) -> Succeed | Fail:
+    """Assess, review (large invoices), price the lines in child tasks, charge, let the
+    charge settle, email the receipt - written straight through: each named step is
+    recorded, so a run re-entered after a wait or a crash picks up where the last left
+    off (G25). A charge the tenant's budget has no room for fails the task (no effect),
+    and so does a rejection.
 
     Raises:
-        ProviderError, ProviderTimeout: the worker retries the task (a timeout
-            leaves the operation 'unknown', reconciled by the next attempt).
-        as :meth:`Job.reserve`, :meth:`Job.complete`, :meth:`Job.spawn`.
+        ProviderError, ProviderTimeout: the worker retries the task (a refusal was
+            recorded failed and is called again; a timeout is unknown, and the reconcile
+            hook asks the provider).
+        as :meth:`Job.step`, :meth:`Job.effect`, :meth:`Job.wait_for_signal`.
     """
     params = job.task.params
-    seen = await job.signals()
-    if seen:
-        await _note_reads(job, seen)
-    lines: list[int] | None = params.get("lines")
-    kids = await job.children() if lines else []
-    if not kids:
-        # Children come only after the approval: none yet, so it is still to be read.
-        if params["amount"] > REVIEW_ABOVE:
-            decision = _decision(seen)
-            if decision == "rejected":
-                return Fail(REJECTED)
-            if decision is None:
-                return Wait(signal=APPROVAL)
-        if lines:
-            return await _fan_out(job, lines)
-        total = int(params["amount"])
-    elif lines and (len(kids) < len(lines) or any(k.task.state not in FINISHED_STATES
-                                                  for k in kids)):  # fmt: skip
-        return await _fan_out(job, lines)  # a run that died while spawning them
-    else:
-        unpriced = [k for k in kids if k.task.state != "succeeded" or not k.result]
+    amount = int(params["amount"])
+    model = functools.partial(assess, job.task.tenant_id, job.task.id, job.task.lease_token)
+    await job.step("assess", model, params["invoice"], amount)
+    if amount > REVIEW_ABOVE:
+        review = await job.wait_for_signal("review", APPROVAL)
+        await _note_read(job, review)
+        if review.decision == "rejected":
+            return Fail(REJECTED)
+    lines: list[int] = params.get("lines") or []
+    total = amount
+    if lines:
+        priced = await job.run_children(
+            "lines",
+            [(LINE_TYPE, {"invoice": params["invoice"], "amount": a}) for a in lines],
+            max_attempts=job.task.max_attempts, lease_ttl=job.task.lease_ttl,
+        )  # fmt: skip
+        unpriced = [k for k in priced if not k.succeeded or not k.result]
         if unpriced:
             return Fail(f"{len(unpriced)} line item(s) could not be priced")
-        total = sum(int(k.result["amount"]) for k in kids if k.result)
-    for action in ACTIONS:
-        key = f"{job.task.id}/{action}"
+        total = sum(int(k.result["amount"]) for k in priced if k.result)
+    request = {"invoice": params["invoice"], "amount": total}
+    try:
         # The charge costs its amount against the tenant's budget, if it has one (G19).
-        cost = {BUDGET_UNIT: total} if action == "charge" else None
-        try:
-            res = await job.reserve(
-                key, action, {"invoice": params["invoice"], "amount": total}, cost=cost
-            )
-        except BudgetExceeded as exc:
-            left = exc.remaining.get(BUDGET_UNIT, 0)
-            return Fail(f"{BUDGET_STOP}: {total} {BUDGET_UNIT} asked, {left} left")
-        if not res.fresh:
-            continue  # done by an earlier attempt (or reconciled just now)
-        try:
-            ref = await provider_call(key, action, job.task.id)
-        except ProviderTimeout:
-            await job.mark_unknown(res.operation, "provider timed out")
-            raise
-        except ProviderError as exc:
-            await job.fail(res.operation, str(exc))
-            raise
-        await job.complete(res.operation, result={"ref": ref}, provider_reference=ref, cost=cost)
+        await job.effect("charge", provider_call, "charge", str(job.task.id), request,
+                         cost={BUDGET_UNIT: total})  # fmt: skip
+    except BudgetExceeded as exc:
+        left = exc.remaining.get(BUDGET_UNIT, 0)
+        return Fail(f"{BUDGET_STOP}: {total} {BUDGET_UNIT} asked, {left} left")
+    await job.sleep("settle", SETTLE)
+    await job.effect("email", provider_call, "email", str(job.task.id), request)
     return Succeed(
-        payload={"total": total, "lines": len(kids)},
+        payload={"total": total, "lines": len(lines)},
         outbox=(Message("invoice.paid", {"invoice": params["invoice"]}),),
     )
 

@@ -46,10 +46,13 @@ def _flows(c: dict[str, int]) -> list[tuple[str, str]]:
         ("invoices reviewed (G22)",
          f"{c['approved']} approved, {c['rejected']} rejected ({c['reviews_twice']} reviews"
          f" sent twice; {c['approvals_miscounted']} not recorded exactly once)"),
-        ("signals delivered once (read by their task)",
-         f"{c['approvals_read']} ({c['signals_read_twice']} read again after being marked read)"),
+        ("approvals taken once by their review step (G25)",
+         f"{c['approvals_read']} ({c['signals_read_twice']} handed to a run as another)"),
         ("signals lost", str(c["lost_signals"])),
         ("charges without an approval", str(c["unapproved_charges"])),
+        ("model steps recorded once, replayed after (G25)",
+         f"{c['model_steps']} steps, {c['model_calls']} model calls ({c['model_again']} again"
+         f" after a crash mid-step, {c['model_after_record']} after being recorded)"),
         ("line items priced by child tasks (G23)",
          f"{c['children']} for {c['parents']} invoices ({c['fan_in_wrong']} wrong totals)"),
         ("parents woken by their last child",

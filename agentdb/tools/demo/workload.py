@@ -225,8 +225,8 @@ class Result:
 #: The counts of :mod:`agentdb.tools.demo.checks` that fail a run unless 0.
 _FLOW_FAILURES = (
     "approvals_miscounted", "signals_read_twice", "lost_signals", "unapproved_charges",
-    "double_wakes", "lost_wakes", "fan_in_wrong", "after_cancel", "ticks_missed",
-    "ticks_doubled",
+    "model_after_record", "double_wakes", "lost_wakes", "fan_in_wrong", "after_cancel",
+    "ticks_missed", "ticks_doubled",
 )  # fmt: skip
 
 

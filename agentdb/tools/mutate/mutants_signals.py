@@ -10,6 +10,7 @@ SIGNALS = "sql/0020.signals.sql"
 CHILDREN = "sql/0021.children.sql"
 # 0022 replaces the guards, the fan-in and the purge of 0020 and 0021: their mutants live here.
 WAIT_RULES = "sql/0022.wait_rules.sql"
+STEPS = "sql/0029.steps.sql"
 KIDS = T + "test_children.py"
 TESTS = T + "test_signals.py"
 MODEL = T + "test_model.py"
@@ -144,7 +145,7 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "signal-wait-forgets-what-it-read",
         "agentdb/worker/finish.py",
-        "                    signals_read=job.signals_read,",
+        "                    signals_read=job.signals_read if outcome.signal is not None else None,",
         "                    signals_read=None,",
         (TESTS + "::test_G22_a_worker_handler_waits_for_approval_and_reads_each_signal_once",),
         "the worker's Wait does not move the cursor: the handler reads the same signals again",
@@ -227,7 +228,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "purge-takes-a-parent",
-        WAIT_RULES,
+        STEPS,  # 0029 redefines agentdb_purge_tasks whole
         "                 AND NOT EXISTS (SELECT 1 FROM agent_tasks c\n"
         "                                 WHERE c.tenant_id = k.tenant_id AND c.parent_id = k.id)",
         "",
@@ -322,7 +323,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "purge-takes-a-signalled-task",
-        WAIT_RULES,
+        STEPS,  # 0029 redefines agentdb_purge_tasks whole
         "                 AND NOT EXISTS (SELECT 1 FROM agent_signals s\n"
         "                                 WHERE s.tenant_id = k.tenant_id AND s.task_id = k.id)\n",
         "",
