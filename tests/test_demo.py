@@ -22,13 +22,13 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from agentdb import leases, operations, signals, tasks
+from agentdb import leases, operations, signals, steps, tasks
 from agentdb.errors import ConfigurationError
 from agentdb.models import Operation
 from agentdb.tools.demo.actors import REVIEWER, SCHEDULE, Plan
@@ -38,6 +38,7 @@ from agentdb.tools.demo.provider import REJECTED, REVIEW_ABOVE, SCHEMA, TASK_TYP
 from agentdb.tools.demo.report import report
 from agentdb.tools.demo.workload import _FLOW_FAILURES, Result, _lines, count, run_workload
 from tests import _pg, _procs
+from tests import factories as F
 from tests.conftest import Database, Tenants
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,43 +194,38 @@ async def _handed(
 
 
 @pytest.mark.parametrize(
-    ("first_run_ends", "twice"),
+    ("second_run_handed", "twice"),
     [
-        pytest.param("retry", 0, id="handed-again-after-a-retry-that-marked-nothing"),
-        pytest.param("wait", 1, id="handed-again-after-a-wait-that-marked-it-read"),
+        pytest.param(1, 0, id="the-recorded-approval-again-on-re-entry"),
+        pytest.param(2, 1, id="another-approval-than-the-recorded-one"),
     ],
 )
-async def test_G22_a_signal_handed_again_after_a_wait_marked_it_read_is_counted_twice(
+async def test_G22_G25_a_run_handed_another_approval_than_its_step_took_is_counted_twice(
     pool: asyncpg.Pool,
     admin_conn: asyncpg.Connection,
     tenants: Tenants,
-    first_run_ends: str,
+    second_run_handed: int,
     twice: int,
 ) -> None:
-    """Two runs of one task are handed the same approval. After a run that ended in a retry
-    (a crash, an error) that is what must happen: nothing was marked read. After a run that
-    ended in a wait, whose write moved the cursor past it, it was delivered twice."""
+    """The review step takes one approval and records it (G25): every later run of the task
+    is handed that one again - a replay, as it must be. A run handed another approval than
+    the recorded one was a second delivery."""
     for statement in SCHEMA:
         await admin_conn.execute(statement)
     params = {"invoice": 1, "amount": REVIEW_ABOVE + 1, "lines": [REVIEW_ABOVE + 1]}
     task = await tasks.create(pool, tenants.a, TASK_TYPE, params=params)
     sent = await signals.approve(pool, tenants.a, task.id, approver=REVIEWER)
+    await tasks.signal(pool, tenants.a, task.id, "approval")  # seq 2: not the one taken
     [run] = await leases.claim(pool, "w-1", lease_ttl=timedelta(seconds=30))
     assert run.lease is not None
+    taken = await steps.take_signal(
+        pool, tenants.a, task.id, "review", "approval", input_hash=F.HASH, lease=run.lease
+    )
+    assert taken.step is not None
+    assert taken.step.signal is not None
+    assert taken.step.signal.seq == sent.seq
     await _handed(admin_conn, task.id, tenants.a, sent.seq, run.lease_token)
-    if first_run_ends == "wait":  # as the worker writes a Wait: the cursor moves with it
-        slept = await tasks.transition(
-            pool, tenants.a, task.id, expected_version=run.state_version, to_state="waiting",
-            wake_at=datetime.now(UTC) + timedelta(days=1), lease=run.lease, signals_read=sent.seq,
-        )  # fmt: skip
-        await tasks.wake(pool, slept)
-    else:
-        await tasks.transition(
-            pool, tenants.a, task.id, expected_version=run.state_version, to_state="pending",
-            lease=run.lease, event_type="task.retry",
-        )  # fmt: skip
-    [again] = await leases.claim(pool, "w-2", lease_ttl=timedelta(seconds=30))
-    await _handed(admin_conn, task.id, tenants.a, sent.seq, again.lease_token)
+    await _handed(admin_conn, task.id, tenants.a, second_run_handed, run.lease_token + 1)
     counts = await count(admin_conn, [tenants.a])
     assert counts["approvals_read"] == 1
     assert counts["signals_read_twice"] == twice

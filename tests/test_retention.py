@@ -156,6 +156,36 @@ async def test_G9_purge_removes_operations_and_tasks_only_after_their_audit_trai
     )
 
 
+async def test_G9_G25_a_purged_task_takes_its_steps_with_it(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A finished task's recorded steps refer to it: the tasks purge deletes them first, by
+    its own rules, so the task goes - and a live task's steps stay."""
+    from agentdb import leases, steps
+
+    done = await tasks.create(pool, tenants.a, "t-steps")
+    live = await tasks.create(pool, tenants.a, "t-steps")
+    for _ in range(2):
+        [held] = await leases.claim(pool, "w", task_types=["t-steps"])
+        assert held.lease is not None
+        await steps.record(pool, tenants.a, held.id, "plan", kind="step", input_hash=F.HASH,
+                           result='{"n": 1}', lease=held.lease)  # fmt: skip
+        if held.id == done.id:
+            await tasks.transition(pool, tenants.a, held.id, expected_version=held.state_version,
+                                   to_state="succeeded", lease=held.lease)  # fmt: skip
+    async with admin_conn.transaction():  # the audit trail's retention passes
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
+            " retain_until = now() - interval '1 day'"
+        )
+    purged = await retention.purge(admin_conn, ages={"tasks": timedelta(0)})
+    assert purged.removed["tasks"] == 1
+    left = await admin_conn.fetch("SELECT task_id FROM agent_steps")
+    assert [r["task_id"] for r in left] == [live.id]
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", done.id) == 0
+
+
 async def test_G9_only_the_owner_purges(runtime_conn: asyncpg.Connection) -> None:
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await retention.purge(runtime_conn)

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from agentdb import leases, operations, outbox, tasks
+from agentdb import leases, operations, outbox, steps, tasks
 from agentdb.errors import NotFound
 from agentdb.models import Message
 from agentdb.tenancy import TenantDeletion, delete_tenant
@@ -55,6 +55,9 @@ async def _populate(pool: asyncpg.Pool, admin: asyncpg.Connection, tenant: uuid.
     await operations.complete(
         pool, res.operation, result={"msg": "m_1"}, provider_reference="m_1", lease=claimed.lease
     )
+    assert claimed.lease is not None
+    await steps.record(pool, tenant, done.id, "plan", kind="step", input_hash=F.HASH,
+                       result='{"pages": 3}', lease=claimed.lease)  # fmt: skip
     failed = await operations.reserve(
         pool, tenant, done.id, "sms-1", "sms", {"to": "+100"}, lease=claimed.lease
     )
@@ -130,6 +133,10 @@ async def test_G17_tenant_deletion_follows_the_policy(
     assert by_action["agent_tasks", "cancel and anonymise"].affected == 2  # the expired one goes
     assert by_action["agent_operations", "anonymise"].affected == 2
     assert by_action["agent_tasks", "delete (no retained events)"].affected == 1  # the expired one
+    assert by_action["agent_steps", "delete"].affected == 1  # a handler's memory, not history
+    steps_left = "SELECT count(*) FROM agent_steps WHERE tenant_id = $1"
+    assert await admin_conn.fetchval(steps_left, tenants.a) == 0
+    assert await admin_conn.fetchval(steps_left, tenants.b) == 1
     assert not real.complete
     assert real.retained_until is not None
     assert real.retained_until > datetime.now(UTC) + timedelta(days=300)

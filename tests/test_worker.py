@@ -481,6 +481,22 @@ async def test_G13_an_action_declared_manual_is_surfaced_as_unknown_and_parked(
     assert "parked" in (later.last_error or "")
 
 
+async def test_G13_a_key_reserved_twice_in_one_attempt_is_in_flight(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The attempt that reserved a key holds its call: reserving it again in the same run is
+    not a crashed attempt's operation to call again, it is in flight."""
+    task = await tasks.create(pool, tenants.a, "t")
+    [held] = await leases.claim(pool, "w")
+    job = Job(pool, held, reconcilers={})
+    first = await job.reserve("k", "wire", {"eur": 1})
+    assert first.fresh
+    with pytest.raises(OperationInFlight):
+        await job.reserve("k", "wire", {"eur": 1})
+    assert (await operations.get(pool, tenants.a, first.operation.id)).state == "reserved"
+    assert task.id == held.id
+
+
 async def _parked(worker: Worker) -> bool:
     return worker.stats.parked >= 1
 

@@ -67,6 +67,7 @@ def all_mutants() -> tuple[Mutant, ...]:
         mutants_schema,
         mutants_signals,
         mutants_statements,
+        mutants_steps,
     )
 
     return (
@@ -79,4 +80,5 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_signals.MUTANTS
         + mutants_schedules.MUTANTS
         + mutants_routed.MUTANTS
+        + mutants_steps.MUTANTS
     )

@@ -1,0 +1,202 @@
+"""Mutants of the durable handlers (G25): the steps' table and guard, their statements, the
+straight-line API, and what the worker does with an effect whose outcome is unknown (G13)."""
+
+from __future__ import annotations
+
+from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
+
+STEPS = "sql/0029.steps.sql"
+STEPS_SQL = "agentdb/queries/steps.sql"
+DURABLE = "agentdb/worker/durable.py"
+JOB = "agentdb/worker/job.py"
+TESTS = T + "test_durable.py"
+KIT = T + "test_testing_kit.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ---- the database's rules ------------------------------------------------------------
+    m(
+        "steps-guard-any-token",
+        STEPS,
+        "    IF task.state <> 'running' OR task.lease_token <> NEW.lease_token THEN\n",
+        "    IF task.state <> 'running' THEN\n",
+        (ATTACKS,),
+        "agentdb_guard_step: a worker whose lease was taken over records a step (G12)",
+    ),
+    m(
+        "steps-guard-finished-task",
+        STEPS,
+        "    IF task.state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN\n",
+        "    IF false THEN\n",
+        (ATTACKS,),
+        "agentdb_guard_step: a finished task's step is refused as a lease problem, not AG012",
+    ),
+    m(
+        "steps-guard-recorded-changes",
+        STEPS,
+        "           OLD.state <> 'waiting' OR NEW.state <> 'done'\n",
+        "           NEW.state <> 'done'\n",
+        (ATTACKS,),
+        "agentdb_guard_step: a recorded (done) step's result may be rewritten",
+    ),
+    m(
+        "steps-guard-takes-any-signal",
+        STEPS,
+        "    IF NEW.signal_seq IS NOT NULL AND NOT EXISTS (\n",
+        "    IF false AND NOT EXISTS (\n",
+        (ATTACKS,),
+        "agentdb_guard_step: a step takes a signal its task was never sent",
+    ),
+    m(
+        "steps-signal-taken-twice",
+        STEPS,
+        "    CONSTRAINT agent_steps_signal_key UNIQUE (tenant_id, task_id, signal_seq),\n",
+        "",
+        (ATTACKS,),
+        "agent_steps: two steps may take one signal (an approval read twice)",
+    ),
+    m(
+        "outbox-message-for-a-cancelled-task",
+        STEPS,
+        "    IF task_state = 'cancelled' THEN\n",
+        "    IF false THEN\n",
+        (ATTACKS, TESTS + "::test_G20_a_message_enqueued_for_a_cancelled_task_is_refused"),
+        "agentdb_guard_outbox_task: a message naming a cancelled task is enqueued (G20)",
+    ),
+    m(
+        "delete-tenant-leaves-its-steps",
+        STEPS,
+        "        DELETE FROM agent_steps s WHERE s.tenant_id = p_tenant;\n"
+        "        GET DIAGNOSTICS steps = ROW_COUNT;\n",
+        "        steps := 0;\n",
+        (T + "test_tenant_deletion.py",),
+        "agentdb_delete_tenant: the tenant's steps stay, and its tasks cannot go (G17)",
+    ),
+    m(
+        "purge-leaves-steps",
+        STEPS,
+        "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
+        "        WHERE s.tenant_id = p_tenant AND k.tenant_id = p_tenant AND k.id = s.task_id\n",
+        "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
+        "        WHERE false AND s.tenant_id = p_tenant AND k.tenant_id = p_tenant"
+        " AND k.id = s.task_id\n",
+        (T + "test_retention.py::test_G9_G25_a_purged_task_takes_its_steps_with_it",),
+        "agentdb_purge_tasks: a finished task's steps stay, so the task is never purged",
+    ),
+    m(
+        "step-take-ignores-taken",
+        STEPS_SQL,
+        "      AND NOT EXISTS (SELECT 1 FROM agent_steps s\n"
+        "                      WHERE s.tenant_id = $1 AND s.task_id = $2 AND s.signal_seq = g.seq)\n",
+        "",
+        (TESTS + "::test_G25_a_wait_takes_one_signal_once_and_a_re_entry_gets_the_same_one",),
+        "step_take_signal: a second wait takes the signal the first one took",
+    ),
+    m(
+        "wait-refunds-no-attempt",
+        "agentdb/queries/tasks.sql",
+        "                        THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,",
+        "                        THEN t.attempts ELSE t.attempts END,",
+        (TESTS + "::test_G25_a_sleep_ends_once",),
+        "task_transition: a run that ends waiting keeps its attempt (waits wear a task out)",
+    ),
+    # ---- the straight-line API ---------------------------------------------------------------
+    m(
+        "step-replayed-for-other-arguments",
+        DURABLE,
+        "        if found.kind != kind or found.input_hash != digest:",
+        "        if found.kind != kind:",
+        (TESTS,),
+        "Durable: a step name reached with other arguments replays the other call's result",
+    ),
+    m(
+        "effect-replay-asks-the-database",
+        DURABLE,
+        '        if found is not None and found.state == "succeeded":',
+        "        if False:",
+        (TESTS + "::test_G25_replaying_k_recorded_steps_costs_one_round_trip",),
+        "Durable.effect: a recorded effect is replayed by a reserve, not from the ledger read",
+    ),
+    m(
+        "effect-definite-failure-as-unknown",
+        DURABLE,
+        "            await self.fail(op, describe(exc))",
+        "            await self.mark_unknown(op, describe(exc))",
+        (TESTS,),
+        "Durable.effect: a definite failure (NotPerformed) is recorded unknown",
+    ),
+    m(
+        "step-result-unmasked",
+        DURABLE,
+        "    return json_value(redaction.mask(value), cap=OBJECT_CAP,",
+        "    return json_value(value, cap=OBJECT_CAP,",
+        (TESTS,),
+        "Durable: a step's result is stored with its secrets",
+    ),
+    m(
+        "wait-leaves-the-cursor",
+        DURABLE,
+        "        self.signals_read = max(self.signals_read or 0, taken.last_seq) or None",
+        "        self.signals_read = self.signals_read",
+        (TESTS + "::test_G25_a_wait_takes_one_signal_once_and_a_re_entry_gets_the_same_one",),
+        "Durable.wait_for_signal: the wait does not sleep past the signals already taken",
+    ),
+    m(
+        "run-children-no-quorum",
+        DURABLE,
+        "        need = len(wanted) if quorum is None else quorum",
+        "        need = len(wanted)",
+        (TESTS + "::test_G25_a_quorum_returns_the_results_it_saw_and_keeps_them",),
+        "Durable.run_children: a quorum waits for every child",
+    ),
+    # ---- an unknown outcome, with and without a hook (G13) ---------------------------------
+    m(
+        "recover-manual-called-again",
+        JOB,
+        "            if policy == MANUAL:\n                raise OperationUnsettled(op)\n",
+        "",
+        (TESTS, T + "test_worker.py"),
+        "Job._recover: an effect declared MANUAL is called again instead of parked",
+    ),
+    m(
+        "recover-never-called-again",
+        JOB,
+        "            return Reservation(await operations.start(self.pool, op, lease=self.lease), "
+        "fresh=True)\n",
+        "            raise OperationUnsettled(op)\n",
+        (TESTS, T + "test_worker.py"),
+        "Job._recover: without a hook the provider is never called again (the README's trap)",
+    ),
+    m(
+        "recover-own-attempt-twice",
+        JOB,
+        "            if busy.operation.task_id != self.task.id or busy.operation.id in self._fresh:",
+        "            if busy.operation.task_id != self.task.id:",
+        (T + "test_worker.py::test_G13_a_key_reserved_twice_in_one_attempt_is_in_flight",),
+        "Job.reserve: a key reserved twice in one attempt is handed out fresh twice",
+    ),
+    m(
+        "parked-spends-its-attempt",
+        "agentdb/worker/loop.py",
+        "                    refund_attempt=True,\n                )\n                self.stats.parked += 1",
+        "                    refund_attempt=False,\n                )\n                self.stats.parked += 1",
+        (TESTS, T + "test_worker.py"),
+        "worker: a task parked for an operator spends an attempt each time it looks",
+    ),
+    m(
+        "cursor-moves-on-every-wait",
+        "agentdb/worker/finish.py",
+        "                    signals_read=job.signals_read if outcome.signal is not None else None,",
+        "                    signals_read=job.signals_read,",
+        (TESTS,),
+        "worker: a Wait for children moves the signal cursor (the README's approval trap)",
+    ),
+    m(
+        "lease-watch-blind",
+        "agentdb/worker/loop.py",
+        "                if held.get(job.task.id) != job.lease.token:\n"
+        "                    job.nudge.set()\n",
+        "                pass\n",
+        (TESTS + "::test_G20_a_cancel_stops_a_handler_inside_a_long_step_by_the_lease_watch",),
+        "worker: the lease watch never tells a job its lease went",
+    ),
+)
