@@ -141,3 +141,41 @@ def test_the_example_test_file_runs_green_as_written(
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert re.search(r"\b3 passed\b", out.stdout), out.stdout[-2000:]
     assert "skipped" not in out.stdout
+
+
+def test_the_first_agent_in_the_readme_is_the_example_file() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    assert (ROOT / "examples" / "first_agent.py").read_text() in blocks
+
+
+def test_the_first_agent_runs_on_the_embedded_default() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "first_agent.py")],
+        capture_output=True, text=True, env=env, timeout=180, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "refund succeeded, steps recorded: ['lookup', 'review', 'cool-off']" in out.stdout
+
+
+def _handler_blocks() -> list[str]:
+    """The README's python blocks that define a handler (``async def ...(job: Job)``) and are
+    not a whole example file."""
+    readme = (ROOT / "README.md").read_text()
+    whole = {p.read_text() for p in (ROOT / "examples").glob("*.py")}
+    return [
+        b
+        for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+        if re.search(r"async def \w+\(job: Job\)", b) and b not in whole
+    ]
+
+
+def test_every_handler_in_the_readme_is_one_the_suite_runs() -> None:
+    """Each handler block is an excerpt of examples/handlers.py, whose handlers
+    tests/test_examples.py runs against Postgres: none is shown that no test ran."""
+    source = (ROOT / "examples" / "handlers.py").read_text()
+    blocks = _handler_blocks()
+    assert len(blocks) >= 4
+    for block in blocks:
+        assert block in source, block

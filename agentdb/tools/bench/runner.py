@@ -60,7 +60,7 @@ from agentdb.tools.bench.report import write_outputs
 from agentdb.tools.bench.scaling import bench_scaling, bench_tenant_scaling
 from agentdb.tools.bench.snapshot import bench_snapshot, offered_rate
 from agentdb.tools.bench.statements import STATEMENTS, Body, Slot, open_slots
-from agentdb.tools.bench.targets import WORKER_10, WORKER_100
+from agentdb.tools.bench.targets import BY_HAND, DURABLE, WORKER_10, WORKER_100
 from agentdb.tools.bench.workers import worker_run
 from agentdb.tools.pgbouncer import find_binary, pgbouncer
 
@@ -214,7 +214,21 @@ def _contenders(peers: set[str]) -> list[_Contender]:
             _Contender("Procrastinate", w, "procrastinate", 1,
                        f"no-op jobs, {w} worker(s) of concurrency 1"),
         ]  # fmt: skip
+    out += [
+        _Contender(DURABLE, 4, "agentdb-durable", 10,
+                   "4 `agentdb worker` processes: job.step/effect/sleep, each re-entry one read"),
+        _Contender(BY_HAND, 4, "agentdb-by-hand", 10,
+                   "the same 6 steps and 5 waits: current_step, effects replayed by reserve"),
+    ]  # fmt: skip
     return [c for c in out if c.kind.startswith("agentdb") or c.kind in peers]
+
+
+#: The contenders that are real worker processes, and the handler each runs.
+_WORKER_KINDS = {
+    "agentdb-worker": "cycle",
+    "agentdb-durable": "durable",
+    "agentdb-by-hand": "by-hand",
+}
 
 
 def _cycle_row(c: _Contender) -> dict[str, Any]:
@@ -270,10 +284,11 @@ class _CycleBench:
         Raises:
             whatever the contender raises (the caller decides whether that is fatal).
         """
-        if c.kind == "agentdb-worker":  # _record says if not all n succeeded
+        if c.kind in _WORKER_KINDS:  # _record says if not all n succeeded
             self.runs += 1
             return await worker_run(self.db, self.pool, self.tenant, f"cycle-{self.runs}",
-                                    c.workers, c.batch, n, clock, self.probe)  # fmt: skip
+                                    c.workers, c.batch, n, clock, self.probe,
+                                    _WORKER_KINDS[c.kind])  # fmt: skip
         if c.kind.startswith("agentdb"):
             return await self._agentdb(c, n, clock, errors, rep)
         if c.kind == "pgqueuer":

@@ -11,13 +11,16 @@ from typing import Any, TypedDict
 from agentdb.tools.bench.harness import median, ratios
 
 __all__ = [
-    "PGQ_DEFAULT", "PGQ_TUNED", "RAW_DRAIN", "WORKER_10", "WORKER_100", "Target", "by_name",
+    "BY_HAND", "DURABLE", "PGQ_DEFAULT", "PGQ_TUNED", "RAW_DRAIN", "WORKER_10", "WORKER_100",
+    "Target", "by_name",
     "relays_by_name",
     "target_row", "targets", "throughput_ratio",
 ]  # fmt: skip
 
 WORKER_10 = "agentdb Worker processes, concurrency 10"
 WORKER_100 = "agentdb Worker processes, concurrency 100"
+DURABLE = "agentdb durable handler (6 steps, re-entered 5 times)"
+BY_HAND = "agentdb the same by hand (job.reserve, current_step)"
 PGQ_DEFAULT = "PgQueuer default (batch 10)"
 PGQ_TUNED = "PgQueuer tuned (batch 250)"
 RAW_DRAIN = "raw SKIP LOCKED, one statement"
@@ -115,7 +118,20 @@ def _cycle_targets(r: dict[str, Any]) -> list[Target]:
             _BATCHED, PGQ_TUNED, 0.6),
         _vs(r, "no-op cycle (claim + finish), 4 workers ÷ PgQueuer tuned", _NOOP, PGQ_TUNED, 1.0),
         _server_cpu(r, _BATCHED, 300.0),
+        _vs(r, "durable handler (G25) ÷ the same by hand, 4 worker processes", DURABLE, BY_HAND,
+            None),
+        _cpu_vs(r, "durable handler ÷ by hand, server CPU per task, 4 worker processes",
+                DURABLE, BY_HAND),
     ]  # fmt: skip
+
+
+def _cpu_vs(r: dict[str, Any], name: str, ours: str, theirs: str) -> Target:
+    by = by_name(r)
+    a, b = by.get((ours, 4)), by.get((theirs, 4))
+    if not a or not b or not a.get("server_cpu_us_per_task") or not b.get("server_cpu_us_per_task"):
+        return _target(name, None, None, higher=False, detail="not measured")
+    ratio = median(a["server_cpu_us_per_task"]) / median(b["server_cpu_us_per_task"])
+    return _target(name, ratio, None, higher=False)
 
 
 def _relay_targets(r: dict[str, Any]) -> list[Target]:

@@ -25,7 +25,7 @@ import uuid
 from typing import IO, LiteralString
 
 from agentdb import _db
-from agentdb.tools.bench.handlers import TYPE_ENV
+from agentdb.tools.bench.handlers import HANDLER_ENV, TYPE_ENV
 from agentdb.tools.bench.harness import (
     ANALYZE,
     Clock,
@@ -46,8 +46,8 @@ _LISTENING: LiteralString = (
 # Cheap enough to ask every 10 ms: two probes of the partial due and running indexes.
 _BUSY: LiteralString = (
     "SELECT EXISTS (SELECT 1 FROM agent_tasks WHERE tenant_id = $1 AND task_type = $2"
-    " AND state = 'pending') OR EXISTS (SELECT 1 FROM agent_tasks WHERE tenant_id = $1"
-    " AND task_type = $2 AND state = 'running')"
+    " AND state IN ('pending', 'waiting')) OR EXISTS (SELECT 1 FROM agent_tasks"
+    " WHERE tenant_id = $1 AND task_type = $2 AND state = 'running')"
 )
 _DONE: LiteralString = (
     "SELECT count(*) FROM agent_tasks WHERE task_type = $1 AND state = 'succeeded'"
@@ -69,8 +69,10 @@ def _ticks(pid: int) -> int:
     return int(rest[11]) + int(rest[12])  # utime + stime
 
 
-def _spawn(url: str, task_type: str, concurrency: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, **{TYPE_ENV: task_type})
+def _spawn(
+    url: str, task_type: str, concurrency: int, log: IO[bytes], handler: str
+) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, **{TYPE_ENV: task_type, HANDLER_ENV: handler})
     env.pop("AGENTDB_FAULTS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "agentdb", "worker", _HANDLERS, "--dsn", url,
@@ -110,8 +112,10 @@ async def worker_run(
     n: int,
     clock: Clock,
     probe: Probe,
+    handler: str = "cycle",
 ) -> tuple[Cycle, Window]:
-    """Drain ``n`` seeded tasks with ``workers`` real worker processes.
+    """Drain ``n`` seeded tasks with ``workers`` real worker processes running ``handler``
+    (:mod:`agentdb.tools.bench.handlers`).
 
     Returns:
         what ran (with the processes' CPU seconds over the run), and the run's window.
@@ -120,7 +124,7 @@ async def worker_run(
         RuntimeError: a process died or the run did not finish in time (with its output).
     """
     with tempfile.TemporaryFile() as log:
-        procs = [_spawn(db.url, task_type, concurrency, log) for _ in range(workers)]
+        procs = [_spawn(db.url, task_type, concurrency, log, handler) for _ in range(workers)]
         try:
 
             async def listening() -> bool:
