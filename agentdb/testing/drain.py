@@ -21,7 +21,8 @@ from agentdb.models import Task
 from agentdb.relay import Publisher, Relay
 from agentdb.testing._postgres import Database
 from agentdb.testing.provider import recording
-from agentdb.worker import Handler, Job, ReconcileHook, Worker, WorkerStats
+from agentdb.worker import Handler, Job, Worker, WorkerStats
+from agentdb.worker.outcomes import Reconciler
 
 __all__ = ["DrainTimeout", "Drained", "drain", "split_handlers"]
 
@@ -86,8 +87,8 @@ class Drained:
 
 def split_handlers(
     handlers: Mapping[str, Handler] | Any,
-    reconcilers: Mapping[str, ReconcileHook] | None = None,
-) -> tuple[dict[str, Handler], dict[str, ReconcileHook]]:
+    reconcilers: Mapping[str, Reconciler] | None = None,
+) -> tuple[dict[str, Handler], dict[str, Reconciler]]:
     """Handlers and hooks from a dict, or from an object with ``.handlers`` and
     ``.reconcilers`` (the shape ``agentdb worker MODULE:ATTR`` loads); ``reconcilers``
     given here are added to the object's."""
@@ -101,7 +102,7 @@ async def drain(
     db: _db.Pool | Database | str,
     handlers: Mapping[str, Handler] | Any,
     *,
-    reconcilers: Mapping[str, ReconcileHook] | None = None,
+    reconcilers: Mapping[str, Reconciler] | None = None,
     publisher: Publisher | None = None,
     within: float = 30.0,
     concurrency: int = 4,
@@ -143,6 +144,7 @@ async def drain(
     try:
         worker = Worker(
             pool, {t: tracked(h) for t, h in table.items()}, reconcilers=hooks,
+            definite=tuple(getattr(handlers, "definite", ())),
             concurrency=concurrency, poll_interval=0.02, retry_base=retry_base,
             shutdown_grace=1.0, maintenance_interval=0.5,
         )  # fmt: skip

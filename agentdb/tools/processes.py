@@ -67,21 +67,32 @@ def add_worker(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=_worker)
 
 
-def _handlers(target: Any, spec: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """The handlers and reconcile hooks ``spec`` names, checked before any connection.
+def _handlers(
+    target: Any, spec: str
+) -> tuple[Mapping[str, Any], Mapping[str, Any], tuple[type[BaseException], ...]]:
+    """The handlers, reconcile hooks (or MANUAL) and definite errors ``spec`` names, checked
+    before any connection.
 
     Raises:
         ConfigurationError: not a non-empty dict (or an object with ``.handlers``),
-            or a handler or hook that is not an async callable (named).
+            a handler or hook that is not an async callable (named), or ``.definite``
+            that is not a tuple of exception classes.
     """
     from agentdb.worker.outcomes import check_handlers
 
     handlers = getattr(target, "handlers", target)
     reconcilers = getattr(target, "reconcilers", {})
+    definite = getattr(target, "definite", ())
+    if not isinstance(definite, tuple) or not all(
+        isinstance(d, type) and issubclass(d, BaseException) for d in definite
+    ):
+        raise ConfigurationError(
+            f"{spec}: .definite must be a tuple of exception classes (a provider's refusals)"
+        )
     if not isinstance(handlers, Mapping) or not handlers:
         raise ConfigurationError(
             f"{spec} must be a non-empty dict of task type -> async handler "
-            "(or an object with .handlers and optional .reconcilers)"
+            "(or an object with .handlers and optional .reconcilers and .definite)"
         )
     if not isinstance(reconcilers, Mapping):
         raise ConfigurationError(f"{spec}: .reconcilers must be a dict of action -> async hook")
@@ -89,7 +100,7 @@ def _handlers(target: Any, spec: str) -> tuple[Mapping[str, Any], Mapping[str, A
         check_handlers(handlers, reconcilers)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{spec}: {exc}") from None
-    return handlers, reconcilers
+    return handlers, reconcilers, definite
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -105,7 +116,7 @@ def _worker(args: argparse.Namespace) -> int:
     _check_intervals(args, shutdown_grace=0)
     if not args.retry_cap > 0:  # also NaN
         raise ConfigurationError("--retry-cap must be more than 0 seconds")
-    handlers, reconcilers = _handlers(load(args.handlers, "handler"), args.handlers)
+    handlers, reconcilers, definite = _handlers(load(args.handlers, "handler"), args.handlers)
     setup_logging(args)
 
     async def body(pool: _db.Pool) -> None:
@@ -113,6 +124,7 @@ def _worker(args: argparse.Namespace) -> int:
             pool,
             handlers,
             reconcilers=reconcilers,
+            definite=definite,
             worker_id=args.worker_id,
             concurrency=args.concurrency,
             lease_ttl=timedelta(seconds=args.lease_ttl) if args.lease_ttl else None,
