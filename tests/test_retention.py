@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
 from datetime import timedelta
 
 import asyncpg
@@ -160,30 +161,43 @@ async def test_G9_G25_a_purged_task_takes_its_steps_with_it(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
     """A finished task's recorded steps refer to it: the tasks purge deletes them first, by
-    its own rules, so the task goes - and a live task's steps stay."""
+    its own rules, so the task goes - and a live task's steps stay. Both ways the purge
+    runs: one tenant's (agentdb_purge_tenant, as on Citus), and every tenant's."""
     from agentdb import leases, steps
 
-    done = await tasks.create(pool, tenants.a, "t-steps")
-    live = await tasks.create(pool, tenants.a, "t-steps")
-    for _ in range(2):
-        [held] = await leases.claim(pool, "w", task_types=["t-steps"])
-        assert held.lease is not None
-        await steps.record(pool, tenants.a, held.id, "plan", kind="step", input_hash=F.HASH,
-                           result='{"n": 1}', lease=held.lease)  # fmt: skip
-        if held.id == done.id:
-            await tasks.transition(pool, tenants.a, held.id, expected_version=held.state_version,
-                                   to_state="succeeded", lease=held.lease)  # fmt: skip
+    done: dict[uuid.UUID, uuid.UUID] = {}
+    live: list[uuid.UUID] = []
+    for tenant in (tenants.a, tenants.b):
+        done[tenant] = (await tasks.create(pool, tenant, "t-steps")).id
+        live.append((await tasks.create(pool, tenant, "t-steps")).id)
+        for _ in range(2):
+            [held] = await leases.claim(pool, "w", task_types=["t-steps"])
+            assert held.lease is not None
+            await steps.record(pool, held.tenant_id, held.id, "plan", kind="step",
+                               input_hash=F.HASH, result='{"n": 1}', lease=held.lease)  # fmt: skip
+            if held.id == done[tenant]:
+                await tasks.transition(pool, tenant, held.id, lease=held.lease,
+                                       expected_version=held.state_version,
+                                       to_state="succeeded")  # fmt: skip
     async with admin_conn.transaction():  # the audit trail's retention passes
         await F.replica_mode(admin_conn)
         await admin_conn.execute(
             "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
             " retain_until = now() - interval '1 day'"
         )
+    for kind in ("events", "tasks"):  # a task goes once its audit trail has gone
+        gone = await admin_conn.fetchval(
+            "SELECT agentdb_purge_tenant($1, $2, 100, interval '0')", tenants.a, kind
+        )
+    assert gone == 1
     purged = await retention.purge(admin_conn, ages={"tasks": timedelta(0)})
-    assert purged.removed["tasks"] == 1
+    assert purged.removed["tasks"] == 1  # tenant b's
     left = await admin_conn.fetch("SELECT task_id FROM agent_steps")
-    assert [r["task_id"] for r in left] == [live.id]
-    assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", done.id) == 0
+    assert sorted(r["task_id"] for r in left) == sorted(live)
+    finished = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_tasks WHERE id = ANY ($1)", list(done.values())
+    )
+    assert finished == 0
 
 
 async def test_G9_only_the_owner_purges(runtime_conn: asyncpg.Connection) -> None:

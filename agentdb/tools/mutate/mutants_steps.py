@@ -19,7 +19,7 @@ MUTANTS: tuple[Mutant, ...] = (
         STEPS,
         "    IF task.state <> 'running' OR task.lease_token <> NEW.lease_token THEN\n",
         "    IF task.state <> 'running' THEN\n",
-        (ATTACKS,),
+        (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard]",),
         "agentdb_guard_step: a worker whose lease was taken over records a step (G12)",
     ),
     m(
@@ -27,7 +27,7 @@ MUTANTS: tuple[Mutant, ...] = (
         STEPS,
         "    IF task.state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN\n",
         "    IF false THEN\n",
-        (ATTACKS,),
+        (ATTACKS + "::test_attack_is_refused[G20-agent_steps_guard]",),
         "agentdb_guard_step: a finished task's step is refused as a lease problem, not AG012",
     ),
     m(
@@ -35,7 +35,7 @@ MUTANTS: tuple[Mutant, ...] = (
         STEPS,
         "           OLD.state <> 'waiting' OR NEW.state <> 'done'\n",
         "           NEW.state <> 'done'\n",
-        (ATTACKS,),
+        (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard-recorded]",),
         "agentdb_guard_step: a recorded (done) step's result may be rewritten",
     ),
     m(
@@ -43,7 +43,7 @@ MUTANTS: tuple[Mutant, ...] = (
         STEPS,
         "    IF NEW.signal_seq IS NOT NULL AND NOT EXISTS (\n",
         "    IF false AND NOT EXISTS (\n",
-        (ATTACKS,),
+        (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard-no-signal]",),
         "agentdb_guard_step: a step takes a signal its task was never sent",
     ),
     m(
@@ -51,7 +51,7 @@ MUTANTS: tuple[Mutant, ...] = (
         STEPS,
         "    CONSTRAINT agent_steps_signal_key UNIQUE (tenant_id, task_id, signal_seq),\n",
         "",
-        (ATTACKS,),
+        (ATTACKS + "::test_attack_is_refused[G25-agent_steps_signal_key]",),
         "agent_steps: two steps may take one signal (an approval read twice)",
     ),
     m(
@@ -59,7 +59,10 @@ MUTANTS: tuple[Mutant, ...] = (
         STEPS,
         "    IF task_state = 'cancelled' THEN\n",
         "    IF false THEN\n",
-        (ATTACKS, TESTS + "::test_G20_a_message_enqueued_for_a_cancelled_task_is_refused"),
+        (
+            ATTACKS + "::test_attack_is_refused[G20-agent_outbox_for_open_task]",
+            TESTS + "::test_G20_a_message_enqueued_for_a_cancelled_task_is_refused",
+        ),
         "agentdb_guard_outbox_task: a message naming a cancelled task is enqueued (G20)",
     ),
     m(
@@ -81,6 +84,16 @@ MUTANTS: tuple[Mutant, ...] = (
         " AND k.id = s.task_id\n",
         (T + "test_retention.py::test_G9_G25_a_purged_task_takes_its_steps_with_it",),
         "agentdb_purge_tasks: a finished task's steps stay, so the task is never purged",
+    ),
+    m(
+        "purge-leaves-steps-of-every-tenant",
+        STEPS,
+        "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
+        "        WHERE k.tenant_id = s.tenant_id AND k.id = s.task_id\n",
+        "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
+        "        WHERE false AND k.tenant_id = s.tenant_id AND k.id = s.task_id\n",
+        (T + "test_retention.py::test_G9_G25_a_purged_task_takes_its_steps_with_it",),
+        "agentdb_purge_tasks (every tenant): a finished task's steps stay; it is never purged",
     ),
     m(
         "step-take-ignores-taken",
