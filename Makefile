@@ -57,13 +57,15 @@ CITUS_SUITES ?= tests/test_attacks.py tests/test_fences.py tests/test_tenant_iso
 	tests/test_retention.py tests/test_fairness.py tests/test_status.py tests/test_worker.py \
 	tests/test_worker_finishing.py tests/test_worker_misbehaving.py tests/test_relay.py \
 	tests/test_crash.py tests/test_model.py tests/test_cancel.py tests/test_deadlines.py \
-	tests/test_signals.py tests/test_children.py tests/test_schedules.py tests/test_budgets.py
+	tests/test_signals.py tests/test_children.py tests/test_schedules.py tests/test_budgets.py \
+	tests/test_durable.py
 
 # The suites make test-events-by-month runs a second time with every test
 # database's agent_events partitioned by month (the opt-in layout of 0028).
 BY_MONTH_SUITES ?= tests/test_attacks.py tests/test_events_diet.py tests/test_tasks.py \
 	tests/test_operations.py tests/test_retention.py tests/test_tenant_deletion.py \
-	tests/test_signals.py tests/test_children.py tests/test_fairness.py tests/test_model.py
+	tests/test_signals.py tests/test_children.py tests/test_fairness.py tests/test_model.py \
+	tests/test_durable.py
 
 test-events-by-month: $(VENV)/.dev ## Attacks, runtime, retention and model suites with agent_events partitioned by month (sql/0028)
 	AGENTDB_TEST_EVENTS_BY_MONTH=1 $(BIN)/pytest $(BY_MONTH_SUITES) $(PYTEST_ARGS)

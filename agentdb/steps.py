@@ -121,7 +121,9 @@ def _signal(r: _db.Record, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Signal |
     )
 
 
-def _step(r: _db.Record, signal: Signal | None = None) -> Step:
+def _step(r: _db.Record, signal: Signal | None = None, *, due: bool | None = None) -> Step:
+    """The step of a row; ``due`` when the statement could not read the clock (Citus refuses
+    now() in a RETURNING list) and the caller knows it."""
     return Step(
         r["name"],
         r["kind"],
@@ -129,7 +131,7 @@ def _step(r: _db.Record, signal: Signal | None = None) -> Step:
         r["input_hash"],
         _json(r["result"]),
         r["wake_at"],
-        bool(r["due"]),
+        bool(r["due"]) if due is None else due,
         signal,
     )
 
@@ -218,7 +220,8 @@ async def record(
         # went between them is told as the fence would have told it.
         row = None
     if row is not None:
-        return _step(row)
+        # wake_at is the insert's now() + wait: due at once only for a wait of nothing.
+        return _step(row, due=wait is not None and wait <= timedelta(0))
     return await _refused(db, tenant_id, task_id, name, lease)
 
 
@@ -246,7 +249,7 @@ async def finish(
     except (StepRuleViolation, TaskFinished, DeadlineExceeded):
         row = None
     if row is not None:
-        return _step(row)
+        return _step(row, due=True)
     return await _refused(db, tenant_id, task_id, name, lease)
 
 

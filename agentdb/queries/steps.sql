@@ -16,7 +16,8 @@ FROM agent_tasks t
 WHERE s.tenant_id = $1 AND s.task_id = $2 AND s.name = $3 AND s.state = 'waiting'
   AND t.tenant_id = $1 AND t.id = $2
   AND t.lease_owner = $5 AND t.lease_token = $6  -- running: see "Held snapshots" in leases.sql
-RETURNING s.name, s.kind, s.state, s.input_hash, s.result, s.wake_at, s.wake_at <= now() AS due;
+-- A finished step is not waiting for its wake_at any more: "due" means nothing for it.
+RETURNING s.name, s.kind, s.state, s.input_hash, s.result, s.wake_at;
 
 -- name: step_get :one
 -- One recorded step of task $2 (a wait's taken signal joined in): what a
@@ -47,7 +48,8 @@ FROM agent_tasks t
 WHERE t.tenant_id = $1 AND t.id = $2
   AND t.lease_owner = $10 AND t.lease_token = $11  -- running: see "Held snapshots" in leases.sql
 ON CONFLICT (tenant_id, task_id, name) DO NOTHING
-RETURNING name, kind, state, input_hash, result, wake_at, wake_at <= now() AS due;
+-- (No "due" here: Citus refuses now() in a RETURNING list; the caller knows it from $9.)
+RETURNING name, kind, state, input_hash, result, wake_at;
 
 -- name: step_ledger :many
 -- Everything a handler's earlier runs recorded for task $2, in one read:
@@ -100,8 +102,9 @@ WITH fence AS (
                                   lease_token)
     SELECT $1, $2, $3, 'signal', 'done', $5, sig.seq, $7 FROM sig
     ON CONFLICT (tenant_id, task_id, name) DO UPDATE
+    -- EXCLUDED's updated_at is the insert's now(): Citus refuses a function call here.
     SET state = 'done', signal_seq = EXCLUDED.signal_seq, lease_token = EXCLUDED.lease_token,
-        updated_at = now()
+        updated_at = EXCLUDED.updated_at
     WHERE s.state = 'waiting' AND s.input_hash = EXCLUDED.input_hash
     RETURNING s.signal_seq
 )
