@@ -443,7 +443,7 @@ async def test_G25_a_sleep_ends_once(pool: asyncpg.Pool, tenants: Tenants) -> No
     assert done.count("succeeded") == 1
     assert len(runs) == 2  # the first run, and the one after the sleep
     [nap] = (await steps.ledger(pool, tenants.a, task.id)).steps.values()
-    assert (nap.kind, nap.state, nap.due) == ("sleep", "done", True)
+    assert (nap.kind, nap.state, nap.due) == ("sleep", "waiting", True)  # its end is past
     # A run that waits gives its attempt back: the two runs cost none.
     assert (await tasks.get(pool, tenants.a, task.id)).attempts == 1
 
