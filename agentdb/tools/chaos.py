@@ -10,7 +10,9 @@ no lost outbox message, no stuck task - and, for the approvals, fan-outs,
 cancels and schedules the workload also runs (see
 :mod:`agentdb.tools.demo.checks`), no parent woken twice (or never), no
 signal lost or read twice, no effect after a cancel, no tick missed or
-doubled. The workers are the schedulers too, so they are killed around
+doubled, no step of the straight-line handler run again once it was recorded
+(G25; run again only by a run that died before its record - counted). The
+workers are the schedulers too, so they are killed around
 their firing of the schedules. The soak arms every point at a low rate and
 adds SIGKILLs from outside at random moments.
 
@@ -87,7 +89,8 @@ def _scenarios(
 # Columns of the table, in _row's order.
 _HEADER = ["scenario", "paid", "kills", "dup effects", "replays", "unjustified", "lost msgs",
            "stuck", "reconciled", "redelivered", "approvals", "cancels", "double wakes",
-           "lost signals", "after cancel", "ticks", "time", ""]  # fmt: skip
+           "lost signals", "after cancel", "steps again", "after record", "ticks", "time",
+           ""]  # fmt: skip
 
 
 def _total(rows: list[list[str]], column: str) -> int:
@@ -113,6 +116,8 @@ def _row(name: str, w: Workload, r: Result) -> list[str]:
         str(c["double_wakes"]),
         str(c["lost_signals"]),
         str(c["after_cancel"]),
+        str(c["model_again"]),
+        str(c["model_after_record"]),
         str(c["ticks"]),
         f"{r.elapsed:.0f}s",
         "ok" if r.ok else "FAILED",
@@ -167,7 +172,9 @@ def _run_all(dsn: str, log: IO[bytes], log_path: Path, args: argparse.Namespace)
         f"{_total(rows, 'unjustified')} unjustified replays (of {_total(rows, 'replays')}), "
         f"{_total(rows, 'lost msgs')} lost messages, {_total(rows, 'stuck')} tasks stuck, "
         f"{_total(rows, 'double wakes')} double wakes, {_total(rows, 'lost signals')} lost "
-        f"signals, {_total(rows, 'after cancel')} effects after a cancel "
+        f"signals, {_total(rows, 'after cancel')} effects after a cancel, "
+        f"{_total(rows, 'after record')} steps run again after their record "
+        f"({_total(rows, 'steps again')} again after a crash mid-step) "
         f"({_total(rows, 'approvals')} approvals, {_total(rows, 'cancels')} cancels, "
         f"{_total(rows, 'ticks')} ticks), {time.monotonic() - started:.0f}s"
     )
