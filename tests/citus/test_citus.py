@@ -89,7 +89,7 @@ def test_migrate_citus_distributes_once_and_reruns_as_a_noop(citus: Cluster) -> 
         "agent_tenants", "agent_tasks", "agent_operations", "agent_events", "agent_outbox",
         "agent_inbox", "agent_artifacts", "agent_credential_refs", "agent_concurrency_limits",
         "agent_budgets", "agent_budget_holds", "agent_rate_limits", "agent_signals",
-        "agent_schedules",
+        "agent_schedules", "agent_steps",
     }  # fmt: skip
     assert reference == {"agent_principals", "agent_transitions", "agent_semconv_pins"}
     assert len({r[2] for r in rows if r[1] == "h"}) == 1  # one colocation group
@@ -136,7 +136,8 @@ def test_migrate_citus_sets_the_database_defaults_its_connections_need(citus: Cl
 
 _COUNTS = """SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_events),
     (SELECT count(*) FROM agent_operations), (SELECT count(*) FROM agent_outbox),
-    (SELECT count(*) FROM agent_budget_holds), (SELECT count(*) FROM agent_inbox)"""
+    (SELECT count(*) FROM agent_budget_holds), (SELECT count(*) FROM agent_inbox),
+    (SELECT count(*) FROM agent_steps)"""
 _DISABLED = """SELECT count(*) FILTER (WHERE t.tgenabled = 'D'), count(*)
     FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
     WHERE c.relname LIKE 'agent\\_%' AND NOT t.tgisinternal"""
@@ -169,7 +170,7 @@ def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Clu
             assert conn.execute(_COUNTS).fetchone() == before
             assert conn.execute(
                 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'agent_%'"
-            ).fetchone() == (17,)
+            ).fetchone() == (18,)
             off, total = conn.execute(_DISABLED).fetchone() or (None, None)
             assert (off, total is not None and total > 0) == (0, True)
             tenant, task = conn.execute(
