@@ -19,7 +19,6 @@ import psycopg
 import pytest
 
 from agentdb import migrate
-
 from tests import _pg
 from tests.citus.conftest import Cluster, fresh_database
 
