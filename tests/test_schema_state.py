@@ -38,8 +38,9 @@ SQUASHED = "0029.steps"
 _LAYER = re.compile(r"_\d{4}\(")
 #: Routines of the layers that the squash drops, and why nothing misses them.
 REMOVED: dict[str, str] = {}
-#: Routines defined once now whose bodies resolve a chain of layers (wrappers
-#: calling ``*_00NN`` bodies): the same behaviour, another text.
+#: Routines defined once now whose code resolves a chain of layers (wrappers
+#: calling ``*_00NN`` bodies): the same behaviour, another text. Every other
+#: routine's code is the layers' own (its comments may differ).
 RESOLVED: dict[str, str] = {}
 
 
@@ -50,7 +51,7 @@ def _comparable(state: dict[str, Any]) -> dict[str, Any]:
         if _LAYER.search(signature) or signature in REMOVED:
             del routines[signature]
         elif signature.split("(")[0] in RESOLVED:
-            routines[signature]["body_md5"] = "<resolved>"
+            routines[signature]["code_md5"] = "<resolved>"
     return state
 
 

@@ -9,7 +9,8 @@
 their columns (type, default, nullability, in order), constraints (name and
 definition), indexes, triggers, policies, grants, RLS flags, sequences,
 routines (signature, language, volatility, security, settings, grants, a
-digest of the body) and the seed rows of agent_transitions - as stable JSON.
+digest of its code, comments left out) and the seed rows of agent_transitions -
+as stable JSON.
 ``tests/baseline/catalogue.json`` froze it for a database migrated by the
 migrations before they were squashed (0001-0029), and
 ``tests/test_schema_state.py`` checks the squashed migrations give the same.
@@ -121,6 +122,31 @@ SELECT entity, from_state, to_state FROM agent_transitions ORDER BY entity, from
 """
 _POLCMD = {"r": "SELECT", "a": "INSERT", "w": "UPDATE", "d": "DELETE", "*": "ALL"}
 _PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+
+
+def code_of(body: str) -> str:
+    """A routine's body without its comments and with its whitespace collapsed: what runs.
+
+    ``--`` starts a comment only outside a string literal ('-----BEGIN' is code).
+    """
+    out: list[str] = []
+    i, quoted = 0, False
+    while i < len(body):
+        ch = body[i]
+        if quoted:
+            out.append(ch)
+            quoted = ch != "'"
+        elif ch == "'":
+            out.append(ch)
+            quoted = True
+        elif body.startswith("--", i):
+            end = body.find("\n", i)
+            i = len(body) if end < 0 else end
+            continue
+        else:
+            out.append(ch)
+        i += 1
+    return " ".join("".join(out).split())
 
 
 def _role_name(conn: psycopg.Connection[Any], oid: int, owner: int) -> str:
@@ -271,7 +297,8 @@ def _catalogue(conn: psycopg.Connection[Any], nsp: str) -> dict[str, Any]:
                 s.replace(f"search_path={nsp},", "search_path=<schema>,") for s in config or []
             ),
             "grants": _grants(conn, acl, owner),
-            "body_md5": hashlib.md5(body.encode(), usedforsecurity=False).hexdigest(),
+            # Of the code, not its comments: a comment may say more now, the code may not.
+            "code_md5": hashlib.md5(code_of(body).encode(), usedforsecurity=False).hexdigest(),
         }
     has_transitions = "agent_transitions" in tables
     rows = [list(r) for r in conn.execute(_TRANSITIONS).fetchall()] if has_transitions else []
