@@ -1,11 +1,12 @@
 """Which schema this code needs, and a startup check that the database has it.
 
-The shipped migrations are the yoyo files in ``sql/`` (inside the wheel as
-``agentdb/_sql``). From 0011 on, every migration replaces
-``agentdb_schema_version()`` with its own id, so a worker or relay started
-against an older schema refuses to run (one clear line) instead of failing
-at its first statement. A newer schema is accepted: migrations only expand
-(``-- phase: expand``), so older code keeps working on it.
+The shipped migrations are the yoyo files in ``sql/migrations/`` (inside the
+wheel as ``agentdb/_sql/migrations``). The newest migration defines
+``agentdb_schema_version()`` to return its own id (a later one redefines it
+whole), so a worker or relay started against an older schema refuses to run
+(one clear line) instead of failing at its first statement. A newer schema is
+accepted: migrations only expand (``-- phase: expand``), so older code keeps
+working on it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def migrations_dir() -> Path:
         MigrationError: the installation carries no migrations.
     """
     here = Path(__file__).resolve().parent
-    for candidate in (here / "_sql", here.parent / "sql"):
+    for candidate in (here / "_sql" / "migrations", here.parent / "sql" / "migrations"):
         if (candidate / "0001.foundation.sql").is_file():
             return candidate
     raise MigrationError("agentdb's migration files are missing from this installation")
@@ -114,7 +115,7 @@ async def check(db: _db.Executor) -> str:
     try:
         row = await _db.fetch_one(db, _Q["schema_version"])
     except Exception as exc:
-        # 42883 undefined_function: a schema from before 0011, or not agentdb's.
+        # 42883 undefined_function: a schema not migrated to the end, or not agentdb's.
         if getattr(exc, "sqlstate", None) != "42883":
             raise
         raise MigrationError(
@@ -145,8 +146,8 @@ async def distributed(db: _db.Executor) -> bool:
     worker, so one task's work commits there without two-phase commit.
 
     Raises:
-        mapped database errors other than a schema older than 0013 (which is
-        not distributed: it has no ``agentdb_distributed()``).
+        mapped database errors other than a schema without
+        ``agentdb_distributed()`` (one not migrated yet: not distributed).
     """
     if _db.is_pool(db):
         kept = _POOLS.get(id(db))

@@ -33,15 +33,39 @@ pytestmark = pytest.mark.plain_postgres("the catalogue and schema.sql are plain 
 BASELINE = Path(__file__).resolve().parent / "baseline" / "catalogue.json"
 #: The newest migration the squash covers: later ones change the schema on purpose
 #: (they regenerate sql/schema.sql), so the comparison rolls them back first.
-SQUASHED = "0029.steps"
+SQUASHED = "0012.citus"
 #: A routine whose name ends in a migration number: a layer's leftover.
 _LAYER = re.compile(r"_\d{4}\(")
 #: Routines of the layers that the squash drops, and why nothing misses them.
-REMOVED: dict[str, str] = {}
+REMOVED: dict[str, str] = {
+    **{
+        f"agentdb_distribute_{part}()": "one step of the layered agentdb_distribute (and the "
+        "call a layer made on an install distributed already), folded into it"
+        for part in ("signals", "children", "wait_rules", "schedules", "steps")
+    },
+    "agentdb_purge_signals(p_tenant uuid, p_kind text, p_older_than interval)": "called only "
+    "by a layer of agentdb_purge / agentdb_purge_tenant, and only ever for a kind ('tasks') "
+    "another layer had taken before it: it deleted nothing",
+}
 #: Routines defined once now whose code resolves a chain of layers (wrappers
 #: calling ``*_00NN`` bodies): the same behaviour, another text. Every other
 #: routine's code is the layers' own (its comments may differ).
-RESOLVED: dict[str, str] = {}
+RESOLVED: dict[str, str] = {
+    "agentdb_grant_roles": "four layers (0012, 0014, 0020, 0029) in one body; it ends by "
+    "restoring the caller's client_min_messages, where the outer layer set 'notice'",
+    "agentdb_delete_tenant": "four layers (0012, 0014, 0020, 0029): the same deletes in the "
+    "same order, the same rows reported in the same order",
+    "agentdb_purge": "six layers (0010, 0014, 0020, 0021, 0022, 0028): each class reaches the "
+    "statement its layer ran, after the same checks, in the same order",
+    "agentdb_purge_tenant": "the same six layers, for one tenant",
+    "agentdb_distribute": "nine layers (0013-0029) and their helpers: the same steps in the "
+    "same order, less a second trigger pause that found every trigger paused already",
+    "agentdb_partition_events": "its transient sequence is agent_events_id_seq_by_month, "
+    "not agent_events_id_seq_0028 (renamed to agent_events_id_seq before it commits)",
+    "agentdb_unpartition_events": "its transient sequence is agent_events_id_seq_one_table, "
+    "not agent_events_id_seq_0027 (renamed the same way)",
+    "agentdb_schema_version": "it names the squashed baseline's newest migration",
+}
 
 
 def _comparable(state: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +96,15 @@ def test_the_squashed_migrations_make_the_schema_the_layers_made(
     frozen = json.loads(BASELINE.read_text(encoding="utf-8"))[layout]
     made = _migrated(pg_server, events_by_month=layout == "events_by_month")
     assert _comparable(made) == _comparable(frozen)
+
+
+def test_no_routine_is_named_for_a_migration(pg_server: _pg.Server) -> None:
+    """No ``*_00NN`` routine: each is defined once, under its own name."""
+    with schema_state.fresh_database(pg_server.admin_dsn) as url:
+        migrate.migrate(url, events_by_month=True, notify=lambda _line: None)
+        routines = schema_state.catalogue(url)["routines"]
+    assert [s for s in routines if _LAYER.search(s)] == []
+    assert len(routines) >= 50  # not vacuous
 
 
 def test_the_exceptions_name_what_the_baseline_has() -> None:

@@ -1,2 +1,0 @@
-DROP TABLE agent_inbox;
-DROP TABLE agent_outbox;

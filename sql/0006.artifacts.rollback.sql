@@ -1,2 +1,0 @@
-DROP TABLE agent_credential_refs;
-DROP TABLE agent_artifacts;

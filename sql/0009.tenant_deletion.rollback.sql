@@ -1,1 +1,0 @@
-DROP FUNCTION agentdb_delete_tenant(uuid, boolean, text);
