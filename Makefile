@@ -98,6 +98,9 @@ fmt: $(VENV)/.dev ## Format the code with ruff
 example: $(VENV)/.embedded ## Run examples/quickstart.py on an embedded Postgres
 	$(BIN)/python examples/quickstart.py
 
+schema: $(VENV)/.embedded ## Rewrite sql/schema.sql from a freshly migrated database (AGENTDB_TEST_DSN, else embedded)
+	$(BIN)/python -m agentdb.tools.schema_state write
+
 sql: $(VENV)/.embedded ## Print the complete DDL (SCHEMA=name to target a schema)
 	@$(BIN)/agentdb sql $(if $(SCHEMA),--schema $(SCHEMA))
 
@@ -121,4 +124,4 @@ ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGEN
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist mutation-results
 
-.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate readme fmt example sql migrate rollback status audit purge ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate readme fmt example schema sql migrate rollback status audit purge ci clean

@@ -112,3 +112,9 @@ def test_the_exceptions_name_what_the_baseline_has() -> None:
     frozen = json.loads(BASELINE.read_text(encoding="utf-8"))["plain"]["routines"]
     assert set(REMOVED) <= set(frozen)
     assert set(RESOLVED) <= {s.split("(")[0] for s in frozen}
+
+
+def test_sql_schema_file_is_what_the_migrations_make(pg_server: _pg.Server) -> None:
+    expected = schema_state.migrated_schema_sql(pg_server.admin_dsn)
+    written = schema_state.SCHEMA_FILE.read_text(encoding="utf-8")
+    assert written == expected, "sql/schema.sql is stale: run `make schema`"
