@@ -385,25 +385,23 @@ def _waiting_task(conn: Any, tenant: Any, wait: str) -> Any:
     return task_id
 
 
-def test_rolling_back_the_waits_restores_each_schema_and_leaves_no_task_asleep(
-    empty_db: str,
-) -> None:
-    """0022 back to 0021 gives 0021's schema exactly (its functions' bodies and settings
-    too), and rolling back 0021 and 0020 makes a task that waited for children or for a
-    signal due: the column that said what it waited for goes, and nothing would wake it."""
+def test_rolling_back_the_control_flow_leaves_no_task_asleep(empty_db: str) -> None:
+    """Rolling back 0006.control_flow (and what follows it) makes a task that waited for a
+    signal or for its children due, with its event: nothing would wake it any more. One
+    past its deadline is left waiting, for the sweep that ends it."""
     migrate.migrate(empty_db)
-    migrate.rollback(empty_db, count=len(IDS) - IDS.index("0022.wait_rules"))
-    at_0021 = _pg.schema_dump(empty_db)
-    migrate.migrate(empty_db)
-    migrate.rollback(empty_db, count=len(IDS) - IDS.index("0022.wait_rules") - 1)
-    assert _pg.schema_dump(empty_db) != at_0021  # 0022 changes something the dump sees
     with _pg.admin(empty_db) as conn:
         [(tenant,)] = conn.execute(
             "INSERT INTO agent_tenants (name) VALUES ('t') RETURNING id"
         ).fetchall()
-        ids = [_waiting_task(conn, tenant, w) for w in ("wait_signal = 'go'", "wait_children = 1")]
-    assert migrate.rollback(empty_db, count=1) == ["0022.wait_rules"]
-    assert _pg.schema_dump(empty_db) == at_0021
+        ids = [
+            _waiting_task(conn, tenant, w)
+            for w in (
+                "wait_signal = 'go'",
+                "wait_children = 1",
+                "wait_signal = 'late', deadline_at = now() - interval '1 hour'",
+            )
+        ]
 
     def woken() -> list[tuple[Any, ...]]:
         with _pg.admin(empty_db) as conn:
@@ -411,7 +409,8 @@ def test_rolling_back_the_waits_restores_each_schema_and_leaves_no_task_asleep(
                 tuple(
                     conn.execute(
                         "SELECT state, wake_at <= now(), (SELECT count(*) FROM agent_events e"
-                        "   WHERE e.task_id = k.id AND e.event_type = 'task.woken')"
+                        "   WHERE e.task_id = k.id AND e.event_type = 'task.woken'),"
+                        " wait_signal IS NULL AND wait_children IS NULL"
                         " FROM agent_tasks k WHERE id = %s",
                         (i,),
                     ).fetchall()[0]
@@ -419,9 +418,8 @@ def test_rolling_back_the_waits_restores_each_schema_and_leaves_no_task_asleep(
                 for i in ids
             ]
 
-    asleep = ("waiting", False, 0)
-    assert woken() == [asleep, asleep]
-    migrate.rollback(empty_db, count=1)  # 0021: the parent waiting for children is woken
-    assert woken() == [asleep, ("pending", True, 1)]
-    migrate.rollback(empty_db, count=1)  # 0020: the task waiting for a signal too
-    assert woken() == [("pending", True, 1), ("pending", True, 1)]
+    asleep = ("waiting", False, 0, False)
+    assert woken() == [asleep, asleep, asleep]
+    back = migrate.rollback(empty_db, count=len(IDS) - IDS.index("0006.control_flow"))
+    assert back[-1] == "0006.control_flow"
+    assert woken() == [("pending", True, 1, True), ("pending", True, 1, True), asleep]

@@ -37,7 +37,7 @@ def sql_comment_tags() -> dict[str, tuple[set[str], str]]:
     the tag right above it.
     """
     found: dict[str, tuple[set[str], str]] = {}
-    for path in sorted((ROOT / "sql").glob("0*.sql")):
+    for path in sorted((ROOT / "sql" / "migrations").glob("0*.sql")):
         if path.name.endswith(".rollback.sql"):
             continue
         tags: set[str] | None = None

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, OPS_SQL, Mutant, T, m
+from agentdb.tools.mutate.catalogue import ATTACKS, M_BUDGETS, M_RETENTION, OPS_SQL, Mutant, T, m
 
-BUDGETS = "sql/0014.budgets.sql"
-COUNT = "sql/0027.call_instant.sql"  # replaces 0017's agentdb_count_call, 0014's step
 TESTS = T + "test_budgets.py"
 RACE = TESTS + "::test_G19_fifty_concurrent_reservations_against_a_budget_that_fits_ten"
 MODEL = TESTS + "::test_G19_stateful_model_of_reserve_complete_fail_unknown_reconcile"
@@ -14,7 +12,7 @@ ATTACK = ATTACKS + "::test_attack_is_refused"
 MUTANTS: tuple[Mutant, ...] = (
     m(
         "rate-limit-worker-instant",
-        COUNT,
+        M_BUDGETS,
         "        at := least(at, NEW.created_at);",
         "        at := at;",
         (
@@ -27,7 +25,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-worker-instant-rearm",
-        COUNT,
+        M_BUDGETS,
         "        at := least(at, NEW.updated_at);",
         "        at := at;",
         (
@@ -58,7 +56,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "budget-period-switch-refunds",
-        BUDGETS,
+        M_BUDGETS,
         "    IF NEW.period IS DISTINCT FROM OLD.period AND (OLD.spent > 0 OR OLD.held > 0) THEN",
         "    IF false THEN",
         (ATTACK,),
@@ -66,7 +64,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "budget-books-batched-apart",
-        BUDGETS,
+        M_RETENTION,
         "                              WHERE a.tenant_id = op.tenant_id AND a.operation_id = op.id)\n"
         "            FOR UPDATE OF h SKIP LOCKED)",
         "                              WHERE a.tenant_id = op.tenant_id AND a.operation_id = op.id)\n"
@@ -76,7 +74,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "budget-check-ignores-held",
-        BUDGETS,
+        M_BUDGETS,
         "    CONSTRAINT agent_budgets_within_limit CHECK (spent + held <= limit_amount)",
         "    CONSTRAINT agent_budgets_within_limit CHECK (spent <= limit_amount)",
         (RACE,),
@@ -128,7 +126,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "budget-guard-allows-refund",
-        BUDGETS,
+        M_BUDGETS,
         "    ELSIF NEW.spent < OLD.spent OR NEW.window_start IS DISTINCT FROM OLD.window_start THEN",
         "    ELSIF NEW.window_start IS DISTINCT FROM OLD.window_start THEN",
         (ATTACK + "[G19-agent_budgets_guard-refund-inside-the-window]",),
@@ -136,7 +134,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "budget-hold-guard-allows-rehold",
-        BUDGETS,
+        M_BUDGETS,
         "    IF OLD.state <> 'held'\n       OR NEW.tenant_id IS DISTINCT FROM OLD.tenant_id",
         "    IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id",
         (ATTACK + "[G19-agent_budget_holds_guard-released-hold-re-held]",),
@@ -144,7 +142,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-never-full",
-        COUNT,
+        M_BUDGETS,
         "        IF step.used > lim.max_calls THEN\n            over := format('tenant",
         "        IF step.used > lim.max_calls + 1000 THEN\n            over := format('tenant",
         (ATTACK + "[G19-agent_operations_rate_limit]",),
@@ -153,7 +151,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-late-call-counted",
-        COUNT,
+        M_BUDGETS,
         "    IF FOUND AND at < lim.window_start AND clock_timestamp() >= lim.window_start THEN\n"
         "        over := format('tenant",
         "    IF false THEN\n        over := format('tenant",
@@ -165,7 +163,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-global-late-call-counted",
-        COUNT,
+        M_BUDGETS,
         "        IF FOUND AND at < lim.window_start AND clock_timestamp() >= lim.window_start THEN\n"
         "            over := format('global",
         "        IF false THEN\n            over := format('global",
@@ -177,7 +175,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-window-never-rolls",
-        COUNT,
+        M_BUDGETS,
         "    IF p_start + p_per <= p_at THEN\n        used := 1;",
         "    IF false THEN\n        used := 1;",
         (TESTS + "::test_G19_a_rate_limit_holds_under_load_from_worker_processes",),
@@ -185,7 +183,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-retry-uncounted",
-        BUDGETS,
+        M_BUDGETS,
         "-- G19\nCREATE TRIGGER agent_operations_rate_limit_retry\n    AFTER UPDATE OF state ON agent_operations\n"
         "    FOR EACH ROW WHEN (OLD.state = 'failed' AND NEW.state = 'reserved')",
         "-- G19\nCREATE TRIGGER agent_operations_rate_limit_retry\n    AFTER UPDATE OF state ON agent_operations\n"
@@ -195,7 +193,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "rate-limit-global-ignored",
-        COUNT,
+        M_BUDGETS,
         "        WHERE g.action = NEW.action FOR UPDATE;",
         "        WHERE g.action = NEW.action AND false FOR UPDATE;",
         (TESTS + "::test_G19_a_global_rate_limit_spans_tenants",),

@@ -3,18 +3,15 @@ refusals, the worker."""
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
+from agentdb.tools.mutate.catalogue import ATTACKS, M_CONTROL_FLOW, Mutant, T, m
 
-CANCEL = "sql/0018.cancel.sql"
-# 0019 replaces 0018's agentdb_guard_open_task: its body is the one that runs.
-GUARD = "sql/0019.deadlines.sql"
 TESTS = T + "test_cancel.py"
 ATTACK = ATTACKS + "::test_attack_is_refused"
 
 MUTANTS: tuple[Mutant, ...] = (
     m(
         "cancel-guard-lets-cancelled-through",
-        GUARD,
+        M_CONTROL_FLOW,
         "    IF task_state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
         "    IF task_state IN ('succeeded', 'failed', 'dead') THEN",
         (ATTACK, TESTS),
@@ -22,8 +19,10 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "cancel-guard-reads-without-lock",
-        GUARD,
+        M_CONTROL_FLOW,
+        "    SELECT t.state, t.deadline_at INTO task_state, task_deadline FROM agent_tasks t\n"
         "    WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id\n    FOR SHARE;",
+        "    SELECT t.state, t.deadline_at INTO task_state, task_deadline FROM agent_tasks t\n"
         "    WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id;",
         (TESTS + "::test_G20_a_raw_reservation_waits_for_a_cancel_in_progress_and_is_refused",),
         "agentdb_guard_open_task: a reservation that read the task before a cancel committed "
@@ -31,7 +30,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "cancel-retry-guard-dropped",
-        CANCEL,
+        M_CONTROL_FLOW,
         "    FOR EACH ROW WHEN (OLD.state = 'failed' AND NEW.state = 'reserved')\n"
         "    EXECUTE FUNCTION agentdb_guard_open_task();",
         "    FOR EACH ROW WHEN (false)\n    EXECUTE FUNCTION agentdb_guard_open_task();",
@@ -83,7 +82,6 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
 )
 
-DEADLINES = "sql/0019.deadlines.sql"
 LATE = T + "test_deadlines.py"
 MODEL = T + "test_model.py"
 
@@ -127,7 +125,7 @@ MUTANTS += (
     ),
     m(
         "deadline-guard-lets-a-finish-through",
-        DEADLINES,
+        M_CONTROL_FLOW,
         "    IF NEW.state NOT IN ('dead', 'cancelled') THEN",
         "    IF NEW.state NOT IN ('dead', 'cancelled', 'succeeded') THEN",
         (ATTACK, LATE),
@@ -135,7 +133,7 @@ MUTANTS += (
     ),
     m(
         "deadline-op-guard-ignores-the-deadline",
-        DEADLINES,
+        M_CONTROL_FLOW,
         "    IF task_deadline <= now() THEN",
         "    IF false THEN",
         (ATTACK, LATE, MODEL),

@@ -7,7 +7,7 @@ lists them as not run there.
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import FENCES, Mutant, T, m
+from agentdb.tools.mutate.catalogue import FENCES, M_CITUS, Mutant, T, m
 
 ROUTED_SQL = "agentdb/queries/_routed.sql"
 TASKS = T + "test_tasks.py"
@@ -50,10 +50,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "citus-distribute-triggers-on",
-        # 0023's pause, around the whole chain: 0015's finds the triggers paused already.
-        "sql/0023.schedules.sql",
-        "            EXECUTE format('ALTER TABLE %s DISABLE TRIGGER %I', r.rel, r.tgname);\n",
-        "            PERFORM r.rel;\n",
+        M_CITUS,
+        "        EXECUTE format('ALTER TABLE %s DISABLE TRIGGER %I', r.rel, r.tgname);\n",
+        "        PERFORM r.rel;\n",
         (
             T
             + "citus/test_citus.py::test_migrate_citus_distributes_a_database_that_already_holds_rows",

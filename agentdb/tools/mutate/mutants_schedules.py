@@ -3,24 +3,23 @@ pause and resume, and the cron and interval arithmetic."""
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
+from agentdb.tools.mutate.catalogue import ATTACKS, M_SCHEDULES, M_TASKS, Mutant, T, m
 
-SCHEDULES = "sql/0023.schedules.sql"
 TESTS = T + "test_schedules.py"
 ATTACK = ATTACKS + "::test_attack_is_refused"
 
 MUTANTS: tuple[Mutant, ...] = (
     m(
         "schedule-tick-not-unique",
-        SCHEDULES,
-        "    UNIQUE (tenant_id, schedule_id, schedule_tick);",
-        "    UNIQUE (tenant_id, schedule_id, schedule_tick, id);",
+        M_TASKS,
+        "agent_tasks_schedule_tick_key UNIQUE (tenant_id, schedule_id, schedule_tick),",
+        "agent_tasks_schedule_tick_key UNIQUE (tenant_id, schedule_id, schedule_tick, id),",
         (ATTACK, TESTS + "::test_G24_schedulers_racing_on_one_tick_create_one_task"),
         "agent_tasks_schedule_tick_key: two tasks for one tick of a schedule",
     ),
     m(
         "schedule-fire-without-lock",
-        SCHEDULES,
+        M_SCHEDULES,
         "    WHERE k.tenant_id = p_tenant AND k.id = p_schedule\n    FOR UPDATE SKIP LOCKED;",
         "    WHERE k.tenant_id = p_tenant AND k.id = p_schedule;",
         (TESTS + "::test_G24_schedulers_racing_on_one_tick_create_one_task",),
@@ -28,7 +27,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-any-tick",
-        SCHEDULES,
+        M_SCHEDULES,
         "       OR NOT agentdb_schedule_is_tick(s.every, s.cron, s.anchor, NEW.schedule_tick) THEN",
         "       OR false THEN",
         (ATTACK,),
@@ -36,7 +35,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-future-tick",
-        SCHEDULES,
+        M_SCHEDULES,
         "    IF NOT FOUND OR NEW.schedule_tick > now()",
         "    IF NOT FOUND OR NEW.schedule_tick > now() + interval '1000 years'",
         (ATTACK,),
@@ -44,7 +43,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-of-another-tenant",
-        SCHEDULES,
+        M_SCHEDULES,
         "    WHERE k.tenant_id = NEW.tenant_id AND k.id = NEW.schedule_id;",
         "    WHERE k.id = NEW.schedule_id;",
         (ATTACK,),
@@ -52,7 +51,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-tick-rewritten",
-        SCHEDULES,
+        M_SCHEDULES,
         "    FOR EACH ROW WHEN (NEW.schedule_id IS DISTINCT FROM OLD.schedule_id\n"
         "                       OR NEW.schedule_tick",
         "    FOR EACH ROW WHEN (false AND (NEW.schedule_id IS DISTINCT FROM OLD.schedule_id\n"
@@ -62,7 +61,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-paused-fires",
-        SCHEDULES,
+        M_SCHEDULES,
         "    IF NOT FOUND OR s.paused OR s.next_tick_at > now() THEN",
         "    IF NOT FOUND OR s.next_tick_at > now() THEN",
         (TESTS + "::test_G24_a_paused_schedule_fires_nothing_and_never_fires_its_paused_ticks",),
@@ -70,7 +69,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-latest-fires-all",
-        SCHEDULES,
+        M_SCHEDULES,
         "    IF s.catch_up = 'latest' THEN",
         "    IF s.catch_up = 'never' THEN",
         (TESTS + "::test_G24_the_latest_policy_fires_one_task_and_says_what_it_skipped",),
@@ -78,7 +77,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-next-tick-stays",
-        SCHEDULES,
+        M_SCHEDULES,
         "    SET next_tick_at = agentdb_schedule_tick(s.every, s.cron, s.anchor, t, true),",
         "    SET next_tick_at = s.next_tick_at,",
         (TESTS + "::test_G24_an_interval_schedule_catches_up_every_missed_tick_once",),
@@ -86,7 +85,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-resume-fires-the-pause",
-        SCHEDULES,
+        M_SCHEDULES,
         "        next_tick_at = CASE WHEN p_paused OR k.next_tick_at > at THEN k.next_tick_at",
         "        next_tick_at = CASE WHEN true THEN k.next_tick_at",
         (TESTS + "::test_G24_a_paused_schedule_fires_nothing_and_never_fires_its_paused_ticks",),
@@ -94,7 +93,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "cron-days-and",
-        SCHEDULES,
+        M_SCHEDULES,
         "    either boolean := left(f[3], 1) <> '*' AND left(f[5], 1) <> '*';",
         "    either boolean := false;",
         (TESTS + "::test_G24_cron_ticks_agree_with_a_brute_force_reading",),
@@ -102,7 +101,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "cron-step-ignored",
-        SCHEDULES,
+        M_SCHEDULES,
         "        step := coalesce(m[6]::integer, 1);",
         "        step := 1;",
         (TESTS + "::test_G24_a_cron_schedule_fires_on_its_minutes_in_utc",),
@@ -110,7 +109,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "interval-tick-skips-one",
-        SCHEDULES,
+        M_SCHEDULES,
         "         + CASE WHEN p_forward THEN 1 ELSE 0 END;",
         "         + CASE WHEN p_forward THEN 2 ELSE 0 END;",
         (TESTS + "::test_G24_an_interval_schedule_catches_up_every_missed_tick_once",),

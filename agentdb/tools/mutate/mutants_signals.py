@@ -4,13 +4,17 @@ the late wait, the refusals, retention."""
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
+from agentdb.tools.mutate.catalogue import (
+    ATTACKS,
+    M_ACCESS,
+    M_CONTROL_FLOW,
+    M_RETENTION,
+    M_TASKS,
+    Mutant,
+    T,
+    m,
+)
 
-SIGNALS = "sql/0020.signals.sql"
-CHILDREN = "sql/0021.children.sql"
-# 0022 replaces the guards, the fan-in and the purge of 0020 and 0021: their mutants live here.
-WAIT_RULES = "sql/0022.wait_rules.sql"
-STEPS = "sql/0029.steps.sql"
 KIDS = T + "test_children.py"
 TESTS = T + "test_signals.py"
 MODEL = T + "test_model.py"
@@ -19,7 +23,7 @@ ATTACK = ATTACKS + "::test_attack_is_refused"
 MUTANTS: tuple[Mutant, ...] = (
     m(
         "signal-guard-without-lock",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    WHERE k.tenant_id = NEW.tenant_id AND k.id = NEW.task_id\n    FOR NO KEY UPDATE;",
         "    WHERE k.tenant_id = NEW.tenant_id AND k.id = NEW.task_id;",
         (
@@ -31,7 +35,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-to-a-finished-task",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    IF task.state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
         "    IF task.state IN ('succeeded', 'failed', 'dead') THEN",
         (ATTACK, TESTS, MODEL),
@@ -39,7 +43,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-to-a-late-task",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    IF task.deadline_at <= now() THEN",
         "    IF task.deadline_at <= now() - interval '1000 years' THEN",
         (ATTACK, TESTS),
@@ -47,7 +51,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-self-approval",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    IF NEW.kind = 'approval' AND (NEW.sender = task.lease_owner\n",
         "    IF NEW.kind = 'approval' AND false AND (NEW.sender = task.lease_owner\n",
         (ATTACK, TESTS),
@@ -55,7 +59,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-seq-from-the-insert",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    NEW.seq := 1 + coalesce(",
         "    NEW.seq := coalesce(NEW.seq, 1) + 0 * coalesce(",
         (TESTS, MODEL),
@@ -63,7 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-wakes-nobody",
-        SIGNALS,
+        M_CONTROL_FLOW,
         "      AND k.state = 'waiting' AND k.wait_signal = NEW.name",
         "      AND k.state = 'waiting' AND k.wait_signal = NEW.name AND false",
         (TESTS, MODEL),
@@ -71,7 +75,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-wakes-any-waiter",
-        SIGNALS,
+        M_CONTROL_FLOW,
         "      AND k.state = 'waiting' AND k.wait_signal = NEW.name",
         "      AND k.state = 'waiting'",
         (TESTS + "::test_G22_a_waiting_task_is_woken_by_its_signal_and_not_by_another", MODEL),
@@ -79,7 +83,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-unaudited",
-        SIGNALS,
+        M_CONTROL_FLOW,
         "           CASE WHEN NEW.kind = 'approval' THEN 'task.' || NEW.decision ELSE "
         "'task.signalled' END,",
         "           CASE WHEN NEW.kind = 'approval' THEN 'task.' || NEW.decision ELSE "
@@ -89,7 +93,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-lost-before-the-wait",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "                     AND s.seq > NEW.signal_cursor AND s.name = NEW.wait_signal) THEN",
         "                     AND s.seq > NEW.signal_cursor AND s.name = NEW.wait_signal"
         " AND false) THEN",
@@ -102,7 +106,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-cursor-moves-back",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    IF NEW.signal_cursor < OLD.signal_cursor THEN",
         "    IF NEW.signal_cursor < OLD.signal_cursor AND false THEN",
         (ATTACK, TESTS),
@@ -110,7 +114,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-cursor-past-the-end",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    IF NEW.signal_cursor > OLD.signal_cursor\n       AND NOT EXISTS",
         "    IF NEW.signal_cursor > OLD.signal_cursor + 1000000\n       AND NOT EXISTS",
         (ATTACK, TESTS),
@@ -118,7 +122,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-changed",
-        SIGNALS,
+        M_CONTROL_FLOW,
         "    FOR EACH ROW EXECUTE FUNCTION agentdb_guard_signal_immutable();",
         "    FOR EACH ROW WHEN (false) EXECUTE FUNCTION agentdb_guard_signal_immutable();",
         (ATTACK,),
@@ -126,7 +130,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-agent-approves",
-        SIGNALS,
+        M_ACCESS,
         "            WITH CHECK (tenant_id = agentdb_current_tenant() AND kind = 'signal');",
         "            WITH CHECK (tenant_id = agentdb_current_tenant());",
         (T + "test_access.py",),
@@ -134,12 +138,12 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-agent-any-tenant",
-        SIGNALS,
+        M_ACCESS,
         "            WITH CHECK (tenant_id = agentdb_current_tenant() AND kind = 'signal');",
         "            WITH CHECK (kind = 'signal');",
         (T + "test_access.py",),
         "agent_signals_agent_send: the agent role signals another tenant's task",
-        equivalent="since 0022 agent_signals_access refuses it first: the agent sees no other "
+        equivalent="agent_signals_access refuses it first: the agent sees no other "
         "tenant's task (agent_tasks_agent_scope), so no INSERT reaches this second wall",
     ),
     m(
@@ -168,7 +172,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "fan-in-without-lock",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    WHERE p.tenant_id = NEW.tenant_id AND p.id = NEW.parent_id\n    FOR NO KEY UPDATE;",
         "    WHERE p.tenant_id = NEW.tenant_id AND p.id = NEW.parent_id;",
         (KIDS + "::test_G23_the_last_of_many_concurrent_finishes_wakes_the_parent_once",),
@@ -177,7 +181,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "fan-in-wakes-early",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    IF agentdb_children_done(NEW.tenant_id, NEW.parent_id) < parent.wait_children THEN",
         "    IF agentdb_children_done(NEW.tenant_id, NEW.parent_id) < 1 THEN",
         (KIDS,),
@@ -185,7 +189,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "children-done-counts-unfinished",
-        "sql/0024.plpgsql_checks.sql",
+        M_CONTROL_FLOW,
         "      AND c.state IN ('succeeded', 'failed', 'cancelled', 'dead');",
         "      AND c.state IN ('succeeded', 'failed', 'cancelled', 'dead', 'running', 'pending');",
         (KIDS,),
@@ -193,7 +197,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "fan-in-wakes-twice",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    SET state = 'pending', state_version = p.state_version + 1, wake_at = now(),\n"
         "        wait_children = NULL, updated_at = now()",
         "    SET state = 'waiting', state_version = p.state_version + 1, wake_at = now(),\n"
@@ -204,7 +208,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "fan-in-never",
-        CHILDREN,
+        M_CONTROL_FLOW,
         "    AFTER UPDATE OF state ON agent_tasks\n    FOR EACH ROW WHEN (NEW.parent_id IS NOT NULL",
         "    AFTER UPDATE OF state ON agent_tasks\n    FOR EACH ROW WHEN (false AND NEW.parent_id IS NOT NULL",
         (KIDS,),
@@ -212,7 +216,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "children-late-wait-lost",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "        IF agentdb_children_done(NEW.tenant_id, NEW.id) >= NEW.wait_children THEN",
         "        IF false THEN",
         (KIDS + "::test_G23_a_wait_that_begins_after_the_children_finished_is_due_at_once",),
@@ -220,7 +224,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "child-of-a-finished-parent",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    IF parent.state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
         "    IF parent.state IN ('succeeded', 'failed', 'dead') THEN",
         (ATTACK, KIDS),
@@ -228,7 +232,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "purge-takes-a-parent",
-        STEPS,  # 0029 redefines agentdb_purge_tasks whole
+        M_RETENTION,
         "                 AND NOT EXISTS (SELECT 1 FROM agent_tasks c\n"
         "                                 WHERE c.tenant_id = k.tenant_id AND c.parent_id = k.id)",
         "",
@@ -237,7 +241,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-past-holder-approves",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "                     AND e.actor_id = NEW.sender)) THEN",
         "                     AND e.actor_id = NEW.sender AND false)) THEN",
         (TESTS + "::test_G22_a_past_holder_cannot_approve_the_work_it_did",),
@@ -245,7 +249,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-any-isolation",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    PERFORM agentdb_require_read_committed('AG015', TG_NAME, TG_TABLE_NAME);\n"
         "    SELECT k.state",
         "    SELECT k.state",
@@ -254,7 +258,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-wait-any-isolation",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "        ELSE\n            PERFORM agentdb_require_read_committed('AG015'",
         "        ELSE\n            PERFORM coalesce('AG015'",
         (ATTACK,),
@@ -262,7 +266,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "fan-in-any-isolation",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    PERFORM agentdb_require_read_committed('AG016', TG_NAME, TG_TABLE_NAME);\n"
         "    IF agentdb_children_done",
         "    IF agentdb_children_done",
@@ -271,7 +275,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "children-wait-any-isolation",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "        ELSE\n            PERFORM agentdb_require_read_committed('AG016'",
         "        ELSE\n            PERFORM coalesce('AG016'",
         (ATTACK,),
@@ -279,7 +283,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "isolation-check-admits-repeatable-read",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "NOT IN ('read committed', 'read uncommitted') THEN",
         "NOT IN ('read committed', 'read uncommitted', 'repeatable read') THEN",
         (ATTACK,),
@@ -287,7 +291,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-access-told",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    FOR EACH ROW EXECUTE FUNCTION agentdb_signal_access();",
         "    FOR EACH ROW WHEN (false) EXECUTE FUNCTION agentdb_signal_access();",
         (
@@ -298,7 +302,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "child-of-a-late-parent",
-        WAIT_RULES,
+        M_CONTROL_FLOW,
         "    IF parent.deadline_at <= now() THEN",
         "    IF parent.deadline_at <= now() - interval '1000 years' THEN",
         (ATTACK, KIDS),
@@ -306,16 +310,16 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "child-key-squatted",
-        WAIT_RULES,
-        "           OR (parent_id IS NOT NULL AND child_key IS NOT NULL\n"
-        "               AND dedupe_key = 'child/' || parent_id::text || '/' || child_key));",
-        "           OR true);",
+        M_TASKS,
+        "               OR (parent_id IS NOT NULL AND child_key IS NOT NULL\n"
+        "                   AND dedupe_key = 'child/' || parent_id::text || '/' || child_key)),",
+        "               OR true),",
         (ATTACK, KIDS),
         "agent_tasks_child_dedupe_reserved: any task takes a child's dedupe key first",
     ),
     m(
         "purge-signals-unbounded",
-        WAIT_RULES,
+        M_RETENTION,
         "               LIMIT p_batch) v\n        WHERE s.tenant_id = v.tenant_id AND s.id = v.id;",
         "               ) v\n        WHERE s.tenant_id = v.tenant_id AND s.id = v.id;",
         (TESTS + "::test_G22_a_tenants_signals_go_with_its_deletion_and_a_purged_task",),
@@ -323,7 +327,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "purge-takes-a-signalled-task",
-        STEPS,  # 0029 redefines agentdb_purge_tasks whole
+        M_RETENTION,
         "                 AND NOT EXISTS (SELECT 1 FROM agent_signals s\n"
         "                                 WHERE s.tenant_id = k.tenant_id AND s.task_id = k.id)\n",
         "",

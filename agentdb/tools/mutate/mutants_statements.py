@@ -6,6 +6,7 @@ from agentdb.tools.mutate.catalogue import (
     BATCH_SQL,
     FENCES,
     LEASES_SQL,
+    M_FOUNDATION,
     OPS_SQL,
     OUTBOX_SQL,
     TASKS_SQL,
@@ -456,7 +457,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "tenancy-scope-session-wide",
-        "sql/0013.citus.sql",
+        M_FOUNDATION,
         "    EXECUTE format('SET LOCAL agentdb.tenant_id = %L', p_tenant);",
         "    EXECUTE format('SET agentdb.tenant_id = %L', p_tenant);",
         (T + "test_tenancy.py",),

@@ -3,9 +3,16 @@ straight-line API, and what the worker does with an effect whose outcome is unkn
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, Mutant, T, m
+from agentdb.tools.mutate.catalogue import (
+    ATTACKS,
+    M_CONTROL_FLOW,
+    M_RETENTION,
+    M_STEPS,
+    Mutant,
+    T,
+    m,
+)
 
-STEPS = "sql/0029.steps.sql"
 STEPS_SQL = "agentdb/queries/steps.sql"
 DURABLE = "agentdb/worker/durable.py"
 JOB = "agentdb/worker/job.py"
@@ -16,7 +23,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---- the database's rules ------------------------------------------------------------
     m(
         "steps-guard-any-token",
-        STEPS,
+        M_STEPS,
         "    IF task.state <> 'running' OR task.lease_token <> NEW.lease_token THEN\n",
         "    IF task.state <> 'running' THEN\n",
         (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard]",),
@@ -24,7 +31,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "steps-guard-finished-task",
-        STEPS,
+        M_STEPS,
         "    IF task.state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN\n",
         "    IF false THEN\n",
         (ATTACKS + "::test_attack_is_refused[G20-agent_steps_guard]",),
@@ -32,7 +39,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "steps-guard-recorded-changes",
-        STEPS,
+        M_STEPS,
         "           OLD.state <> 'waiting' OR NEW.state <> 'done'\n",
         "           NEW.state <> 'done'\n",
         (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard-recorded]",),
@@ -40,7 +47,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "steps-guard-takes-any-signal",
-        STEPS,
+        M_STEPS,
         "    IF NEW.signal_seq IS NOT NULL AND NOT EXISTS (\n",
         "    IF false AND NOT EXISTS (\n",
         (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard-no-signal]",),
@@ -48,7 +55,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "steps-signal-taken-twice",
-        STEPS,
+        M_STEPS,
         "    CONSTRAINT agent_steps_signal_key UNIQUE (tenant_id, task_id, signal_seq),\n",
         "",
         (ATTACKS + "::test_attack_is_refused[G25-agent_steps_signal_key]",),
@@ -56,7 +63,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "outbox-message-for-a-cancelled-task",
-        STEPS,
+        M_CONTROL_FLOW,
         "    IF task_state = 'cancelled' THEN\n",
         "    IF false THEN\n",
         (
@@ -67,16 +74,16 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "delete-tenant-leaves-its-steps",
-        STEPS,
+        M_RETENTION,
         "        DELETE FROM agent_steps s WHERE s.tenant_id = p_tenant;\n"
-        "        GET DIAGNOSTICS steps = ROW_COUNT;\n",
-        "        steps := 0;\n",
+        "        GET DIAGNOSTICS n_steps = ROW_COUNT;\n",
+        "        n_steps := 0;\n",
         (T + "test_tenant_deletion.py",),
         "agentdb_delete_tenant: the tenant's steps stay, and its tasks cannot go (G17)",
     ),
     m(
         "purge-leaves-steps",
-        STEPS,
+        M_RETENTION,
         "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
         "        WHERE s.tenant_id = p_tenant AND k.tenant_id = p_tenant AND k.id = s.task_id\n",
         "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
@@ -87,7 +94,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "purge-leaves-steps-of-every-tenant",
-        STEPS,
+        M_RETENTION,
         "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
         "        WHERE k.tenant_id = s.tenant_id AND k.id = s.task_id\n",
         "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
