@@ -430,8 +430,7 @@ async def test_G15_owner_without_createrole_and_no_roles_then_grant(
                 "SELECT count(*) FROM pg_policy WHERE polname LIKE '%runtime_all'"
                 " OR polname LIKE '%agent_scope'"
             ).fetchone()
-        # 0014 adds the budget tables' runtime policies, 0020 the signals' runtime and agent
-        # ones, 0023 the schedules' runtime one, 0029 the steps' runtime and agent ones
+        # The runtime's policy on each of its 15 tables, the agent's scope on 7.
         assert policies == (22,)
 
 
@@ -514,41 +513,23 @@ _ROUTINES: dict[str, set[str]] = {
     "agentdb_current_tenant": {"agentdb_runtime", "agentdb_agent"},
     "agentdb_request_task": {"agentdb_runtime", "agentdb_agent"},
     "agentdb_delete_tenant": set(),
-    "agentdb_delete_tenant_0012": set(),
     "agentdb_grant_roles": set(),
-    "agentdb_grant_roles_0012": set(),
-    "agentdb_grant_roles_0014": set(),
     # G22: trigger functions (definer, so an agent's signal may lock its task); called
     # directly they refuse to run, so PUBLIC keeps EXECUTE like every trigger function.
     "agentdb_guard_signal": {"agentdb_runtime", "agentdb_agent", STRANGER},
     "agentdb_deliver_signal": {"agentdb_runtime", "agentdb_agent", STRANGER},
     "agentdb_guard_signal_cursor": {"agentdb_runtime", "agentdb_agent", STRANGER},
-    "agentdb_delete_tenant_0014": set(),
-    "agentdb_distribute_0018": set(),
-    "agentdb_distribute_signals": set(),
-    "agentdb_purge_0014": set(),
-    "agentdb_purge_signals": set(),
-    "agentdb_purge_tenant_0014": set(),
-    "agentdb_purge_0020": set(),
     "agentdb_purge_tasks": set(),
-    "agentdb_purge_tenant_0020": set(),
-    "agentdb_purge_0021": set(),
-    "agentdb_purge_tenant_0021": set(),
     "agentdb_purge_task_signals": set(),
     # G24: the runtime fires schedules.
     "agentdb_fire_schedule": {"agentdb_runtime"},
-    "agentdb_delete_tenant_0020": set(),
-    "agentdb_distribute_0013": set(),
     "agentdb_pin_search_paths": set(),
+    "agentdb_distribute": set(),
     "agentdb_purge": set(),
-    "agentdb_purge_0013": set(),
     "agentdb_purge_books": set(),
     "agentdb_purge_tenant": set(),
-    "agentdb_purge_tenant_0013": set(),
-    # G9: the month partitions of agent_events (0028), and the row purges it keys anew.
+    # G9: the month partitions of agent_events (events by month, opt-in).
     "agentdb_event_partitions": set(),
-    "agentdb_purge_0027": set(),
-    "agentdb_purge_tenant_0027": set(),
     # G25, G20: trigger functions (definer, so a step's or a message's writer may lock
     # its task); called directly they refuse to run, like every trigger function.
     "agentdb_guard_step": {"agentdb_runtime", "agentdb_agent", STRANGER},
@@ -641,7 +622,7 @@ async def test_G22_an_agent_sends_plain_signals_to_its_own_tenant_and_never_appr
         for tenant, task_id, kind, decision, refusal in (
             # its own approval: the policy
             (seeded.a, own, "approval", "approved", asyncpg.InsufficientPrivilegeError),
-            # another tenant's task: one it cannot see, as if there were none (0022)
+            # another tenant's task: one it cannot see, as if there were none
             (seeded.b, other, "signal", None, asyncpg.ForeignKeyViolationError),
         ):
             # No RETURNING: its read would be refused by agent_signals_agent_scope anyway.

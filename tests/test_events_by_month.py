@@ -1,4 +1,4 @@
-"""0028: the audit trail partitioned by month (opt-in), its guarantees unchanged (G8, G9).
+"""Events by month (opt-in, sql/migrations/0011.retention): the guarantees unchanged (G8, G9).
 
 An event lands in the partition of its created_at; one event per recorded
 version holds across partitions (a deferred trigger now, no unique index can
@@ -381,14 +381,14 @@ async def test_G9_only_the_owner_rotates_months(
 def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
     pg_server: _pg.Server,
 ) -> None:
-    """At 0027 with events (and the old unique keys), 0028 moves every row into the
-    legacy partition, and its rollback moves them back: same rows, same schema as 0027."""
+    """An install with events (and the unique keys of one table) is converted in place by
+    `migrate --events-by-month`: every row moves into the legacy partition, and what an
+    operator added to the table goes with it. agentdb_unpartition_events() - what the
+    rollback of 0011.retention runs - moves them back: the same rows, the same schema."""
     ids = migrate.migration_ids()
     with _pg.temp_database(pg_server) as name:
         dsn = pg_server.url(name)
         migrate.migrate(dsn)
-        migrate.rollback(dsn, count=len(ids) - ids.index("0028.events_by_month"))
-        at_0027 = _pg.schema_dump(dsn)
         with _pg.admin(dsn) as conn:
             [(tenant,)] = conn.execute(
                 "INSERT INTO agent_tenants (name) VALUES ('t') RETURNING id"
@@ -414,17 +414,13 @@ def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
             )
             # What an operator added to the table goes with it.
             conn.execute("GRANT SELECT ON agent_events TO agentdb_runtime WITH GRANT OPTION")
-            # A maintenance role allowed to purge (agentdb_runtime stands in for one).
-            conn.execute(
-                "GRANT EXECUTE ON FUNCTION agentdb_purge(text, integer, interval)"
-                " TO agentdb_runtime"
-            )
             conn.execute(
                 "CREATE POLICY reporting ON agent_events FOR SELECT TO agentdb_agent"
                 " USING (event_type = 'note')"
             )
             before = conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall()
-        migrate.migrate(dsn)  # 0028 alone changes no table
+        one_table = _pg.schema_dump(dsn)
+        migrate.migrate(dsn)  # without --events-by-month nothing changes
         with _pg.admin(dsn) as conn:
             kind = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'agent_events'")
             assert kind.fetchall() == [("r",)]
@@ -446,13 +442,6 @@ def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
                 " has_table_privilege('agentdb_runtime', 'agent_events_legacy', 'SELECT')"
             ).fetchall()
             assert grantable == [(True, False)]
-            may_purge = conn.execute(
-                "SELECT has_function_privilege('agentdb_runtime',"
-                "   'agentdb_purge(text, integer, interval)', 'EXECUTE'),"
-                " has_function_privilege('agentdb_runtime',"
-                "   'agentdb_event_partitions(integer)', 'EXECUTE')"
-            ).fetchall()
-            assert may_purge == [(True, True)]
             with pytest.raises(Exception, match="two events record") as twice:
                 conn.execute(
                     "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
@@ -461,20 +450,21 @@ def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
                     (tenant, task, _month(2)),
                 )
             assert getattr(twice.value, "sqlstate", None) == "23505"
-        migrate.rollback(dsn, count=len(ids) - ids.index("0028.events_by_month"))
-        with _pg.admin(dsn) as conn:
+            conn.execute("CALL agentdb_unpartition_events()")
             assert conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall() == before
             assert conn.execute(
                 "SELECT count(*) FROM pg_policies WHERE policyname = 'reporting'"
                 " AND tablename = 'agent_events'"
             ).fetchall() == [(1,)]
-            conn.execute("DROP POLICY reporting ON agent_events")
-            conn.execute("REVOKE GRANT OPTION FOR SELECT ON agent_events FROM agentdb_runtime")
-            conn.execute(
-                "REVOKE EXECUTE ON FUNCTION agentdb_purge(text, integer, interval)"
-                " FROM agentdb_runtime"
-            )
-        assert _pg.schema_dump(dsn) == at_0027
+        assert _pg.schema_dump(dsn) == one_table
+        # The rollback of 0011.retention (and of what follows it) unpartitions too.
+        migrate.migrate(dsn, events_by_month=True)
+        back = migrate.rollback(dsn, count=len(ids) - ids.index("0011.retention"))
+        assert back[-1] == "0011.retention"
+        with _pg.admin(dsn) as conn:
+            assert conn.execute("SELECT * FROM agent_events ORDER BY id").fetchall() == before
+            kind = conn.execute("SELECT relkind FROM pg_class WHERE relname = 'agent_events'")
+            assert kind.fetchall() == [("r",)]
 
 
 async def test_G9_the_row_purge_takes_an_expired_event_not_a_copy_of_its_id(
@@ -500,7 +490,7 @@ async def test_G8_a_transaction_begun_before_its_task_existed_records_its_versio
     admin_conn: asyncpg.Connection, other_conn: asyncpg.Connection, tenants: Tenants
 ) -> None:
     """Its now() - the events' created_at - is older than the task: within a day, the
-    state change commits (0027 accepted it; the one-day rule must not refuse it)."""
+    state change commits (one table accepts it; the one-day rule must not refuse it)."""
     async with other_conn.transaction():
         await other_conn.fetchval("SELECT now()")  # this transaction's now() is fixed here
         task = await F.create_task(admin_conn, tenants.a)

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import asyncpg
+import psycopg
 import pytest
+from psycopg import sql
 
 from agentdb import migrate, schema
 from agentdb.errors import MigrationError
@@ -29,17 +31,19 @@ async def test_the_migrated_schema_is_at_the_newest_shipped_migration(
     assert await schema.check(pool) == schema.required_version() == migrate.migration_ids()[-1]
 
 
-def test_every_migration_from_0011_on_records_its_own_version() -> None:
+def test_every_migration_from_the_baseline_on_records_its_own_version() -> None:
+    """The baseline's newest migration (0012.citus) defines agentdb_schema_version(); each
+    later one redefines it whole with its own id."""
     for mid in migrate.migration_ids():
-        if mid < "0011":
+        if mid < "0012":
             continue
         text = (migrate.migrations_dir() / f"{mid}.sql").read_text()
         assert f"SELECT '{mid}'::text" in text, mid
 
 
 async def test_worker_and_relay_refuse_an_older_schema(db: Database) -> None:
-    # Back to 0010: no agentdb_schema_version() at all.
-    migrate.rollback(db.admin_dsn, count=sum(m > "0011" for m in migrate.migration_ids()))
+    # Back to 0011.retention: no agentdb_schema_version() at all.
+    migrate.rollback(db.admin_dsn, count=sum(m >= "0012" for m in migrate.migration_ids()))
     pool = await asyncpg.create_pool(db.admin_dsn, min_size=1, max_size=2)
     try:
         with pytest.raises(MigrationError, match="run `agentdb migrate` first"):
@@ -61,7 +65,15 @@ async def test_worker_and_relay_refuse_an_older_schema(db: Database) -> None:
 
 
 def test_the_worker_command_says_so_in_one_line(db: Database) -> None:
-    migrate.rollback(db.admin_dsn, count=1)
+    older, newest = migrate.migration_ids()[-2:]
+    # A schema an older agentdb migrated: its newest migration named itself.
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE OR REPLACE FUNCTION agentdb_schema_version() RETURNS text"
+                " LANGUAGE sql IMMUTABLE AS $$ SELECT {}::text $$"
+            ).format(sql.Literal(older))
+        )
     proc = subprocess.run(
         [sys.executable, "-m", "agentdb", "worker", "tests.fixture_handlers:HANDLERS",
          "--dsn", db.admin_dsn, "--no-listen"],
@@ -70,7 +82,6 @@ def test_the_worker_command_says_so_in_one_line(db: Database) -> None:
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
-    older, newest = migrate.migration_ids()[-2:]
     assert proc.stderr.startswith(
         f"agentdb: the database schema is at migration {older}, this agentdb needs {newest}"
     ), proc.stderr
