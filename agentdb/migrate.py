@@ -426,8 +426,9 @@ def migrate(
 ) -> list[str]:
     """Apply every migration the database does not have yet; return the ids this call applied.
 
-    ``citus``: then distribute the tables on this Citus coordinator (sql/0013);
-    ``events_by_month``: then partition agent_events by month (sql/0028). Both re-run as no-ops.
+    ``citus``: then distribute the tables on this Citus coordinator (``agentdb_distribute()``,
+    sql/migrations/0012.citus.sql); ``events_by_month``: then partition agent_events by month
+    (``agentdb_partition_events()``, sql/migrations/0011.retention.sql). Both re-run as no-ops.
 
     ``pooler``: ``"transaction"`` behind a transaction-pooling proxy (default
     ``$AGENTDB_POOLER``). ``lock_timeout``: seconds to wait for another run's

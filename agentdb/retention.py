@@ -14,8 +14,8 @@ tasks              finished tasks with nothing left referring to them      30 da
 
 Event retention is set per row when the event is written (the columns); the
 other classes take their age at purge time. Where the audit trail is
-partitioned by month (opt-in, sql/0028), a purge that includes ``events``
-first drops every month that is over and holds no retained row - one DROP
+partitioned by month (opt-in, ``agentdb migrate --events-by-month``), a purge
+that includes ``events`` first drops every month that is over and holds no retained row - one DROP
 instead of a delete per row - and creates the months ahead. Rows of a month
 that still holds a retained one are deleted row by row, as before. Each batch is one statement in
 its own transaction, so locks are held briefly, live claims skip nothing

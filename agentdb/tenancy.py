@@ -165,7 +165,7 @@ class TenantDeletion:
 async def delete_tenant(
     db: _db.Executor, tenant_id: uuid.UUID, *, dry_run: bool, actor: str = "agentdb"
 ) -> TenantDeletion:
-    """Apply the tenant deletion policy (see ``sql/0009.tenant_deletion.sql`` and the README).
+    """Apply the tenant deletion policy (see ``sql/migrations/0011.retention.sql`` and the README).
 
     With ``dry_run`` nothing changes; every step reports the rows it would
     touch, counted with the predicate it acts on. Run it again after the

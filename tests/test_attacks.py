@@ -75,7 +75,7 @@ class Case:
     constraint: str | None = field(default=None)
     # On Citus (make test-citus) some writes are refused by Citus itself, before
     # or instead of our guard: the SQLSTATE it refuses with there. ABSENT: the
-    # object does not exist on a distributed schema (0013 says why).
+    # object does not exist on a distributed schema (0012.citus says why).
     citus: str | None = None
 
     @property
@@ -1375,7 +1375,7 @@ CASES: list[Case] = [
         citus=FAILED_COMMIT,
     ),
     # ---- events -----------------------------------------------------------------------
-    # With created_at: by month (opt-in, 0028) the key holds it.
+    # With created_at: by month (opt-in) the key holds it.
     Case(
         "agent_events_pkey", "23505", ev(id=10**12, created_at=NOW), ev(id=10**12, created_at=NOW)
     ),

@@ -122,7 +122,7 @@ async def test_every_name_the_code_refers_to_exists(admin_conn: asyncpg.Connecti
     }
     referenced = _quoted_names(_PACKAGE)
     roles = {"agentdb_runtime", "agentdb_agent"}
-    channels = {"agentdb_tasks", "agentdb_outbox"}  # NOTIFY channels of 0008.notify
+    channels = {"agentdb_tasks", "agentdb_outbox"}  # the NOTIFY hints' channels
     unknown = referenced - tables - functions - set(CONSTRAINTS) - roles - channels
     assert not unknown
     assert "agent_events_payload_no_secrets" in referenced  # the scan sees the code

@@ -1,4 +1,4 @@
-"""0025/0026: cheaper event writes, the same guarantees (G8, G9).
+"""Cheaper event writes, the same guarantees (G8, G9).
 
 The secret CHECK runs the function's own prefilter regex inline and calls
 agentdb_jsonb_has_secrets only for a payload that matches: the two regex
@@ -73,7 +73,7 @@ async def test_G9_the_checks_prefilter_is_the_functions_own(admin_conn: asyncpg.
 
 
 async def test_G9_the_secret_check_is_validated(admin_conn: asyncpg.Connection) -> None:
-    """0026 validated what 0025 added NOT VALID: the check holds for every row."""
+    """The check is validated: it holds for every row."""
     validated = await admin_conn.fetchval(
         "SELECT convalidated FROM pg_constraint WHERE conname = 'agent_events_payload_no_secrets'"
     )

@@ -11,7 +11,7 @@ the others' backlogs. So a tenant with k due tasks is fully started within
 ceil(k / floor(B/n)) claims of any one worker - here 20 tasks, B = 10,
 n = 3: within 7 rounds - while the tenant with 20,000 gets at most
 ceil(B/n) = 4 per claim meanwhile. Claiming in wake_at order across tenants
-(the claim before 0012) would start all 20,000 first.
+(what the claim once did) would start all 20,000 first.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The functions frequent statements call are PL/pgSQL, not SQL (0024).
+"""The functions frequent statements call are PL/pgSQL, not SQL.
 
 Every agentdb function is pinned to its schema's search_path, and PostgreSQL
 never inlines a SQL function with a SET clause: each statement that calls
 one parses and plans its body again (about 190 us per event insert for the
-G9 secret check, measured before 0024). A PL/pgSQL function keeps its plans
+G9 secret check, measured when it was SQL). A PL/pgSQL function keeps its plans
 for the session. These tests find, in the catalogue, every function that a
 CHECK of a table the task cycle writes, a row-level policy or a runtime
 statement calls, and refuse a SQL one among them.
@@ -80,7 +80,7 @@ async def test_G9_an_erased_payload_has_no_secret(admin_conn: asyncpg.Connection
 
 
 async def test_hot_functions_stay_pinned_to_their_schema(admin_conn: asyncpg.Connection) -> None:
-    # CREATE OR REPLACE drops SET clauses; 0024 pins the search paths again.
+    # CREATE OR REPLACE drops SET clauses: every migration pins the search paths again.
     rows = await admin_conn.fetch(
         "SELECT p.proname, p.proconfig FROM pg_proc p"
         " WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = ANY($1::text[])",

@@ -64,7 +64,7 @@ INDEX_QUERIES: dict[str, str] = {
         "SELECT id FROM agent_operations"
         " WHERE state IN ('reserved', 'in_flight', 'unknown') AND updated_at < now()"
     ),
-    # Unique keys that took over the lookups of the indexes 0025 dropped: a task's
+    # Unique keys that serve the lookups separate indexes once served: a task's
     # events (in order: a sort of a few rows), an operation's events.
     "agent_events_task_version_key": (
         "SELECT id FROM agent_events"

@@ -161,7 +161,7 @@ async def test_G9_payload_over_the_cap_is_refused_and_nothing_is_written(
 
 
 # The walk of agentdb_jsonb_has_secrets without its prefilter: what the CHECK
-# must refuse. The prefilter (0016) may only skip documents this finds clean.
+# must refuse. The prefilter may only skip documents this finds clean.
 _WALK = """
 SELECT EXISTS (
     SELECT 1 FROM jsonb_path_query($1::jsonb, 'strict $.**') AS node (v)

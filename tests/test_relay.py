@@ -128,8 +128,8 @@ async def test_G10_listen_unavailable_falls_back_to_polling(
 
 
 @pytest.mark.plain_postgres(
-    "0013 drops the NOTIFY triggers on Citus (they would fire on a worker, where no "
-    "listener hears them, and make it refuse PREPARE TRANSACTION): relays poll there"
+    "agentdb_distribute() drops the NOTIFY triggers on Citus (they would fire on a worker, "
+    "where no listener hears them, and make it refuse PREPARE TRANSACTION): relays poll there"
 )
 async def test_G10_notify_wakes_an_idle_relay(
     db: Database, pool: asyncpg.Pool, tenants: Tenants

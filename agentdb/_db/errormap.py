@@ -57,7 +57,7 @@ _BAD_INPUT = {
     "22P05": "untranslatable character",
     "54001": "statement too complex",
 }
-#: A unique violation on a partition of agent_events (sql/0028) names the partition's
+#: A unique violation on a partition of agent_events (events by month) names the partition's
 #: index (agent_events_p2026_12_pkey); the key it enforces is the partitioned table's.
 _EVENT_PARTITION_KEY = re.compile(r"agent_events_(?:legacy|default|p[0-9]{4}_[0-9]{2})_pkey")
 #: SQLSTATEs a transaction pooler causes when named prepared statements are in use.
