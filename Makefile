@@ -61,13 +61,13 @@ CITUS_SUITES ?= tests/test_attacks.py tests/test_fences.py tests/test_tenant_iso
 	tests/test_durable.py
 
 # The suites make test-events-by-month runs a second time with every test
-# database's agent_events partitioned by month (the opt-in layout of 0028).
+# database's agent_events partitioned by month (the opt-in layout: --events-by-month).
 BY_MONTH_SUITES ?= tests/test_attacks.py tests/test_events_diet.py tests/test_tasks.py \
 	tests/test_operations.py tests/test_retention.py tests/test_tenant_deletion.py \
 	tests/test_signals.py tests/test_children.py tests/test_fairness.py tests/test_model.py \
 	tests/test_durable.py
 
-test-events-by-month: $(VENV)/.dev ## Attacks, runtime, retention and model suites with agent_events partitioned by month (sql/0028)
+test-events-by-month: $(VENV)/.dev ## Attacks, runtime, retention and model suites with agent_events partitioned by month (--events-by-month)
 	AGENTDB_TEST_EVENTS_BY_MONTH=1 $(BIN)/pytest $(BY_MONTH_SUITES) $(PYTEST_ARGS)
 
 test-citus: $(VENV)/.dev ## Citus tests + attacks/runtime/worker/relay/crash/model suites + chaos-quick on AGENTDB_CITUS_DSN (not in make test)
@@ -113,7 +113,7 @@ rollback: $(VENV)/.embedded ## Roll back the newest migration on DATABASE_URL
 status: $(VENV)/.embedded ## Operator status of DATABASE_URL (tasks, leases, outbox, purge backlog)
 	$(BIN)/agentdb status
 
-audit: $(VENV)/.embedded ## Which guarantees G1-G17 the schema at DATABASE_URL enforces
+audit: $(VENV)/.embedded ## Which of the guarantees (agentdb/guarantees.py) the schema at DATABASE_URL enforces
 	$(BIN)/agentdb audit
 
 purge: $(VENV)/.embedded ## Delete what is past retention at DATABASE_URL, in small batches

@@ -2,7 +2,8 @@
 
 Tenant scope, idempotency, legal state transitions, fenced leases, an
 append-only audit trail and reliable outbox delivery live in the schema under
-``sql/``; the modules here run its statements:
+``sql/`` (its migrations; ``sql/schema.sql`` is the current state); the modules
+here run its statements:
 
 * :mod:`agentdb.tasks` - create, read and transition tasks (one round trip each)
 * :mod:`agentdb.leases` - claim, renew, release (fenced by lease token)
@@ -10,7 +11,7 @@ append-only audit trail and reliable outbox delivery live in the schema under
 * :mod:`agentdb.outbox`, :mod:`agentdb.inbox` - delivery at least once, processing once
 * :mod:`agentdb.tenancy` - tenants and per-transaction tenant scope
 * :mod:`agentdb.errors` - everything raised, mapped by SQLSTATE and constraint name
-* :mod:`agentdb.guarantees` - G1-G23 and the schema objects that enforce each
+* :mod:`agentdb.guarantees` - the guarantees and the schema objects that enforce each
 * :func:`create_pool` - the pool factory every worker, relay and tool connects through
 
 The processes are :mod:`agentdb.worker` and :mod:`agentdb.relay`; schema

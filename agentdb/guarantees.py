@@ -1,5 +1,5 @@
-"""The guarantees (G1-G25), and (re-exported from :mod:`agentdb.catalogue`) the catalogue
-that ties every schema object to one of them.
+"""The guarantees (G1, G2, ... in order), and (re-exported from :mod:`agentdb.catalogue`) the
+catalogue that ties every schema object to one of them.
 
 One registry, read by everything that names a guarantee: the error classes
 (``.guarantee``), the audit's verdicts, the README's tables (generated from

@@ -1,6 +1,6 @@
 """Where the tests get their PostgreSQL, and small helpers around it.
 
-Order (SPEC section 7): ``AGENTDB_TEST_DSN`` if set; else a testcontainers
+Order: ``AGENTDB_TEST_DSN`` if set; else a testcontainers
 Postgres when a Docker engine answers; else an embedded Postgres (pgserver,
 binaries from a wheel) started for this session. If none can be had the
 session fails with instructions - database tests are never skipped.

@@ -130,7 +130,7 @@ class Harness:
         self.runner.close()
 
 
-def run_machine(h: Harness, *, max_examples: int) -> None:
+def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the model is one class
     class LeaseMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()

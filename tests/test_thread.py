@@ -88,8 +88,9 @@ def test_every_tagged_sql_object_is_in_the_catalogue() -> None:
     assert set(sql_comment_tags()) <= set(CONSTRAINTS)
 
 
-def test_the_registry_is_g1_to_g24_in_order() -> None:
-    assert list(GUARANTEES) == [f"G{i}" for i in range(1, 26)]
+def test_the_registry_is_numbered_in_order() -> None:
+    assert list(GUARANTEES) == [f"G{i}" for i in range(1, len(GUARANTEES) + 1)]
+    assert len(GUARANTEES) >= 25
     for gid, g in GUARANTEES.items():
         assert g.id == gid
         assert g.title

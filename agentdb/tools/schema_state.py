@@ -169,7 +169,10 @@ def _grants(conn: psycopg.Connection[Any], acl: Any, owner: int) -> list[str]:
     )
 
 
-def _month_names(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+Months = list[tuple[str, str]]
+
+
+def _month_names(conn: psycopg.Connection[Any]) -> Months:
     """(literal, relative name) for the months around now: partitions are named by month."""
     row = conn.execute("SELECT date_trunc('month', now(), 'UTC') AT TIME ZONE 'UTC'").fetchone()
     assert row is not None
@@ -185,7 +188,7 @@ def _month_names(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _relative(text: str, months: list[tuple[str, str]]) -> str:
+def _relative(text: str, months: Months) -> str:
     for literal, name in months:
         text = text.replace(literal, name)
     return text
@@ -372,93 +375,111 @@ def _render(conn: psycopg.Connection[Any], nsp: str) -> str:
     if seqs:
         out.append("-- ==== sequences " + "=" * 68 + "\n")
         for oid, name, *_, owner, acl in seqs:
-            seq_type = conn.execute(_SEQUENCE, {"oid": oid}).fetchone()
-            owned = conn.execute(_OWNED_BY, {"oid": oid}).fetchone()
-            line = f"CREATE SEQUENCE {_relative(name, months)}"
-            line += f" AS {seq_type[0]}" if seq_type else ""
-            line += f" OWNED BY {_relative(owned[0], months)};" if owned else ";"
-            out.append(line)
-            out += _acl_statements(conn, acl, owner, f"SEQUENCE {name}")
+            out += _sequence_sql(conn, oid, name, owner, acl, months)
         out.append("")
-    for oid, name, kind, rls, force, _, partkey, bound, parent, owner, acl in rels:
-        if kind == "S":
-            continue
-        name = _relative(name, months)
-        out.append(f"-- ==== {name} " + "=" * max(4, 78 - len(name)) + "\n")
-        cols = conn.execute(_COLUMNS, {"oid": oid}).fetchall()
-        cons = sorted(
-            conn.execute(_CONSTRAINTS, {"oid": oid}).fetchall(),
-            key=lambda c: ("pufxct".find(c[1]), c[0]),  # keys, then foreign keys, then checks
-        )
-        lines = []
-        for cname, ctype, cnull, cdefault, _, _ in cols:
-            line = f"    {cname} {ctype}"
-            line += " NOT NULL" if cnull else ""
-            line += f" DEFAULT {cdefault}" if cdefault is not None else ""
-            lines.append(line)
-        for conname, _, condef, deferrable, deferred, validated in cons:
-            line = f"    CONSTRAINT {_relative(conname, months)} {condef}"
-            line += " DEFERRABLE" if deferrable and "DEFERRABLE" not in condef else ""
-            line += " INITIALLY DEFERRED" if deferred and "DEFERRED" not in condef else ""
-            line += " NOT VALID" if not validated and "NOT VALID" not in condef else ""
-            lines.append(line)
-        if parent is not None:
-            head = f"CREATE TABLE {name} PARTITION OF {parent} {_relative(bound, months)}"
-            out.append(head + (" (\n" + ",\n".join(lines[len(cols) :]) + "\n);" if cons else ";"))
-        else:
-            tail = f" PARTITION BY {partkey};" if partkey else ";"
-            out.append(f"CREATE TABLE {name} (\n" + ",\n".join(lines) + "\n)" + tail)
-        for _, idef in conn.execute(_INDEXES, {"oid": oid}).fetchall():
-            out.append(_relative(_unqualified(idef, nsp), months) + ";")
-        for tgname, tdef, enabled in conn.execute(_TRIGGERS, {"oid": oid}).fetchall():
-            out.append(_relative(_unqualified(tdef, nsp), months) + ";")
-            if enabled == "D":
-                out.append(f"ALTER TABLE {name} DISABLE TRIGGER {tgname};")
-        if rls:
-            out.append(f"ALTER TABLE {name} ENABLE ROW LEVEL SECURITY;")
-        if force:
-            out.append(f"ALTER TABLE {name} FORCE ROW LEVEL SECURITY;")
-        for pname, cmd, permissive, roles, qual, check in conn.execute(
-            _POLICIES, {"oid": oid}
-        ).fetchall():
-            who = ", ".join(
-                sorted(
-                    "CURRENT_USER" if n == OWNER else n
-                    for n in (_role_name(conn, r, owner) for r in roles)
-                )
-            )
-            line = f"CREATE POLICY {pname} ON {name}"
-            line += "" if permissive else " AS RESTRICTIVE"
-            line += f" FOR {_POLCMD[cmd]}" if cmd != "*" else ""
-            line += f" TO {who}"
-            line += f" USING ({qual})" if qual is not None else ""
-            line += f" WITH CHECK ({check})" if check is not None else ""
-            out.append(line + ";")
-        out += _acl_statements(conn, acl, owner, name)
-        if name == "agent_transitions":
-            rows = conn.execute(_TRANSITIONS).fetchall()
-            values = ",\n".join(f"    ('{e}', '{f}', '{t}')" for e, f, t in rows)
-            out.append(
-                "-- The lifecycle graph (G6): rows, not schema, but the migrations write them.\n"
-                f"INSERT INTO agent_transitions (entity, from_state, to_state) VALUES\n{values};"
-            )
-        out.append("")
+    for rel in rels:
+        if rel[2] != "S":
+            out += _table_sql(conn, rel, nsp, months)
+            out.append("")
     out.append("-- ==== routines " + "=" * 69 + "\n")
     for r in conn.execute(_ROUTINES, {"nsp": nsp}).fetchall():
-        oid, name, args, kind = r[:4]
-        owner, acl = r[13:]
-        row = conn.execute("SELECT pg_get_functiondef(%s)", (oid,)).fetchone()
-        assert row is not None
-        head, _, rest = str(row[0]).rstrip().partition("\n")
-        text = _unqualified(head, nsp) + "\n" + rest  # the CREATE line names the schema
-        text = text.replace(
-            f"SET search_path TO '{nsp}', 'pg_temp'", "SET search_path TO <schema>, pg_temp"
-        )
-        out.append(text + ";")
-        target = f"{'PROCEDURE' if kind == 'p' else 'FUNCTION'} {name}({args})"
-        out += _acl_statements(conn, acl, owner, target)
+        out += _routine_sql(conn, r, nsp)
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _sequence_sql(
+    conn: psycopg.Connection[Any], oid: int, name: str, owner: int, acl: Any, months: Months
+) -> list[str]:
+    seq_type = conn.execute(_SEQUENCE, {"oid": oid}).fetchone()
+    owned = conn.execute(_OWNED_BY, {"oid": oid}).fetchone()
+    line = f"CREATE SEQUENCE {_relative(name, months)}"
+    line += f" AS {seq_type[0]}" if seq_type else ""
+    line += f" OWNED BY {_relative(owned[0], months)};" if owned else ";"
+    return [line, *_acl_statements(conn, acl, owner, f"SEQUENCE {name}")]
+
+
+def _table_sql(
+    conn: psycopg.Connection[Any], rel: tuple[Any, ...], nsp: str, months: Months
+) -> list[str]:
+    """One table: its columns and constraints, then indexes, triggers, RLS, policies, grants."""
+    oid, name, _, rls, force, _, partkey, bound, parent, owner, acl = rel
+    name = _relative(name, months)
+    out = [f"-- ==== {name} " + "=" * max(4, 78 - len(name)) + "\n"]
+    cols = conn.execute(_COLUMNS, {"oid": oid}).fetchall()
+    cons = sorted(
+        conn.execute(_CONSTRAINTS, {"oid": oid}).fetchall(),
+        key=lambda c: ("pufxct".find(c[1]), c[0]),  # keys, then foreign keys, then checks
+    )
+    columns = [
+        f"    {c[0]} {c[1]}" + (" NOT NULL" if c[2] else "") + (f" DEFAULT {c[3]}" if c[3] else "")
+        for c in cols
+    ]
+    constraints = [_constraint_sql(c, months) for c in cons]
+    if parent is not None:
+        head = f"CREATE TABLE {name} PARTITION OF {parent} {_relative(bound, months)}"
+        out.append(head + (" (\n" + ",\n".join(constraints) + "\n);" if cons else ";"))
+    else:
+        tail = f" PARTITION BY {partkey};" if partkey else ";"
+        out.append(f"CREATE TABLE {name} (\n" + ",\n".join(columns + constraints) + "\n)" + tail)
+    for _, idef in conn.execute(_INDEXES, {"oid": oid}).fetchall():
+        out.append(_relative(_unqualified(idef, nsp), months) + ";")
+    for tgname, tdef, enabled in conn.execute(_TRIGGERS, {"oid": oid}).fetchall():
+        out.append(_relative(_unqualified(tdef, nsp), months) + ";")
+        if enabled == "D":
+            out.append(f"ALTER TABLE {name} DISABLE TRIGGER {tgname};")
+    if rls:
+        out.append(f"ALTER TABLE {name} ENABLE ROW LEVEL SECURITY;")
+    if force:
+        out.append(f"ALTER TABLE {name} FORCE ROW LEVEL SECURITY;")
+    for policy in conn.execute(_POLICIES, {"oid": oid}).fetchall():
+        out.append(_policy_sql(conn, policy, name, owner))
+    out += _acl_statements(conn, acl, owner, name)
+    if name == "agent_transitions":
+        rows = conn.execute(_TRANSITIONS).fetchall()
+        values = ",\n".join(f"    ('{e}', '{f}', '{t}')" for e, f, t in rows)
+        out.append(
+            "-- The lifecycle graph (G6): rows, not schema, but the migrations write them.\n"
+            f"INSERT INTO agent_transitions (entity, from_state, to_state) VALUES\n{values};"
+        )
+    return out
+
+
+def _constraint_sql(con: tuple[Any, ...], months: Months) -> str:
+    conname, _, condef, deferrable, deferred, validated = con
+    line = f"    CONSTRAINT {_relative(conname, months)} {condef}"
+    line += " DEFERRABLE" if deferrable and "DEFERRABLE" not in condef else ""
+    line += " INITIALLY DEFERRED" if deferred and "DEFERRED" not in condef else ""
+    return line + (" NOT VALID" if not validated and "NOT VALID" not in condef else "")
+
+
+def _policy_sql(
+    conn: psycopg.Connection[Any], policy: tuple[Any, ...], table: str, owner: int
+) -> str:
+    pname, cmd, permissive, roles, qual, check = policy
+    named = (_role_name(conn, r, owner) for r in roles)
+    who = ", ".join(sorted("CURRENT_USER" if n == OWNER else n for n in named))
+    line = f"CREATE POLICY {pname} ON {table}"
+    line += "" if permissive else " AS RESTRICTIVE"
+    line += f" FOR {_POLCMD[cmd]}" if cmd != "*" else ""
+    line += f" TO {who}"
+    line += f" USING ({qual})" if qual is not None else ""
+    line += f" WITH CHECK ({check})" if check is not None else ""
+    return line + ";"
+
+
+def _routine_sql(conn: psycopg.Connection[Any], routine: tuple[Any, ...], nsp: str) -> list[str]:
+    oid, name, args, kind = routine[:4]
+    owner, acl = routine[13:]
+    row = conn.execute("SELECT pg_get_functiondef(%s)", (oid,)).fetchone()
+    assert row is not None
+    head, _, rest = str(row[0]).rstrip().partition("\n")
+    text = _unqualified(head, nsp) + "\n" + rest  # the CREATE line names the schema
+    text = text.replace(
+        f"SET search_path TO '{nsp}', 'pg_temp'", "SET search_path TO <schema>, pg_temp"
+    )
+    target = f"{'PROCEDURE' if kind == 'p' else 'FUNCTION'} {name}({args})"
+    return [text + ";", *_acl_statements(conn, acl, owner, target)]
 
 
 # ---- make schema ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Which of the guarantees G1-G25 does an existing schema enforce?
+"""Which of agentdb's guarantees (:mod:`agentdb.guarantees`) does an existing schema enforce?
 
 :func:`audit` reads the live catalog of one schema (``pg_catalog`` only,
 inside a READ ONLY transaction, so a role with no table privileges can run
@@ -67,7 +67,7 @@ __all__ = [
 # Not API: the tests open the audit's connection to prove it cannot write.
 _read_only = catalog.read_only
 
-#: One check per guarantee, in the order the report lists them (G1 to G25).
+#: One check per guarantee, in the registry's order (the order the report lists them).
 CHECKS: Final[tuple[Callable[[Context], Finding], ...]] = (
     check_g1,
     check_g2,

@@ -407,7 +407,7 @@ def _rows(
     return conn.execute(query, params).fetchall()
 
 
-def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:
+def snapshot(conn: psycopg.Connection[Any], schema: str | None) -> Catalog:  # noqa: C901, PLR0912 - one read per catalog, in order
     """Read ``schema`` (default: the first on the search_path) from the catalog.
 
     Raises:

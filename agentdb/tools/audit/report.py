@@ -75,7 +75,7 @@ class TableRef:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """The audit of one schema: one finding per guarantee, G1 to G21 in order."""
+    """The audit of one schema: one finding per guarantee, in the registry's order."""
 
     database: str
     schema: str

@@ -188,7 +188,7 @@ def _report(outcomes: list[Outcome], mutants: Sequence[Mutant], wall: float, out
     return text
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the CLI, flag by flag
     parser = argparse.ArgumentParser(prog="python -m agentdb.tools.mutate", description=__doc__)
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--only", help="comma-separated mutant ids")
