@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agentdb import _db, _routed, schema
+from agentdb import _db
+from agentdb._citus import routed
+from agentdb._citus.routing import distributed, twin
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, document
 from agentdb.errors import AgentDBError, BudgetExceeded, ConfigurationError, RateLimited
 from agentdb.models import Operation
@@ -126,7 +128,7 @@ async def refusal(
         payload.update(reason="budget", requested=requested, remaining=remaining)
     else:
         rows = await _db.fetch_many(db, _Q["rate_window"], tenant_id=tenant_id, action=action)
-        if not await schema.distributed(db):
+        if not await distributed(db):  # no global limits on Citus (sql/migrations/0009)
             rows += await _db.fetch_many(db, _Q["global_rate_window"], action=action)
         ends = [r["retry_after"] for r in rows]
         retry_after = max(ends) if ends else datetime.now(UTC)
@@ -140,18 +142,27 @@ async def refusal(
         "payload": document(payload, cap=EVENT_PAYLOAD_CAP, what="refusal event"),
         "trace_id": ids[0], "span_id": ids[1],
     }  # fmt: skip
-    if not await schema.distributed(db):
-        await _db.execute_rows(db, _Q["budget_refused"], **event)
-        return out
-    async with _db.transaction(db) as conn:  # Citus: budget_refused_row says why
+    await _refusal_event(db, event)
+    return out
+
+
+async def _refusal_event_routed(db: _db.Executor, event: dict[str, Any]) -> None:
+    """The refusal's event on Citus: the task read, then one row of VALUES (budget_refused_row
+    says why)."""
+    async with _db.transaction(db) as conn:
         task = await _db.fetch_optional(
-            conn, _Q["budget_refused_task"], tenant_id=tenant_id, id=task_id
+            conn, _Q["budget_refused_task"], tenant_id=event["tenant_id"], id=event["task_id"]
         )
         if task is not None:
             await _db.execute_rows(
                 conn, _Q["budget_refused_row"], policy_version=task["workflow_version"], **event
             )
-    return out
+
+
+@twin(_refusal_event_routed)
+async def _refusal_event(db: _db.Executor, event: dict[str, Any]) -> None:
+    """The refusal's event, with its task's workflow version, in one statement."""
+    await _db.execute_rows(db, _Q["budget_refused"], **event)
 
 
 async def hold_retry(conn: _db.Executor, op: Operation, cost: Cost) -> None:
@@ -162,14 +173,14 @@ async def hold_retry(conn: _db.Executor, op: Operation, cost: Cost) -> None:
         BudgetExceeded: a budget has no room (the caller's transaction is lost).
         ConfigurationError: ``cost`` is malformed.
     """
-    costed = cost_args(cost)
-    if await schema.distributed(conn):
-        await _routed.lock_budgets(conn, op.tenant_id, op.task_id, costed["units"] or [])
-        await _routed.hold(conn, op.tenant_id, op.id, op.task_id, op.attempts + 1,
-                           costed["units"] or [], costed["amounts"] or [])  # fmt: skip
-    else:
-        await _db.fetch_many(conn, _Q["budget_hold"], tenant_id=op.tenant_id,
-                             operation_id=op.id, attempt=op.attempts + 1, **costed)  # fmt: skip
+    await _hold(conn, op, cost_args(cost))
+
+
+@twin(routed.hold_retry)
+async def _hold(conn: _db.Executor, op: Operation, costed: dict[str, list[Any] | None]) -> None:
+    """The next attempt's holds, with their budgets, in one statement."""
+    await _db.fetch_many(conn, _Q["budget_hold"], tenant_id=op.tenant_id,
+                         operation_id=op.id, attempt=op.attempts + 1, **costed)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +314,7 @@ async def set_global_rate_limit(
             count or window.
     """
     _check_limit(action, max_calls, per)
-    if await schema.distributed(db):
+    if await distributed(db):
         raise ConfigurationError(
             "global rate limits are not available on Citus (every reservation would be a "
             "two-phase commit); set a rate limit per tenant instead"
@@ -319,6 +330,6 @@ async def list_rate_limits(
 ) -> list[RateLimit]:
     """The tenant's rate limits (every tenant's with ``None``), then the global ones."""
     rows = await _db.fetch_many(db, _Q["rate_limit_list"], tenant_id=tenant_id)
-    if include_global and not await schema.distributed(db):
+    if include_global and not await distributed(db):
         rows += await _db.fetch_many(db, _Q["global_rate_limit_list"])
     return [RateLimit.from_record(r) for r in rows]

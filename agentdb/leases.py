@@ -11,8 +11,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from agentdb import _db, _explain, _routed, schema, telemetry
+from agentdb import _db, _explain, telemetry
+from agentdb._citus import routed
+from agentdb._citus.routing import twin
 from agentdb._db.instant import aware
 from agentdb._db.jsonb import TEXT_CAP
 from agentdb.errors import ConfigurationError
@@ -71,26 +74,38 @@ async def claim(
     with telemetry.span(
         "agentdb.task.claim", {"agentdb.lease.owner": owner, "agentdb.batch.size": batch}
     ):
-        if await schema.distributed(db):
-            rows = await _routed.claim(
-                db, owner, batch=batch, lease_ttl=lease_ttl, task_types=types,
-                after_tenant=after_tenant,
-            )  # fmt: skip
-        else:
-            args = {
-                "lease_owner": owner,
-                "batch": batch,
-                "lease_ttl": lease_ttl,
-                "task_types": types,
-                "after_tenant": after_tenant,
-            }
-            rows = await _db.fetch_many(db, _Q["lease_claim"], **args)
-            if not rows:
-                # Under contention every candidate the walk found may have been
-                # locked by other claimers at that instant (SKIP LOCKED hands
-                # this one nothing while work remains): look once more.
-                rows = await _db.fetch_many(db, _Q["lease_claim"], **args)
+        rows = await _claim(
+            db, owner, batch=batch, lease_ttl=lease_ttl, task_types=types,
+            after_tenant=after_tenant,
+        )  # fmt: skip
     return [Task.from_record(r) for r in rows]
+
+
+@twin(routed.claim)
+async def _claim(
+    db: _db.Executor,
+    owner: str,
+    *,
+    batch: int,
+    lease_ttl: timedelta | None,
+    task_types: list[str] | None,
+    after_tenant: uuid.UUID | None,
+) -> list[_db.Record]:
+    """The claim's rows: one statement for every tenant (on Citus, tenant by tenant)."""
+    args = {
+        "lease_owner": owner,
+        "batch": batch,
+        "lease_ttl": lease_ttl,
+        "task_types": task_types,
+        "after_tenant": after_tenant,
+    }
+    rows = await _db.fetch_many(db, _Q["lease_claim"], **args)
+    if not rows:
+        # Under contention every candidate the walk found may have been
+        # locked by other claimers at that instant (SKIP LOCKED hands
+        # this one nothing while work remains): look once more.
+        rows = await _db.fetch_many(db, _Q["lease_claim"], **args)
+    return rows
 
 
 async def renew(db: _db.Executor, lease: Lease, *, lease_ttl: timedelta | None = None) -> Lease:
@@ -174,13 +189,16 @@ async def release(
         "last_error": error[:TEXT_CAP] if error is not None else None,
         "event_type": event_type,
     }
-    if await schema.distributed(db):
-        row = await _routed.release(db, params)
-    else:
-        row = await _db.fetch_optional(db, _Q["lease_release"], **params)
+    row = await _release(db, params)
     if row is None:
         raise await _explain.task_write(db, lease.tenant_id, lease.task_id, None, lease)
     return Release(row["state"], row["state_version"], row["wake_at"], row["attempts"])
+
+
+@twin(routed.release)
+async def _release(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
+    """The release and its event in one statement (on Citus: the UPDATE, then the event)."""
+    return await _db.fetch_optional(db, _Q["lease_release"], **params)
 
 
 async def bury_exhausted(
@@ -190,11 +208,12 @@ async def bury_exhausted(
 
     Returns the (tenant_id, task_id) pairs buried.
     """
-    if await schema.distributed(db):
-        rows = await _routed.bury(db, actor, batch)
-    else:
-        rows = await _db.fetch_many(db, _Q["lease_bury_exhausted"], actor_id=actor, batch=batch)
-    return [(r["tenant_id"], r["id"]) for r in rows]
+    return [(r["tenant_id"], r["id"]) for r in await _bury(db, actor, batch)]
+
+
+@twin(routed.bury)
+async def _bury(db: _db.Executor, actor: str, batch: int) -> list[_db.Record]:
+    return await _db.fetch_many(db, _Q["lease_bury_exhausted"], actor_id=actor, batch=batch)
 
 
 async def expire_deadlines(
@@ -209,8 +228,9 @@ async def expire_deadlines(
     Raises:
         mapped database errors.
     """
-    if await schema.distributed(db):
-        rows = await _routed.expire_deadlines(db, actor, batch)
-    else:
-        rows = await _db.fetch_many(db, _Q["lease_expire_deadlines"], actor_id=actor, batch=batch)
-    return [(r["tenant_id"], r["id"]) for r in rows]
+    return [(r["tenant_id"], r["id"]) for r in await _expire(db, actor, batch)]
+
+
+@twin(routed.expire_deadlines)
+async def _expire(db: _db.Executor, actor: str, batch: int) -> list[_db.Record]:
+    return await _db.fetch_many(db, _Q["lease_expire_deadlines"], actor_id=actor, batch=batch)

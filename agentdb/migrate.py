@@ -37,7 +37,7 @@ import psycopg
 from psycopg import sql
 
 from agentdb import __version__, _dsn
-from agentdb import _migrate_citus as _citus
+from agentdb._citus import migrate as _citus
 from agentdb._db.pool import pooler_mode
 from agentdb.errors import ConfigurationError, DatabaseUnavailable, MigrationError
 from agentdb.schema import migration_ids, migration_sql, migrations_dir, split_statements

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from agentdb import _db, _explain, _routed, schema, telemetry
+from agentdb import _db, _explain, telemetry
+from agentdb._citus import routed
+from agentdb._citus.routing import twin
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import ConfigurationError
 from agentdb.models import OutboxMessage
@@ -118,15 +120,26 @@ async def _claim(
         # A lease that has already run out: another relay could claim the
         # message at once and publish it a second time alongside this one.
         raise ConfigurationError(f"visibility must be positive, not {visibility}")
-    if await schema.distributed(db):
-        rows = await _routed.outbox_claim(
-            db, relay, batch=batch, visibility=visibility, after_tenant=after_tenant
-        )
-    else:
-        rows = await _db.fetch_many(
-            db, _Q["outbox_claim"], lease_owner=relay, batch=batch, visibility=visibility
-        )
+    rows = await _claim_rows(
+        db, relay, batch=batch, visibility=visibility, after_tenant=after_tenant
+    )
     return _bury(rows)
+
+
+@twin(routed.outbox_claim)
+async def _claim_rows(
+    db: _db.Executor,
+    owner: str,
+    *,
+    batch: int,
+    visibility: timedelta,
+    after_tenant: uuid.UUID | None,
+) -> list[_db.Record]:
+    """Due messages of every tenant in one statement (on Citus: tenant by tenant, from
+    the one after ``after_tenant``; here the statement needs no walk)."""
+    return await _db.fetch_many(
+        db, _Q["outbox_claim"], lease_owner=owner, batch=batch, visibility=visibility
+    )
 
 
 def _bury(rows: Sequence[_db.Record]) -> tuple[list[OutboxMessage], int]:
@@ -153,22 +166,27 @@ async def mark_delivered(db: _db.Executor, messages: Sequence[OutboxMessage]) ->
     """
     if not messages:
         return set()
-    if await schema.distributed(db):
-        routed = await _routed.outbox_delivered(
-            db,
-            [m.tenant_id for m in messages],
-            [m.id for m in messages],
-            [m.lease_token for m in messages],
-        )
-        return {r["id"] for r in routed}
-    rows = await _db.fetch_many(
+    rows = await _delivered(
         db,
-        _Q["outbox_mark_delivered"],
-        tenant_ids=[m.tenant_id for m in messages],
-        ids=[m.id for m in messages],
-        lease_tokens=[m.lease_token for m in messages],
+        [m.tenant_id for m in messages],
+        [m.id for m in messages],
+        [m.lease_token for m in messages],
     )
     return {r["id"] for r in rows}
+
+
+@twin(routed.outbox_delivered)
+async def _delivered(
+    db: _db.Executor,
+    tenant_ids: Sequence[uuid.UUID],
+    ids: Sequence[uuid.UUID],
+    tokens: Sequence[int],
+) -> list[_db.Record]:
+    """Every message still held by its lease token, marked in one statement (on Citus:
+    one statement per tenant)."""
+    return await _db.fetch_many(
+        db, _Q["outbox_mark_delivered"], tenant_ids=tenant_ids, ids=ids, lease_tokens=tokens
+    )
 
 
 async def deliver_and_claim(
@@ -213,10 +231,33 @@ async def _deliver_and_claim(
     raises."""
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
-    if await schema.distributed(db):
-        marked = await mark_delivered(db, delivered)
-        claimed, buried = await _claim(db, relay, batch, visibility, after_tenant)
-        return marked, claimed, buried
+    return await _deliver_and_claim_rows(db, relay, delivered, batch, visibility, after_tenant)
+
+
+async def _deliver_then_claim(
+    db: _db.Executor,
+    relay: str,
+    delivered: Sequence[OutboxMessage],
+    batch: int,
+    visibility: timedelta,
+    after_tenant: uuid.UUID | None,
+) -> tuple[set[uuid.UUID], list[OutboxMessage], int]:
+    """Mark, then claim: on Citus each is per tenant, so there is no one statement."""
+    marked = await mark_delivered(db, delivered)
+    claimed, buried = await _claim(db, relay, batch, visibility, after_tenant)
+    return marked, claimed, buried
+
+
+@twin(_deliver_then_claim)
+async def _deliver_and_claim_rows(
+    db: _db.Executor,
+    relay: str,
+    delivered: Sequence[OutboxMessage],
+    batch: int,
+    visibility: timedelta,
+    after_tenant: uuid.UUID | None,
+) -> tuple[set[uuid.UUID], list[OutboxMessage], int]:
+    """Mark and claim in one statement (``after_tenant`` only walks on Citus)."""
     rows = await _db.fetch_many(
         db,
         _Q["outbox_deliver_and_claim"],

@@ -31,7 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from agentdb import _db, schema
+from agentdb import _db
+from agentdb._citus.routing import distributed
 from agentdb.errors import ConfigurationError
 
 __all__ = ["CLASSES", "DEFAULT_AGES", "MONTHS_AHEAD", "Partition", "PurgeReport", "purge"]
@@ -127,7 +128,7 @@ async def purge(
 
     # On Citus the cross-tenant step is refused; each tenant's routes to its worker.
     scopes: list[uuid.UUID | None] = [None]
-    if await schema.distributed(db):
+    if await distributed(db):
         # With no tenant at all, one step for the nil tenant still checks the
         # caller's privilege (and removes nothing).
         scopes = [r["tenant_id"] for r in await _db.fetch_many(db, _Q["purge_tenants"])]

@@ -12,10 +12,7 @@ working on it.
 from __future__ import annotations
 
 import re
-import weakref
-from collections import OrderedDict
 from pathlib import Path
-from typing import Any, cast
 
 from agentdb import _db
 from agentdb.errors import MigrationError
@@ -129,45 +126,3 @@ async def check(db: _db.Executor) -> str:
             "run `agentdb migrate` first"
         )
     return have
-
-
-# Per raw connection: a pooled proxy is new on every acquire, its connection is not.
-_DISTRIBUTED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-# Per pool (asyncpg pools take no weak reference): the entry holds the pool,
-# so its id cannot be reused while the entry lives; the oldest entries go.
-_POOLS: OrderedDict[int, tuple[_db.Pool, bool]] = OrderedDict()
-_POOLS_KEPT = 64
-
-
-async def distributed(db: _db.Executor) -> bool:
-    """Whether ``db``'s schema is distributed by Citus (asked once per connection or pool).
-
-    On Citus the runtime runs per-tenant statements that each route to one
-    worker, so one task's work commits there without two-phase commit.
-
-    Raises:
-        mapped database errors other than a schema without
-        ``agentdb_distributed()`` (one not migrated yet: not distributed).
-    """
-    if _db.is_pool(db):
-        kept = _POOLS.get(id(db))
-        if kept is not None and kept[0] is db:
-            return kept[1]
-        async with db.acquire() as conn:
-            answer = await distributed(conn)
-        _POOLS[id(db)] = (db, answer)
-        while len(_POOLS) > _POOLS_KEPT:
-            _POOLS.popitem(last=False)
-        return answer
-    raw = _db.raw_connection(cast("_db.Conn", db))  # not a pool: handled above
-    known = _DISTRIBUTED.get(raw)
-    if known is None:
-        try:
-            row = await _db.fetch_one(db, _Q["schema_distributed"])
-            known = bool(row["distributed"])
-        except Exception as exc:
-            if getattr(exc, "sqlstate", None) != "42883":  # undefined_function
-                raise
-            known = False
-        _DISTRIBUTED[raw] = known
-    return known

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from agentdb import _db, _explain, _routed, schema, telemetry
+from agentdb import _db, _explain, telemetry
+from agentdb._citus import routed
+from agentdb._citus.routing import twin
 from agentdb._db.instant import aware
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
 from agentdb.errors import (
@@ -147,10 +150,7 @@ async def create(
         "child_key": child_key,
     }  # fmt: skip
     for _ in range(_RACE_RERUNS):
-        if await schema.distributed(db):
-            row = await _routed.create_task(db, params)
-        else:
-            row = await _db.fetch_optional(db, _Q["task_create"], **params)
+        row = await _create(db, params)
         if row is not None:
             break
     else:
@@ -166,6 +166,13 @@ async def create(
             given_hash=digest or "",
         )
     return task
+
+
+@twin(routed.create_task)
+async def _create(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:
+    """The task and its event in one statement, or the key's holder (on Citus: the
+    INSERT, then the event)."""
+    return await _db.fetch_optional(db, _Q["task_create"], **params)
 
 
 async def get(db: _db.Executor, tenant_id: uuid.UUID, task_id: uuid.UUID) -> Task:
@@ -275,31 +282,38 @@ async def transition(
         "actor_id": actor or (lease.owner if lease else "agentdb"),
         "payload": event_body,
     }
-    if await schema.distributed(db):
-        row = await _routed.transition(
-            db,
-            update,
-            {**event, "trace_id": trace_id, "span_id": span_id},
-            [
-                {"id": m.id, "topic": m.topic, "payload": b}
-                for m, b in zip(messages, bodies, strict=True)
-            ],
-        )
-    else:
-        row = await _db.fetch_optional(
-            db,
-            _Q["task_transition"],
-            **update,
-            **event,
-            outbox_ids=[m.id for m in messages],
-            outbox_topics=[m.topic for m in messages],
-            outbox_payloads=bodies,
-            trace_id=trace_id,
-            span_id=span_id,
-        )
+    row = await _transition(
+        db,
+        update,
+        {**event, "trace_id": trace_id, "span_id": span_id},
+        [
+            {"id": m.id, "topic": m.topic, "payload": b}
+            for m, b in zip(messages, bodies, strict=True)
+        ],
+    )
     if row is None:
         raise await _explain.task_write(db, tenant_id, task_id, expected_version, lease)
     return Task.from_record(row)
+
+
+@twin(routed.transition)
+async def _transition(
+    db: _db.Executor,
+    update: dict[str, Any],
+    event: dict[str, Any],
+    messages: Sequence[dict[str, Any]],
+) -> _db.Record | None:
+    """The transition, its event and its outbox messages in one statement (on Citus: the
+    UPDATE, then the rest). ``None``: the UPDATE matched nothing."""
+    return await _db.fetch_optional(
+        db,
+        _Q["task_transition"],
+        **update,
+        **event,
+        outbox_ids=[m["id"] for m in messages],
+        outbox_topics=[m["topic"] for m in messages],
+        outbox_payloads=[m["payload"] for m in messages],
+    )
 
 
 async def wait_until(
@@ -511,52 +525,85 @@ async def finish_many(
     own: dict[uuid.UUID, Mapping[str, Any]] = dict(payloads or {})
     if stray := own.keys() - position.keys():
         raise ConfigurationError(f"payloads names task {min(stray)}, which is not in the batch")
-    if await schema.distributed(db):
-        # Citus would commit a many-tenant statement with two-phase commit: one by one.
-        results: list[Task | AgentDBError] = []
-        for task, lease in zip(batch, held, strict=True):
-            try:
-                results.append(
-                    await transition(
-                        db, task.tenant_id, task.id, expected_version=task.state_version,
-                        to_state=to_state, error=error, lease=lease, event_type=event_type,
-                        actor=actor, payload=own.get(task.id, payload),
-                        outbox=(outbox or {}).get(task.id, ()),
-                    )
-                )  # fmt: skip
-            except (StaleVersion, LeaseLost, NotFound, DeadlineExceeded) as exc:
-                results.append(exc)
-        return results
-    event_body = document(redact(payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
+    return await _finish(
+        db, _Finishing(batch, held, to_state, error, event_type, actor, payload, own,
+                       outbox or {}, ords, ids, topics, bodies),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Finishing:
+    """What :func:`finish_many` was asked, checked: the tasks, their leases, the outcome."""
+
+    batch: list[Task]
+    held: list[Lease]
+    to_state: str
+    error: str | None
+    event_type: str | None
+    actor: str | None
+    payload: Mapping[str, Any] | None
+    own: dict[uuid.UUID, Mapping[str, Any]]
+    outbox: Mapping[uuid.UUID, Iterable[Message]]
+    # The outbox messages as the statement takes them: the task's place in the batch,
+    # the message's id, topic and encoded payload.
+    ords: list[int]
+    ids: list[uuid.UUID]
+    topics: list[str]
+    bodies: list[str | None]
+
+
+async def _finish_one_by_one(db: _db.Executor, f: _Finishing) -> list[Task | AgentDBError]:
+    """:func:`finish_many` on Citus, which would commit a many-tenant statement with
+    two-phase commit: one :func:`transition` per task."""
+    results: list[Task | AgentDBError] = []
+    for task, lease in zip(f.batch, f.held, strict=True):
+        try:
+            results.append(
+                await transition(
+                    db, task.tenant_id, task.id, expected_version=task.state_version,
+                    to_state=f.to_state, error=f.error, lease=lease, event_type=f.event_type,
+                    actor=f.actor, payload=f.own.get(task.id, f.payload),
+                    outbox=f.outbox.get(task.id, ()),
+                )
+            )  # fmt: skip
+        except (StaleVersion, LeaseLost, NotFound, DeadlineExceeded) as exc:
+            results.append(exc)
+    return results
+
+
+@twin(_finish_one_by_one)
+async def _finish(db: _db.Executor, f: _Finishing) -> list[Task | AgentDBError]:
+    """:func:`finish_many` in one statement; a refused task's slot says why."""
+    event_body = document(redact(f.payload or {}), cap=EVENT_PAYLOAD_CAP, what="event payload")
     event_bodies = [
-        document(redact(own[t.id]), cap=EVENT_PAYLOAD_CAP, what="event payload")
-        if t.id in own
+        document(redact(f.own[t.id]), cap=EVENT_PAYLOAD_CAP, what="event payload")
+        if t.id in f.own
         else None
-        for t in batch
+        for t in f.batch
     ]
     q = _Q["task_finish_many"]
     rows = await _db.fetch_many(
         db,
         q,
-        tenant_ids=[t.tenant_id for t in batch],
-        ids=[t.id for t in batch],
-        expected_versions=[t.state_version for t in batch],
-        lease_owners=[lease.owner for lease in held],
-        lease_tokens=[lease.token for lease in held],
-        to_state=to_state,
-        last_error=error[:TEXT_CAP] if error is not None else None,
-        event_type=event_type or f"task.{to_state}",
-        actor_id=actor,
+        tenant_ids=[t.tenant_id for t in f.batch],
+        ids=[t.id for t in f.batch],
+        expected_versions=[t.state_version for t in f.batch],
+        lease_owners=[lease.owner for lease in f.held],
+        lease_tokens=[lease.token for lease in f.held],
+        to_state=f.to_state,
+        last_error=f.error[:TEXT_CAP] if f.error is not None else None,
+        event_type=f.event_type or f"task.{f.to_state}",
+        actor_id=f.actor,
         payload=event_body,
-        outbox_ords=ords,
-        outbox_ids=ids,
-        outbox_topics=topics,
-        outbox_payloads=bodies,
+        outbox_ords=f.ords,
+        outbox_ids=f.ids,
+        outbox_topics=f.topics,
+        outbox_payloads=f.bodies,
         payloads=event_bodies,
     )
-    done = {n: Task.from_record(r) for n, r in _db.by_ord(rows, q, len(batch)).items()}
-    results = []
-    for i, (task, lease) in enumerate(zip(batch, held, strict=True), start=1):
+    done = {n: Task.from_record(r) for n, r in _db.by_ord(rows, q, len(f.batch)).items()}
+    results: list[Task | AgentDBError] = []
+    for i, (task, lease) in enumerate(zip(f.batch, f.held, strict=True), start=1):
         finished = done.get(i)
         if finished is None:
             results.append(

@@ -27,7 +27,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentdb import _db, _routed, leases, tasks, tenancy
+from agentdb import _db, leases, tasks, tenancy
+from agentdb._citus import routed
 from agentdb.errors import ConfigurationError, TenantMismatch, TransientError
 from agentdb.models import Task
 from agentdb.worker import Job, Worker
@@ -359,10 +360,10 @@ async def _three_tenants(conn: asyncpg.Connection) -> list[uuid.UUID]:
 
 
 async def _walk(db: Database, *, after: uuid.UUID | None) -> list[Any]:
-    """The Citus claim's walk (agentdb._routed.claim), batch 9, on a runtime connection."""
+    """The Citus claim's walk (agentdb._citus.routed.claim), batch 9, on a runtime connection."""
     conn = await db.connect(RUNTIME)
     try:
-        return await _routed.claim(
+        return await routed.claim(
             conn, "w", batch=9, lease_ttl=timedelta(minutes=5), task_types=None,
             after_tenant=after,
         )  # fmt: skip
@@ -385,7 +386,7 @@ WHERE tenant_id = $1
 async def test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim(
     db: Database, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The Citus claim (agentdb._routed.claim) takes tenant after tenant, each in a
+    """The Citus claim (agentdb._citus.routed.claim) takes tenant after tenant, each in a
     transaction of its own. When one tenant's claim is refused by the cap trigger (AG009),
     the tenants already claimed must still come back: raised, their leases would run out
     unworked with an attempt spent on each (seen on Citus as a flaky claim error)."""

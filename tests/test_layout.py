@@ -90,25 +90,38 @@ def test_migrate_help_imports_neither_the_audit_nor_the_bench() -> None:
     assert not {m for m in everything if m.startswith("agentdb.tools.audit.checks")}
 
 
-@pytest.mark.parametrize("stem", sorted(p.stem for p in (PACKAGE / "queries").glob("*.sql")))
-def test_each_query_file_is_read_by_the_module_of_its_name(stem: str) -> None:
-    module = PACKAGE / f"{stem}.py"
-    assert module.is_file(), f"queries/{stem}.sql has no module agentdb/{stem}.py"
+# Each package's statement files and the modules that read them: agentdb/queries/x.sql
+# is agentdb/x.py's, agentdb/_citus/queries/x.sql agentdb/_citus/x.py's.
+_QUERY_FILES = sorted(
+    p.relative_to(PACKAGE).as_posix()
+    for folder in (PACKAGE / "queries", PACKAGE / "_citus" / "queries")
+    for p in folder.glob("*.sql")
+)
+
+
+@pytest.mark.parametrize("path", _QUERY_FILES)
+def test_each_query_file_is_read_by_the_module_of_its_name(path: str) -> None:
+    *package, _, file = Path(path).parts  # [_citus,] queries, x.sql
+    stem = file.removesuffix(".sql")
+    module = PACKAGE.joinpath(*package, f"{stem}.py")
+    assert module.is_file(), f"{path} has no module {module.relative_to(ROOT)}"
     source = module.read_text()
     assert "_db.queries(__name__)" in source
-    statements = list(_db.queries(f"agentdb.{stem}"))
+    dotted = ".".join(["agentdb", *module.relative_to(PACKAGE).with_suffix("").parts])
+    statements = list(_db.queries(dotted))
     assert statements == sorted(statements), "statements in alphabetical order"
     for name in statements:
-        assert f'"{name}"' in source, f"{name} is never run by agentdb/{stem}.py"
+        assert f'"{name}"' in source, f"{name} is never run by {module.relative_to(ROOT)}"
 
 
+# The migrations (psycopg, yoyo's side) keep their few statements beside their code.
+_MIGRATIONS = {"migrate.py", "_citus/migrate.py"}
 _SQL = re.compile(r"\bSELECT\s+[\w*(]|\bINSERT INTO\s|\bUPDATE \w+ SET\b|\bDELETE FROM\s")
 
 
 @pytest.mark.parametrize(
     "path",
-    # The migrations (psycopg, yoyo's side) keep their few statements beside their code.
-    [p for p in _library_modules() if p.name not in ("migrate.py", "_migrate_citus.py")],
+    [p for p in _library_modules() if p.relative_to(PACKAGE).as_posix() not in _MIGRATIONS],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_the_library_keeps_its_sql_in_statement_files(path: Path) -> None:

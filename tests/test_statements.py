@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import asyncpg
 import pytest
@@ -53,55 +52,3 @@ async def test_row_statements_return_exactly_their_models_fields(
     wanted = {f.name for f in dataclasses.fields(model)} - {"created"}
     assert len(returned) == len(set(returned)), name
     assert set(returned) == wanted | set(extras), name
-
-
-def _named(name: str) -> str:
-    """A statement's SQL with each ``$n`` replaced by its parameter's name (``$tenant_id``):
-    twins that number their parameters differently compare equal."""
-    q = _db.QUERIES[name]
-    names = {p.position: p.name for p in q.params}
-    return re.sub(r"\$(\d+)\b", lambda m: "$" + names[int(m.group(1))], q.sql)
-
-
-def _assignments(name: str) -> list[str]:
-    """The SET list of a statement's UPDATE, one assignment per line, spaces squeezed."""
-    sql = _named(name)
-    body = sql[sql.index("SET ") + 4 :]
-    end = min(i for i in (body.find("\nFROM "), body.find("\n    FROM "), body.find("WHERE "))
-              if i >= 0)  # fmt: skip
-    lines = [" ".join(line.split()) for line in body[:end].splitlines()]
-    return [line for line in lines if line]
-
-
-@pytest.mark.parametrize(
-    ("routed", "plain", "differs"),
-    [
-        # Citus refuses now() inside CASE: the routed form reads "now" once, in prior.
-        ("routed_transition", "task_transition", ("THEN coalesce($wake_at, ",)),
-        ("routed_operation_settle", "operation_settle", ()),
-        # Citus refuses now() inside COALESCE: the routed form takes greatest().
-        ("routed_release", "lease_release", ("wake_at = ",)),
-    ],
-)
-def test_each_routed_update_sets_what_its_plain_twin_sets(
-    routed: str, plain: str, differs: tuple[str, ...]
-) -> None:
-    """The Citus forms (queries/_routed.sql) write the same columns the same way."""
-    mine = [a for a in _assignments(routed) if not (differs and a.startswith(differs))]
-    theirs = [a for a in _assignments(plain) if not (differs and a.startswith(differs))]
-    assert len(theirs) >= 5  # the whole SET list was read, not an empty prefix
-    assert mine == theirs
-
-
-def _task_insert(name: str) -> str:
-    sql = _named(name)
-    start = sql.index("INSERT INTO agent_tasks")
-    end = sql.index("DO NOTHING", start)
-    return " ".join(sql[start:end].split())
-
-
-def test_the_routed_task_insert_is_task_create_s_insert() -> None:
-    """routed_task_insert is task_create's INSERT alone (Citus plans a WITH ... INSERT as a
-    COPY, which row-level security refuses): the two must insert the same way."""
-    assert _task_insert("routed_task_insert") == _task_insert("task_create")
-    assert "coalesce($wake_at," in _task_insert("task_create")  # the whole INSERT was read

@@ -59,7 +59,9 @@ __all__ = [
     "translate",
 ]
 
-_FILES = load(Path(__file__).resolve().parent.parent / "queries")
+_PACKAGE = Path(__file__).resolve().parent.parent
+# The Citus path keeps its statements in its own package (agentdb/_citus/queries).
+_FILES = load(_PACKAGE / "queries", _PACKAGE / "_citus" / "queries")
 #: Every statement, by name (for tools and tests; library modules use :func:`queries`).
 QUERIES: Mapping[str, Query] = MappingProxyType(
     {name: q for found in _FILES.values() for name, q in found.items()}
@@ -70,8 +72,9 @@ def queries(module: str) -> Mapping[str, Query]:
     """The statements of ``queries/<stem>.sql`` for the module named ``module``.
 
     A module runs only the statements of the file named after it
-    (``agentdb.tasks`` -> ``queries/tasks.sql``), so the file a reader opens
-    next to a module holds exactly what that module runs.
+    (``agentdb.tasks`` -> ``queries/tasks.sql``; ``agentdb._citus.routed`` ->
+    ``_citus/queries/routed.sql``), so the file a reader opens next to a module
+    holds exactly what that module runs.
 
     Raises:
         KeyError: there is no such file.

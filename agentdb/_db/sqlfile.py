@@ -1,4 +1,4 @@
-"""Load the runtime statements from ``agentdb/queries/*.sql``.
+"""Load the runtime statements from ``agentdb/queries/*.sql`` (and ``agentdb/_citus/queries``).
 
 Each statement starts with a header, sqlc-style::
 
@@ -159,11 +159,13 @@ def parse(text: str, source: str) -> list[Query]:
     return [_one(block, source) for block in blocks]
 
 
-def load(folder: Path) -> dict[str, dict[str, Query]]:
-    """Load every ``*.sql`` file in ``folder``, by file stem; names are unique across files."""
+def load(*folders: Path) -> dict[str, dict[str, Query]]:
+    """Load every ``*.sql`` file in ``folders``, by file stem; stems and names are unique."""
     files: dict[str, dict[str, Query]] = {}
     seen: set[str] = set()
-    for path in sorted(folder.glob("*.sql")):
+    for path in sorted(p for folder in folders for p in folder.glob("*.sql")):
+        if path.stem in files:
+            raise QueryFileError(f"{path.name}: two statement files named {path.stem}")
         found: dict[str, Query] = {}
         for q in parse(path.read_text(encoding="utf-8"), path.name):
             if q.name in seen:

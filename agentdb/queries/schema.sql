@@ -1,13 +1,5 @@
 -- The schema's own account of which migration it is at (agentdb.schema.check).
 
--- name: schema_distributed :one
--- Whether this schema's tables are distributed by Citus:
--- the runtime then runs its per-tenant, single-shard statement forms.
--- guarantee: none
--- zero rows: never (a function call returns one row); an unmigrated schema has no such function.
--- params: none
-SELECT agentdb_distributed() AS distributed;
-
 -- name: schema_version :one
 -- The newest migration applied to this schema (the newest migration defines it).
 -- guarantee: none

@@ -311,7 +311,7 @@ def _allow_connections(server: Server, name: str, allow: bool) -> None:
 
 def _copy_settings(server: Server, template: str, name: str) -> None:
     """Give the clone the template's database defaults (CREATE DATABASE does not copy them):
-    on Citus, ``agentdb migrate --citus`` sets two there (see agentdb._migrate_citus)."""
+    on Citus, ``agentdb migrate --citus`` sets two there (see agentdb._citus.migrate)."""
     with admin(_maintenance(server, server.admin_dsn)) as conn:
         rows = conn.execute(
             "SELECT unnest(s.setconfig) FROM pg_db_role_setting s"

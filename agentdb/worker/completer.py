@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
 from agentdb import _db, _faults, operations, tasks
-from agentdb.batch import Completion, ReserveRequest
 from agentdb.errors import AgentDBError
 from agentdb.models import Message, Operation, Reservation, Task
+from agentdb.operations import Completion, ReserveRequest
 
 __all__ = [
     "ALONE",

@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentdb import _db, _faults, children, operations, signals, steps, telemetry
-from agentdb.batch import Completion, ReserveRequest
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
@@ -21,7 +20,7 @@ from agentdb.errors import (
     StaleWrite,
 )
 from agentdb.models import Lease, Operation, Reservation, Signal, Task
-from agentdb.operations import Cost
+from agentdb.operations import Completion, Cost, ReserveRequest
 from agentdb.worker.completer import GroupCommit
 from agentdb.worker.durable import Durable, Reconcile
 from agentdb.worker.outcomes import MANUAL, Reconciler

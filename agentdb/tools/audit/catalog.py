@@ -373,7 +373,7 @@ def read_only(dsn: str) -> Iterator[psycopg.Connection[Any]]:
         raise ConfigurationError(f"cannot use {_dsn.redact(dsn)}: {exc}") from exc
     try:
         # On Citus, shards hidden again (`migrate --citus` shows them to agentdb's
-        # sessions, see agentdb._migrate_citus): the audit reads the tables, not
+        # sessions, see agentdb._citus.migrate): the audit reads the tables, not
         # their shards. Committed, or the rollback below would undo it.
         conn.execute(_HIDE_SHARDS)
         conn.commit()

@@ -7,7 +7,7 @@ plain database on the coordinator's own server. Each worker count runs the
 same cycle on both, interleaved: seed tasks over several tenants, then
 ``workers`` loops each claim one task and finish it (``tasks.transition``
 under its lease) until none is left. On plain Postgres the one-statement
-forms run; on Citus the per-tenant routed ones (``agentdb/_routed.py``).
+forms run; on Citus the per-tenant routed ones (``agentdb/_citus/routed.py``).
 """
 
 from __future__ import annotations

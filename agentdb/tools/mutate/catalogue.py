@@ -23,7 +23,7 @@ class Mutant:
     tests: tuple[str, ...]
     what: str
     equivalent: str = ""
-    # A mutant of a statement only a distributed schema runs (queries/_routed.sql):
+    # A mutant of a statement only a distributed schema runs (_citus/queries/routed.sql):
     # its tests run on Citus (make mutate-citus), where they reach it.
     citus: bool = False
 
@@ -32,7 +32,6 @@ T = "tests/"
 TASKS_SQL = "agentdb/queries/tasks.sql"
 LEASES_SQL = "agentdb/queries/leases.sql"
 OPS_SQL = "agentdb/queries/operations.sql"
-BATCH_SQL = "agentdb/queries/batch.sql"
 OUTBOX_SQL = "agentdb/queries/outbox.sql"
 # The migrations, one per concept (sql/migrations/): a mutant names the file that
 # defines what it edits - each routine, trigger and policy is defined in one.

@@ -37,7 +37,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "complete-many-books-untold",
-        "agentdb/queries/batch.sql",
+        OPS_SQL,
         "               'released', (SELECT jsonb_object_agg(x.unit, 0) FROM hs x\n",
         "               'unreleased', (SELECT jsonb_object_agg(x.unit, 0) FROM hs x\n",
         (

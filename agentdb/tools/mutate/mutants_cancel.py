@@ -170,7 +170,7 @@ MUTANTS += (
     ),
     m(
         "routed-claim-takes-late",
-        "agentdb/queries/_routed.sql",
+        "agentdb/_citus/queries/routed.sql",
         "      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))\n"
         "      AND (t.deadline_at IS NULL OR t.deadline_at > now())\n"
         "      AND (SELECT o.ok FROM open o)",
@@ -182,7 +182,7 @@ MUTANTS += (
     ),
     m(
         "routed-sweep-spares-running",
-        "agentdb/queries/_routed.sql",
+        "agentdb/_citus/queries/routed.sql",
         "    WHERE t.tenant_id = $1 AND t.deadline_at <= now() AND t.deadline_at IS NOT NULL\n"
         "      AND t.state IN ('pending', 'waiting', 'running')\n",
         "    WHERE t.tenant_id = $1 AND t.deadline_at <= now() AND t.deadline_at IS NOT NULL\n"

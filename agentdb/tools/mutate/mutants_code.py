@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from agentdb.tools.mutate.catalogue import (
     ATTACKS,
-    BATCH_SQL,
     FENCES,
+    OPS_SQL,
     OUTBOX_SQL,
     TASKS_SQL,
     TENANTS,
@@ -132,8 +132,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "tasks-create-no-rerun",
         "agentdb/tasks.py",
-        "    for _ in range(_RACE_RERUNS):\n        if await schema.distributed(db):\n            row = await _routed.create_task(db, params)",
-        "    for _ in range(1):\n        if await schema.distributed(db):\n            row = await _routed.create_task(db, params)",
+        "    for _ in range(_RACE_RERUNS):\n        row = await _create(db, params)",
+        "    for _ in range(1):\n        row = await _create(db, params)",
         (FENCES,),
         "tasks.create: a create that lost the race with a concurrent commit of the key gives up",
     ),
@@ -277,7 +277,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "reserve-many-batch-trace-id",
-        BATCH_SQL,
+        OPS_SQL,
         "    SELECT id, tenant_id, task_id, idempotency_key, action, input_hash, trace_id, span_id\n    FROM fence",
         "    SELECT id, tenant_id, task_id, idempotency_key, action, input_hash,\n           $10[1], $11[1]\n    FROM fence",
         (T + "test_group_commit.py", T + "test_complete_many.py"),
@@ -373,7 +373,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "reserve-many-late-refusal-raised",
-        "agentdb/batch.py",
+        "agentdb/operations.py",
         "        except AgentDBError as exc:\n            # The statement committed:",
         "        except ConfigurationError as exc:\n            # The statement committed:",
         (T + "test_complete_many.py",),

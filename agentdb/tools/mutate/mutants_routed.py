@@ -1,4 +1,4 @@
-"""Mutants of the Citus statements (queries/_routed.sql): the fences of the per-tenant forms.
+"""Mutants of the Citus statements (_citus/queries/routed.sql): the fences of the per-tenant forms.
 
 A plain-Postgres run never executes these statements, so their tests run on
 Citus (``make mutate-citus``, with ``AGENTDB_CITUS_DSN``); ``make mutate``
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from agentdb.tools.mutate.catalogue import FENCES, M_CITUS, Mutant, T, m
 
-ROUTED_SQL = "agentdb/queries/_routed.sql"
+ROUTED_SQL = "agentdb/_citus/queries/routed.sql"
 TASKS = T + "test_tasks.py"
 OPERATIONS = T + "test_operations.py"
 OUTBOX = T + "test_outbox.py"
@@ -18,7 +18,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # Plain: its test drives the Citus claim's walk directly on plain Postgres.
     m(
         "routed-claim-refusal-loses-the-walk",
-        "agentdb/_routed.py",
+        "agentdb/_citus/routed.py",
         "        return []\n    return rows",
         "        raise\n    return rows",
         (T + "test_fairness.py::test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim",),
@@ -27,8 +27,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "routed-refused-event-as-insert-select",
         "agentdb/budgets.py",
-        '    if not await schema.distributed(db):\n        await _db.execute_rows(db, _Q["budget_refused"], **event)',
-        '    if True:\n        await _db.execute_rows(db, _Q["budget_refused"], **event)',
+        "@twin(_refusal_event_routed)\nasync def _refusal_event(",
+        "async def _refusal_event(",
         (
             T + "test_complete_many.py::"
             "test_G19_a_refusal_after_the_statement_committed_is_that_elements_alone",
@@ -38,7 +38,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "routed-reserve-rate-limit-first",
-        "agentdb/_routed.py",
+        "agentdb/_citus/routed.py",
         '        if params.get("units") is not None:\n            # Budgets before rate limits',
         "        if False:\n            # Budgets before rate limits",
         (

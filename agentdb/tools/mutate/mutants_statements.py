@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from agentdb.tools.mutate.catalogue import (
-    BATCH_SQL,
     FENCES,
     LEASES_SQL,
     M_FOUNDATION,
@@ -319,7 +318,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-complete-many-no-version",
-        BATCH_SQL,
+        OPS_SQL,
         "    WHERE o.tenant_id = i.tenant_id AND o.id = i.id AND o.state_version = i.expected_version",
         "    WHERE o.tenant_id = i.tenant_id AND o.id = i.id",
         (FENCES, T + "test_complete_many.py"),
@@ -327,7 +326,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-complete-many-no-token",
-        BATCH_SQL,
+        OPS_SQL,
         "            AND t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token",
         "            AND t.lease_owner = i.lease_owner",
         (FENCES, T + "test_complete_many.py"),
@@ -335,7 +334,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-reserve-many-no-token",
-        BATCH_SQL,
+        OPS_SQL,
         "    WHERE t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token\n    FOR SHARE OF t",
         "    WHERE t.lease_owner = i.lease_owner\n    FOR SHARE OF t",
         (FENCES, T + "test_complete_many.py"),
@@ -343,7 +342,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-reserve-many-lookup-no-tenant",
-        BATCH_SQL,
+        OPS_SQL,
         "JOIN agent_operations o ON o.tenant_id = f.tenant_id AND o.idempotency_key = f.idempotency_key",
         "JOIN agent_operations o ON o.idempotency_key = f.idempotency_key",
         (TENANTS,),
@@ -484,7 +483,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-complete-many-names-unsettled",
-        BATCH_SQL,
+        OPS_SQL,
         "      AND o.state NOT IN ('succeeded', 'failed')\n",
         "      AND o.state IN ('reserved', 'in_flight', 'unknown')\n",
         (HELD,),
@@ -492,7 +491,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "ops-reserve-many-names-running",
-        BATCH_SQL,
+        OPS_SQL,
         "    WHERE t.lease_owner = i.lease_owner AND t.lease_token = i.lease_token\n    FOR SHARE OF t",
         "    WHERE t.state = 'running' AND t.lease_owner = i.lease_owner\n"
         "      AND t.lease_token = i.lease_token\n    FOR SHARE OF t",

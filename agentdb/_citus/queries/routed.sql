@@ -1,4 +1,4 @@
--- The runtime's statements on Citus (agentdb._routed).
+-- The runtime's statements on Citus (agentdb._citus.routed).
 --
 -- On a distributed schema every hot-path write is for one tenant, and each
 -- statement here names that tenant ($1) on every table it touches, so

@@ -1,8 +1,10 @@
 """The runtime's writes on Citus: per tenant, each routed whole to one worker.
 
 On a distributed schema (``agentdb migrate --citus``) :mod:`agentdb.leases`,
-:mod:`agentdb.tasks` and :mod:`agentdb.outbox` run these instead of their
-one-statement forms, which Citus cannot route (see ``queries/_routed.sql``).
+:mod:`agentdb.tasks`, :mod:`agentdb.operations`, :mod:`agentdb.outbox` and
+:mod:`agentdb.budgets` run these instead of their one-statement forms, which
+Citus cannot route (see ``queries/routed.sql``): each is the routed twin of a
+single-node form there (:func:`agentdb._citus.routing.twin`).
 Every function here works on one tenant inside one transaction: an UPDATE
 that names the tenant, then its events and messages as single-row inserts
 sent together, so the transaction touches one worker and commits there
@@ -22,13 +24,17 @@ from typing import Any, cast
 from agentdb import _db
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, document
 from agentdb.errors import ConcurrencyLimitExceeded, TransientError
+from agentdb.models import Operation
 
 __all__ = [
     "bury",
     "claim",
     "create_task",
     "due_tenants",
+    "expire_deadlines",
     "hold",
+    "hold_retry",
+    "lock_budgets",
     "outbox_claim",
     "outbox_delivered",
     "release",
@@ -86,9 +92,10 @@ async def _walk(
 
 
 # The tenants the last discovery found, per pool or connection, in walk order:
-# claims walk on through them before looking again (a discovery reads every shard,
-# a claim one). A tenant whose claim came back empty leaves the ring; the ring is
-# read again after _RING_AGE seconds: a tenant's new work waits at most that long.
+# successive claims walk on through them before looking again, because a
+# discovery reads every shard and a claim reads one. A tenant whose claim
+# came back empty leaves the ring; the ring is read again after _RING_AGE
+# seconds, so a tenant whose work just arrived waits at most that long.
 _RING_SIZE = 64
 _RING_AGE = 1.0
 _RINGS: OrderedDict[int, tuple[object, tuple[str, ...] | None, float, list[uuid.UUID]]] = (
@@ -139,9 +146,11 @@ async def claim(
     """The fair claim (G18) on Citus: tenants with work after ``after_tenant`` each
     offer their share of ``batch``, each tenant in its own single-worker transaction.
 
-    Rows come back tenant by tenant in the walk's order. A tenant whose cap another
-    writer filled meanwhile (AG009) gives nothing; a lost connection ends the walk.
-    Either way the tenants claimed before are returned (committed, they must be worked).
+    Rows come back tenant by tenant in the walk's order. A tenant whose cap
+    another writer filled while its claim ran (AG009) gives nothing this time;
+    the tenants claimed before it in the walk stay claimed and are returned.
+    A lost connection (or a failover) ends the walk: what it claimed by then
+    is returned, and only a walk that claimed nothing raises.
 
     Raises:
         TransientError: the connection was lost before any tenant was claimed.
@@ -177,7 +186,9 @@ async def claim(
                 want = min(share - given, batch - len(out))
                 if want > 0:
                     out += await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
-    except TransientError:  # raised, the claims made would sit leased and unworked
+    except TransientError:
+        # Each tenant's claim committed in its own transaction: raised, the ones
+        # already made would sit leased and unworked until their leases ran out.
         if not out:
             raise
     return out
@@ -204,8 +215,10 @@ async def _claim_tenant(
             await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
     except ConcurrencyLimitExceeded:
         # The statement counted the running tasks in its snapshot; a writer that
-        # committed after it, before its caps lock, filled a slot: the trigger
-        # refused and this tenant's transaction rolled back (the cap held).
+        # committed after it and before its caps lock filled a slot, and the
+        # trigger refused (the cap held; this tenant's transaction rolled back).
+        # Raising would lose the tenants already claimed in this walk: their
+        # leases would run out unworked, an attempt spent on each.
         return []
     return rows
 
@@ -523,6 +536,22 @@ async def hold(
         ],
     )  # fmt: skip
     return held
+
+
+async def hold_retry(
+    conn: _db.Executor, op: Operation, costed: dict[str, list[Any] | None]
+) -> None:
+    """The holds of the next attempt of the failed operation ``op`` (G19), inside the
+    caller's transaction (which then re-arms it): its budgets locked in id order
+    first, as a reservation locks them.
+
+    Raises:
+        BudgetExceeded: a budget has no room (the caller's transaction is lost).
+        mapped database errors.
+    """
+    units, amounts = costed["units"] or [], costed["amounts"] or []
+    await lock_budgets(conn, op.tenant_id, op.task_id, units)
+    await hold(conn, op.tenant_id, op.id, op.task_id, op.attempts + 1, units, amounts)
 
 
 async def _settle_holds(

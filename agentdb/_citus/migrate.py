@@ -1,6 +1,6 @@
 """What ``agentdb migrate`` does differently on a Citus coordinator (see README "Scaling out").
 
-The distribution itself is SQL (``agentdb_distribute()``, sql/0013-0015);
+The distribution itself is SQL (``agentdb_distribute()``, sql/migrations/0012.citus.sql);
 here are the session settings every migration runs under there and the
 database defaults ``--citus`` sets for agentdb's own connections.
 """
