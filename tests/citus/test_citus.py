@@ -11,7 +11,6 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
@@ -19,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agentdb import leases, operations, outbox, retention, tasks, tenancy
+from agentdb import leases, migrate, operations, outbox, retention, tasks, tenancy
 from agentdb.errors import (
     DuplicateKey,
     InvalidTransition,
@@ -202,10 +201,7 @@ _LATE = (
 
 _CONFIG = "SELECT proconfig FROM pg_proc WHERE proname = %s"
 
-_MIGRATIONS = sorted(
-    p.stem for p in (Path(__file__).resolve().parents[2] / "sql").glob("*.sql")
-    if not p.name.endswith(".rollback.sql")
-)  # fmt: skip
+_MIGRATIONS = migrate.migration_ids()
 
 
 def _back_to(migration: str) -> str:
@@ -215,8 +211,8 @@ def _back_to(migration: str) -> str:
 
 
 def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
-    """Each node's agentdb functions (name, body hash, settings), and whether it has
-    0017's count with the setting Citus needs for it."""
+    """Each node's agentdb functions (name, body hash, settings), and whether it has the
+    rate-limit count (the one that refuses a late call) with the setting Citus needs for it."""
     out = []
     for url in (cluster.dsn, *cluster.workers):
         with _pg.admin(url) as conn:
@@ -227,39 +223,24 @@ def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
     return out
 
 
-def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> None:
-    """An installation already on Citus upgrades: a later migration's functions (0017
-    replaces the trigger function that counts rate-limited calls, 0018 and 0019 add the
-    guards of finished and late tasks, 0020 the signals, 0021 the fan-in, 0022 replaces
-    the guards of both and adds agent_signals_access, 0023 the schedule tick guard; all
-    run on the
-    shards) are the same on every worker as on the coordinator, settings included, both ways - and
-    without another ``--citus`` run; 0018's, 0019's and 0020's triggers reach the shards
-    (the runner sends one statement at a time: Citus refuses DDL on a distributed table
-    in a string of several), and 0020's new table is distributed beside the others."""
+def test_migrations_applied_after_distribution_reach_every_worker(citus: Cluster) -> None:
+    """An installation already on Citus: the migrations after 0005.delivery rolled back and
+    applied again - new functions, triggers on distributed tables, new tables, as a later
+    migration brings - are the same on every worker as on the coordinator, settings
+    included, both ways, and without another ``--citus`` run: 0012.citus, applied again on
+    a distributed install, distributes what the ones before it made anew and gives their
+    functions back their settings. The guards of finished and late tasks reach the shards
+    (the runner sends one statement at a time: Citus refuses DDL on a distributed table in
+    a string of several)."""
     with fresh_database(citus.dsn, "agentdb_up") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
         assert _open_task_guards(fresh) == [True] * (1 + len(fresh.workers))
-        # Back to 0021: the functions 0022 replaced get their bodies and settings back.
-        back = _cli("rollback", "--count", _back_to("0021.children"), "--dsn", fresh.dsn)
-        assert back.returncode == 0, back.stderr
-        [coord, *workers] = _bodies(fresh)
-        assert workers == [coord] * len(workers)
-        with _pg.admin(fresh.dsn) as conn:
-            for fn in ("agentdb_guard_signal", "agentdb_guard_signal_cursor", "agentdb_fan_in",
-                       "agentdb_guard_child", "agentdb_guard_children_wait"):  # fmt: skip
-                [config] = conn.execute(_CONFIG, (fn,)).fetchone() or [None]
-                assert "citus.allow_nested_distributed_execution=on" in (config or []), fn
-        assert _cli("migrate", "--dsn", fresh.dsn).returncode == 0
-        down = _cli("rollback", "--count", _back_to("0016.secret_prefilter"), "--dsn", fresh.dsn)
+        down = _cli("rollback", "--count", _back_to("0005.delivery"), "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         [coord, *workers] = _bodies(fresh)
-        assert coord[1] is False  # 0017 is rolled back on the coordinator...
-        assert workers == [coord] * len(workers)  # ...and on every worker
+        assert coord[1] is False  # the rate-limit count is gone from the coordinator...
+        assert workers == [coord] * len(workers)  # ...and from every worker
         assert _open_task_guards(fresh) == [False] * (1 + len(fresh.workers))
-        with _pg.admin(fresh.dsn) as conn:  # the setting 0014's distribution gave it
-            [config] = conn.execute(_CONFIG, ("agentdb_count_call",)).fetchone() or [None]
-        assert "citus.allow_nested_distributed_execution=on" in (config or []), config
         up = _cli("migrate", "--dsn", fresh.dsn)
         assert up.returncode == 0, up.stderr
         [coord, *workers] = _bodies(fresh)
@@ -270,14 +251,15 @@ def test_a_migration_after_distribution_reaches_every_worker(citus: Cluster) -> 
             for fn in ("agentdb_guard_open_task", "agentdb_guard_signal", "agentdb_deliver_signal",
                        "agentdb_guard_signal_cursor", "agentdb_fan_in", "agentdb_guard_child",
                        "agentdb_guard_children_wait", "agentdb_keep_parent",
-                       "agentdb_signal_access", "agentdb_guard_schedule_tick"):  # fmt: skip
+                       "agentdb_signal_access", "agentdb_guard_schedule_tick",
+                       "agentdb_count_call", "agentdb_guard_step"):  # fmt: skip
                 [config] = conn.execute(_CONFIG, (fn,)).fetchone() or [None]
                 assert "citus.allow_nested_distributed_execution=on" in (config or []), fn
             distributed = conn.execute(
-                "SELECT count(*) FROM pg_dist_partition"
-                " WHERE logicalrelid = 'agent_signals'::regclass"
+                "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text = ANY (%s)",
+                (["agent_signals", "agent_schedules", "agent_steps", "agent_budgets"],),
             ).fetchone()
-        assert distributed == (1,)
+        assert distributed == (4,)
 
 
 _GUARDED_SHARDS = """SELECT count(*) FILTER (WHERE g.tgname IS NULL), count(*)
@@ -289,7 +271,8 @@ WHERE c.relname ~ ('^' || %(table)s || '(_[0-9]+)?$') AND c.relkind = 'r'"""
 
 def _open_task_guards(cluster: Cluster) -> list[bool]:
     """Per node: whether every agent_operations and agent_tasks table there (the
-    coordinator's, each worker's shards) has 0018's, 0019's and 0020's guard."""
+    coordinator's, each worker's shards) has the guards of finished, late and signalled
+    tasks (0006.control_flow)."""
     out = []
     for url in (cluster.dsn, *cluster.workers):
         with _pg.admin(url) as conn:
@@ -540,9 +523,9 @@ async def test_batches_and_release_run_tenant_by_tenant_without_2pc(
 
 
 def test_rolling_back_the_waits_on_citus_wakes_the_waiting_tasks(citus: Cluster) -> None:
-    """0021's and 0020's rollbacks wake a task still waiting for children or a signal
-    (its wake-up checked at once, not at commit, where the workers' DROP COLUMN would find
-    it pending) on a distributed schema too."""
+    """The control flow's rollback wakes a task still waiting for children or a signal
+    (after its DROPs, which on every shard refuse to run while the deferred event check is
+    pending) on a distributed schema too."""
     with fresh_database(citus.dsn, "agentdb_rw") as fresh:
         assert _cli("migrate", "--citus", "--dsn", fresh.dsn).returncode == 0
         with _pg.admin(fresh.dsn) as conn:
@@ -577,7 +560,7 @@ def test_rolling_back_the_waits_on_citus_wakes_the_waiting_tasks(citus: Cluster)
                         (tenant, task_id),
                     )
                 waiting.append(task_id)
-        down = _cli("rollback", "--count", _back_to("0019.deadlines"), "--dsn", fresh.dsn)
+        down = _cli("rollback", "--count", _back_to("0005.delivery"), "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         with _pg.admin(fresh.dsn) as conn:
             states = conn.execute(

@@ -1,4 +1,4 @@
-"""0028 on a distributed schema: events by month, converted in place both ways (G8, G9).
+"""Events by month on a distributed schema, converted in place both ways (G8, G9).
 
 A distributed install that holds events is converted (the partitioned table
 distributed like the one it replaces, the old one attached as its legacy
@@ -84,16 +84,17 @@ def test_a_distributed_install_holding_events_converts_both_ways(citus: Cluster)
             assert {"agent_events", "agent_events_legacy", "agent_events_default"} <= _distributed(
                 conn
             )
-        # Back to 0027: the newest migrations down to 0028 (its rollback unpartitions).
+        # Back to 0010.access: the newest migrations down to 0011.retention (its
+        # rollback unpartitions); applied again, 0012.citus distributes what they remade.
         ids = migrate.migration_ids()
-        count = str(len(ids) - ids.index("0028.events_by_month"))
+        count = str(len(ids) - ids.index("0011.retention"))
         down = _cli("rollback", "--count", count, "--dsn", fresh.dsn)
         assert down.returncode == 0, down.stderr
         with _pg.admin(fresh.dsn) as conn:
             assert _distributed(conn) == {"agent_events"}
             assert conn.execute(_ROWS).fetchall() == before
             tenant, task = made[0]
-            with pytest.raises(psycopg.errors.UniqueViolation):  # 0027's unique key is back
+            with pytest.raises(psycopg.errors.UniqueViolation):  # one table's unique key is back
                 conn.execute(
                     "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
                     " policy_version, task_state_version) VALUES (%s, %s, 'forged', 't', 'p', 0)",
