@@ -52,7 +52,7 @@ from agentdb.errors import (
     TransientError,
 )
 from agentdb.worker.completer import completions, reservations
-from agentdb.worker.durable import Suspended
+from agentdb.worker.durable import RUNNING, Suspended
 from agentdb.worker.finish import Finisher, abandon, storable
 from agentdb.worker.job import Job
 from agentdb.worker.outcomes import (
@@ -124,6 +124,7 @@ class _Escaped(Exception):
 
 
 async def _call(handler: Handler, job: Job) -> object:
+    running = RUNNING.set(job)
     try:
         pending: object = handler(job)
         if not inspect.isawaitable(pending):
@@ -136,6 +137,8 @@ async def _call(handler: Handler, job: Job) -> object:
         raise
     except BaseException as exc:
         raise _Escaped(describe(exc)) from exc
+    finally:
+        RUNNING.reset(running)
 
 
 class Worker:
