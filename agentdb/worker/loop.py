@@ -49,6 +49,7 @@ from agentdb.errors import (
     PoolerMismatch,
     RateLimited,
     StaleWrite,
+    StepMissing,
     TransientError,
 )
 from agentdb.worker.completer import completions, reservations
@@ -402,9 +403,10 @@ class Worker:
             except PoolerMismatch as exc:
                 self._fatal_error(exc, job)
                 return
-            except IdempotencyConflict as exc:
-                # The handler reused a key for a different request: another attempt
-                # would only conflict again.
+            except (IdempotencyConflict, StepMissing) as exc:
+                # The handler reused a key for a different request, or reached another
+                # step than it recorded (a deploy renamed it): another attempt would
+                # only conflict again.
                 outcome = Fail(describe(exc))
             except _NotAwaitable as exc:
                 outcome = Fail(str(exc))
