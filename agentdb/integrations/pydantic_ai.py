@@ -66,7 +66,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Final, cast
+from typing import Any, Final, Literal, cast
 
 import pydantic_core
 from pydantic_ai import ModelMessagesTypeAdapter
@@ -97,7 +97,7 @@ from agentdb import _db, steps
 from agentdb.budgets import Cost
 from agentdb.errors import ConfigurationError, StepMissing
 from agentdb.models import Signal
-from agentdb.worker.durable import Durable, Performed, Suspended, running_job
+from agentdb.worker.durable import Durable, NotPerformed, Performed, Suspended, running_job
 from agentdb.worker.outcomes import ReconcileHook
 
 __all__ = [
@@ -225,10 +225,19 @@ class _Backend(CallableOperationBackend[dict[str, Any]]):
     """Runs each of a run's durable operations as a step or an effect of the running job."""
 
     def __init__(self, capability: AgentdbDurability[Any]) -> None:
-        tool: dict[str, Any] = {}
+        # A tool's settings: its metadata under "agentdb" (the framework reads them).
+        resolve = capability._build_resolve_tool_config({})
+
+        def tool_config(
+            operation_id: DurableOperationId, tool: object | None, tool_name: str
+        ) -> dict[str, Any] | Literal[False]:
+            return cast("dict[str, Any] | Literal[False]", resolve(cast(Any, tool), tool_name))
+
         super().__init__(
             namer=JournalOperationNamer(capability.name),
-            config=RoleBasedOperationConfig(model={}, event={}, capability={}, tool=tool),
+            config=RoleBasedOperationConfig(
+                model={}, event={}, capability={}, tool={}, resolve_tool=tool_config
+            ),
         )
         self._capability = capability
 
@@ -269,15 +278,18 @@ class _Backend(CallableOperationBackend[dict[str, Any]]):
             args = pydantic_core.to_jsonable_python(tool_args, serialize_unknown=True)
             if config.get("read_only"):
                 return await job.step(step, _plain(body), args)
-            return await job.effect(
-                step,
-                _keyed(body),
-                args,
-                action=str(config.get("action") or tool_name),
-                cost=cast("Cost | None", config.get("cost")),
-                reconcile=cast("ReconcileHook | None", config.get("reconcile")),
-                definite=tuple(config.get("definite", ())),
-            )
+            try:
+                return await job.effect(
+                    step,
+                    _keyed(body),
+                    args,
+                    action=str(config.get("action") or tool_name),
+                    cost=cast("Cost | None", config.get("cost")),
+                    reconcile=cast("ReconcileHook | None", config.get("reconcile")),
+                    definite=tuple(config.get("definite", ())),
+                )
+            except _Declined as declined:
+                return declined.payload
         # Discovery, validation, compaction, token counts, capability operations: reads,
         # recorded so a replay sees what the first run saw.
         step = f"{place}/{name}"
@@ -293,13 +305,32 @@ def _plain(body: Callable[[], Awaitable[object]]) -> Callable[..., Awaitable[obj
     return call
 
 
+#: What a tool answers when it did nothing: it asked for approval or for a deferred call,
+#: asked the model to retry, or its arguments did not validate.
+_DECLINED: Final = frozenset(
+    {"approval_required", "call_deferred", "model_retry", "validation_error"}
+)
+
+
+class _Declined(NotPerformed):
+    """The tool declined the call (:data:`_DECLINED`): the operation is recorded failed -
+    nothing was performed - and the framework is handed the tool's answer."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(f"the tool answered {payload['kind']}: nothing performed")
+        self.payload = payload
+
+
 def _keyed(body: Callable[[], Awaitable[object]]) -> Callable[..., Awaitable[object]]:
     async def call(*_: object, idempotency_key: str) -> object:
         token = _KEY.set(idempotency_key)
         try:
-            return await body()
+            payload = await body()
         finally:
             _KEY.reset(token)
+        if isinstance(payload, dict) and payload.get("kind") in _DECLINED:
+            raise _Declined(payload)
+        return payload
 
     return call
 

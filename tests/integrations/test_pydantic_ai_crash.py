@@ -59,6 +59,13 @@ async def test_G13_G25_an_agent_killed_anywhere_calls_each_tool_once_and_ends_as
             else:
                 assert n == baseline, (scenario, n)
 
+        # The read-only lookup is a step, never an operation; the two tools effects.
+        actions = await conn.fetch("SELECT DISTINCT action FROM agent_operations")
+        assert sorted(r["action"] for r in actions) == ["refund", "send_email"]
+        assert await conn.fetchval(
+            "SELECT count(*) FROM agent_steps WHERE name LIKE '%call_tool:lookup_order'"
+        ) == len(WORK) * (1 + len(report.scenarios))
+
         outputs = await conn.fetch(_OUTPUTS)
         by_order: dict[str, set[str]] = {}
         for r in outputs:
