@@ -4,21 +4,37 @@ line and an offline model."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import asyncpg
 
 from agentdb import signals, tasks
 from agentdb.integrations.pydantic_ai import approval_name, pending_approvals
 from agentdb.testing import drain
-from examples import pydantic_ai_approvals, pydantic_ai_bank_support
 from tests.conftest import Tenants
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _example(name: str) -> ModuleType:
+    """examples/<name>.py, imported as the file it is (examples/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+pydantic_ai_approvals = _example("pydantic_ai_approvals")
+pydantic_ai_bank_support = _example("pydantic_ai_bank_support")
 _OPERATIONS = (
     "SELECT action, state, idempotency_key, result::text FROM agent_operations WHERE task_id = $1"
 )
