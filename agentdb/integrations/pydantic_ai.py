@@ -27,7 +27,8 @@ the capability. What each part of a run becomes:
   committed before the tool runs, its arguments hashed (the same call with other
   arguments is a :class:`~agentdb.errors.StepConflict`, never a replay), and its
   result recorded. The tool reads the operation's idempotency key with
-  :func:`idempotency_key` and hands it to its provider. A tool that raises
+  :func:`idempotency_key` and hands it to its provider; an MCP server gets it in
+  the request's ``_meta`` through :func:`mcp_idempotency_key`. A tool that raises
   :class:`~agentdb.worker.NotPerformed` is called again on the next attempt; one
   whose outcome is unknown (it raised anything else, or the worker died) is called
   again **with the same key** - or asks a reconcile hook, or waits for an operator
@@ -104,6 +105,7 @@ __all__ = [
     "AgentdbDurability",
     "approval_name",
     "idempotency_key",
+    "mcp_idempotency_key",
     "pending_approvals",
 ]
 
@@ -133,6 +135,16 @@ def idempotency_key() -> str:
             "handler, as an effect (not a read_only tool, not outside a handler)"
         )
     return key
+
+
+async def mcp_idempotency_key(
+    ctx: RunContext[Any], call_tool: Any, name: str, args: dict[str, Any]
+) -> Any:
+    """An ``MCPToolset``'s ``process_tool_call``: the call's idempotency key goes to the
+    server in the request's ``_meta`` (``{"idempotency_key": ...}``), for a server that
+    honours one (``MCPToolset(server, process_tool_call=mcp_idempotency_key)``)."""
+    key = _KEY.get()
+    return await call_tool(name, args, metadata=None if key is None else {"idempotency_key": key})
 
 
 def approval_name(tool_call_id: str) -> str:

@@ -12,7 +12,9 @@ from typing import Any
 
 import asyncpg
 import pytest
+from mcp.server.mcpserver import Context, MCPServer
 from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -22,6 +24,7 @@ from agentdb.integrations.pydantic_ai import (
     AgentdbDurability,
     approval_name,
     idempotency_key,
+    mcp_idempotency_key,
     pending_approvals,
 )
 from agentdb.testing import drain
@@ -281,3 +284,45 @@ def test_approval_names_fit_a_signal_name() -> None:
     long = approval_name("x" * 300)
     assert len(long) <= 100
     assert long == approval_name("x" * 300) != approval_name("y" * 300)
+
+
+# ---- MCP toolsets --------------------------------------------------------------------
+
+
+async def test_G13_G25_an_mcp_servers_tool_call_is_an_effect_performed_once(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A tool of an MCP server (the official SDK's, connected in memory) is reserved, called
+    once and replayed; the server gets the call's key in the request's _meta."""
+    server = MCPServer("payments")
+    keys: list[object] = []
+
+    @server.tool()
+    def pay(amount: int, ctx: Context) -> str:
+        keys.append((ctx.request_context.meta or {}).get("idempotency_key"))
+        return f"paid {amount}"
+
+    script = Script("pay", {"amount": 12})
+    agent = Agent(
+        FunctionModel(script), name="payer",
+        toolsets=[MCPToolset(server, id="payments", process_tool_call=mcp_idempotency_key)],
+        capabilities=[AgentdbDurability()],
+    )  # fmt: skip
+
+    async def handle(job: Job) -> Succeed:
+        result = await agent.run("pay 12")
+        await job.wait_for_signal("go", "go")  # re-entered from the top after this
+        return Succeed(payload={"output": result.output})
+
+    task = await tasks.create(pool, tenants.a, "pai-mcp")
+    await _run(pool, {"pai-mcp": handle})
+    await signals.signal(pool, tenants.a, task.id, "go", sender="ops")
+    done = await _run(pool, {"pai-mcp": handle})
+    assert done.count("succeeded") == 1
+    [op] = await pool.fetch(
+        "SELECT action, state, idempotency_key FROM agent_operations WHERE task_id = $1", task.id
+    )
+    assert (op["action"], op["state"]) == ("pay", "succeeded")
+    assert op["idempotency_key"].endswith("payer__mcp_server__payments.call_tool:pay")
+    assert keys == [op["idempotency_key"]]  # called once, with its key
+    assert script.asked == 2
