@@ -53,24 +53,33 @@ another call's result or performing an effect a second time under a new name.
 Per-tool settings go in the tool's metadata under ``"agentdb"``: ``read_only``
 (a step, not an effect), ``cost`` (a :data:`~agentdb.budgets.Cost` held per call),
 ``reconcile`` (a hook or :data:`~agentdb.worker.MANUAL`), ``definite`` (exception
-classes that mean "not performed"). Event-stream handlers are not recorded: they run
-again when a run is replayed (at least once).
+classes that mean "not performed").
+
+**Events.** With ``events_topic=``, each tool call the run makes and each result it
+gets (``FunctionToolCallEvent``, ``FunctionToolResultEvent``) is an outbox message
+of that topic for the task (G10: delivered at least once by the relay, its id
+fixed by the run and the event's number, so a replayed run writes none twice).
+Model response deltas are not sent: they are not replayed. An
+``event_stream_handler`` of yours is not recorded: it runs again when a run is
+replayed (at least once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import hashlib
 import json
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final, Literal, cast
 
 import pydantic_core
 from pydantic_ai import ModelMessagesTypeAdapter
+from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, HandleDeferredToolCalls
 from pydantic_ai.durable_exec import (
     JSON_CODEC,
@@ -85,6 +94,7 @@ from pydantic_ai.durable_exec import (
     ToolsetCallToolId,
     conversation_id_from_run_id,
 )
+from pydantic_ai.messages import AgentStreamEvent, FunctionToolCallEvent, FunctionToolResultEvent
 from pydantic_ai.models import Model
 from pydantic_ai.tools import (
     AgentDepsT,
@@ -94,9 +104,9 @@ from pydantic_ai.tools import (
     ToolDenied,
 )
 
-from agentdb import _db, steps
+from agentdb import _db, outbox, steps
 from agentdb.budgets import Cost
-from agentdb.errors import ConfigurationError, StepMissing
+from agentdb.errors import ConfigurationError, DuplicateKey, StepMissing
 from agentdb.models import Signal
 from agentdb.worker.durable import Durable, NotPerformed, Performed, Suspended, running_job
 from agentdb.worker.outcomes import ReconcileHook
@@ -164,6 +174,7 @@ class _Run:
     agent: str
     number: int
     places: int = 0
+    events: int = 0
     reached: set[str] = field(default_factory=set)
 
     def place(self) -> str:
@@ -352,6 +363,49 @@ def _usage_of(payload: object) -> Mapping[str, Any]:
     return cast("Mapping[str, Any]", usage) if isinstance(usage, dict) else {}
 
 
+class _ToOutbox:
+    """An event-stream handler: the run's tool calls and results as outbox messages."""
+
+    def __init__(self, topic: str, then: EventStreamHandler[Any] | None) -> None:
+        self.topic = topic
+        self.then = then
+
+    async def __call__(self, ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
+        job, run = running_job(), _CURRENT.get()
+        seen: list[AgentStreamEvent] = []
+        async for event in events:
+            seen.append(event)
+            if job is None or run is None:
+                continue
+            if not isinstance(event, FunctionToolCallEvent | FunctionToolResultEvent):
+                continue
+            # Numbered among the events a replay emits again, in the order the run
+            # reaches them (tool calls one at a time): the same id on every re-entry.
+            run.events += 1
+            message_id = uuid.uuid5(job.task.id, f"{PREFIX}/{run.number}/event/{run.events}")
+            payload = {
+                "agent": run.agent,
+                "run": run.number,
+                "event": pydantic_core.to_jsonable_python(
+                    event, fallback=lambda v: type(v).__name__, serialize_unknown=True
+                ),
+            }
+            # A DuplicateKey: an earlier run of this task sent it.
+            with contextlib.suppress(DuplicateKey):
+                async with _db.transaction(job.pool) as conn:
+                    await outbox.enqueue(
+                        conn, job.task.tenant_id, self.topic, payload,
+                        task_id=job.task.id, message_id=message_id,
+                    )  # fmt: skip
+        if self.then is not None:
+
+            async def again() -> AsyncIterator[AgentStreamEvent]:
+                for event in seen:
+                    yield event
+
+            await self.then(ctx, again())
+
+
 @dataclass(init=False, kw_only=True)
 class AgentdbDurability(BaseDurabilityCapability[AgentDepsT]):
     """Makes an agent durable on agentdb when it runs inside a task handler (module docstring).
@@ -369,6 +423,9 @@ class AgentdbDurability(BaseDurabilityCapability[AgentDepsT]):
         approvals: whether tools that require approval wait for agentdb approvals
             (default); ``False`` leaves them to the run's own handling
             (``DeferredToolRequests`` output, or a ``HandleDeferredToolCalls`` of yours).
+        events_topic: the outbox topic each tool call and tool result of a run is sent
+            to (module docstring); ``None`` sends none.
+        event_stream_handler: yours, as the framework takes it (run again on replay).
     """
 
     engine_spec = DurabilityEngineSpec(
@@ -399,8 +456,13 @@ class AgentdbDurability(BaseDurabilityCapability[AgentDepsT]):
         model_cost: Cost | None = None,
         usage_cost: Callable[[Mapping[str, Any]], Cost] | None = None,
         approvals: bool = True,
+        events_topic: str | None = None,
+        event_stream_handler: EventStreamHandler[AgentDepsT] | None = None,
     ) -> None:
-        super().__init__(models=models, name=name)
+        handler = event_stream_handler
+        if events_topic is not None:
+            handler = _ToOutbox(events_topic, event_stream_handler)
+        super().__init__(models=models, name=name, event_stream_handler=handler)
         self._model_cost = model_cost
         self._usage_cost = usage_cost
         self._approvals = approvals

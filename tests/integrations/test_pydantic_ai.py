@@ -7,6 +7,8 @@ The crash matrix with real worker processes is tests/integrations/test_pydantic_
 from __future__ import annotations
 
 import collections
+import json
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +18,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import ToolReturnPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
 from agentdb import budgets, signals, steps, tasks
 from agentdb.errors import BudgetExceeded, ConfigurationError
@@ -48,6 +50,21 @@ class Script:
             return ModelResponse(parts=[ToolCallPart(self.tool, self.args, "call-1")])
         return ModelResponse(parts=[TextPart(f"done: {returns[-1].content}")])
 
+    async def stream(
+        self, messages: list[ModelMessage], info: AgentInfo
+    ) -> AsyncIterator[str | DeltaToolCalls]:
+        """The same script, streamed (a run with an event-stream handler streams)."""
+        response = await self(messages, info)
+        for part in response.parts:
+            if isinstance(part, ToolCallPart):
+                yield {
+                    0: DeltaToolCall(
+                        part.tool_name, part.args_as_json_str(), tool_call_id=part.tool_call_id
+                    )
+                }
+            elif isinstance(part, TextPart):
+                yield part.content
+
 
 class Provider:
     """Performs each key once; counts every request."""
@@ -71,7 +88,11 @@ def _agent(
     approval: bool = False,
     **cap: Any,
 ) -> Agent[None, str]:
-    agent = Agent(FunctionModel(script), name=name, capabilities=[AgentdbDurability(**cap)])
+    agent = Agent(
+        FunctionModel(script, stream_function=script.stream),
+        name=name,
+        capabilities=[AgentdbDurability(**cap)],
+    )
 
     @agent.tool_plain(requires_approval=approval)
     async def refund(amount: int) -> str:
@@ -326,3 +347,38 @@ async def test_G13_G25_an_mcp_servers_tool_call_is_an_effect_performed_once(
     assert op["idempotency_key"].endswith("payer__mcp_server__payments.call_tool:pay")
     assert keys == [op["idempotency_key"]]  # called once, with its key
     assert script.asked == 2
+
+
+# ---- events ------------------------------------------------------------------------------
+
+
+async def test_G10_G25_a_runs_tool_events_are_outbox_messages_sent_once_whatever_replays(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    script, provider = Script("refund", {"amount": 4}), Provider()
+    seen: list[str] = []
+
+    async def mine(ctx: Any, events: Any) -> None:  # the user's own handler still runs
+        async for event in events:
+            seen.append(type(event).__name__)
+
+    agent = _agent(script, provider, events_topic="agent.events", event_stream_handler=mine)
+
+    async def handle(job: Job) -> Succeed:
+        await agent.run("refund 4")
+        await job.wait_for_signal("go", "go")  # re-entered: the run replays
+        return Succeed()
+
+    task = await tasks.create(pool, tenants.a, "pai-events")
+    await _run(pool, {"pai-events": handle})
+    await signals.signal(pool, tenants.a, task.id, "go", sender="ops")
+    assert (await _run(pool, {"pai-events": handle})).count("succeeded") == 1
+    rows = await pool.fetch(
+        "SELECT topic, payload::text FROM agent_outbox WHERE task_id = $1 ORDER BY created_at",
+        task.id,
+    )
+    kinds = [json.loads(r["payload"])["event"]["event_kind"] for r in rows]
+    assert kinds == ["function_tool_call", "function_tool_result"]  # once, though run twice
+    assert {r["topic"] for r in rows} == {"agent.events"}
+    assert seen.count("FunctionToolCallEvent") == 2  # yours: at least once (run twice)
+    assert sum(provider.requests.values()) == 1
