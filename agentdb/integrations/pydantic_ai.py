@@ -128,7 +128,7 @@ _VOLATILE: Final = frozenset(
 )
 
 _KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "agentdb_pydantic_ai_key", default=None
+    "pydantic_ai_idempotency_key", default=None
 )
 
 
@@ -186,7 +186,7 @@ class _Run:
 # handler that runs two agents, or one twice, numbers them the same on every re-entry.
 _RUNS: weakref.WeakKeyDictionary[Durable, dict[str, int]] = weakref.WeakKeyDictionary()
 _CURRENT: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
-    "agentdb_pydantic_ai_run", default=None
+    "pydantic_ai_run", default=None
 )
 _RUN_IDS: weakref.WeakKeyDictionary[Durable, dict[str, _Run]] = weakref.WeakKeyDictionary()
 

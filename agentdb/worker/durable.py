@@ -104,7 +104,7 @@ __all__ = [
 #: call): how code the handler calls but does not pass the job to - an agent
 #: framework's model and tool calls - finds the ledger to record on.
 RUNNING: Final[contextvars.ContextVar[Durable | None]] = contextvars.ContextVar(
-    "agentdb_running_job", default=None
+    "running_job", default=None
 )
 
 

@@ -251,6 +251,34 @@ async def test_G19_model_requests_hold_their_cost_and_a_spent_budget_stops_the_r
     assert "would exceed the budget" in str((await tasks.get(pool, tenants.a, task.id)).last_error)
 
 
+async def test_G19_a_tool_holds_the_cost_its_metadata_names_per_call(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    script, provider = Script("refund", {"amount": 2}), Provider()
+    agent = Agent(FunctionModel(script), name="costly", capabilities=[AgentdbDurability()])
+
+    @agent.tool_plain(metadata={"agentdb": {"cost": {"usd_cents": 30}}})
+    async def refund(amount: int) -> str:
+        return provider.perform(amount)
+
+    async def handle(job: Job) -> Succeed | Fail:
+        try:
+            await agent.run("refund 2")
+        except BudgetExceeded as exc:
+            return Fail(f"stopped by a budget: {exc}")
+        return Succeed()
+
+    await budgets.set_budget(pool, tenants.a, "usd_cents", 50)
+    for _ in range(2):
+        await tasks.create(pool, tenants.a, "pai-tool-cost")
+    done = await _run(pool, {"pai-tool-cost": handle})
+    # 30 + 30 > 50: the second task's call is refused before the tool runs.
+    assert sorted(t.state for t in done.tasks) == ["failed", "succeeded"]
+    assert sum(provider.requests.values()) == 1
+    [cents] = [b for b in await budgets.list_budgets(pool, tenants.a) if b.unit == "usd_cents"]
+    assert (cents.spent, cents.held) == (30, 0)
+
+
 # ---- stable names (G25) ----------------------------------------------------------------
 
 
