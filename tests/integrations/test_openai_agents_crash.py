@@ -79,7 +79,8 @@ async def test_an_agent_killed_at_every_point_calls_each_tool_once_and_re_asks_o
     ]
     asked = Counter(c.args["step"] for p, c in base.calls if p == "model")
     first_request = next(c.args["step"] for p, c in base.calls if p == "model")
-    assert len(asked) == 5 and set(asked.values()) == {1}  # m1..m5, each asked once
+    assert len(asked) == 5  # m1..m5
+    assert set(asked.values()) == {1}  # each asked once
     points = {s.point for s in report.scenarios}
     # Mid model request (during_step), mid tool call (during_effect: the function runs;
     # during_call: the provider has the request), between the call and its record
@@ -151,7 +152,8 @@ async def test_agents_killed_at_random_moments_finish_as_if_never_killed(
     env.update({DSN_ENV: db.admin_dsn, SCENARIO_ENV: "soak",
                 "AGENTDB_FAULTS_LOG": str(tmp_path / "kills")})  # fmt: skip
     argv = ["worker", TARGET, "--dsn", db.admin_dsn, "--concurrency", "2", "--poll-interval",
-            "0.05", "--retry-base", "0.01", "--shutdown-grace", "1", "--log-level", "warning"]  # fmt: skip
+            "0.05", "--retry-base", "0.01", "--shutdown-grace", "1",
+            "--log-level", "warning"]  # fmt: skip
 
     async def finished() -> bool:
         states = [(await tasks.get(pool, tenants.a, i)).state for i in ids]
@@ -162,7 +164,7 @@ async def test_agents_killed_at_random_moments_finish_as_if_never_killed(
         while not await finished() and restarts < 40:
             proc = spawn_cli(argv, dict(env, AGENTDB_FAULTS=faults), log)
             try:
-                while proc.poll() is None and not await finished():
+                while proc.poll() is None and not await finished():  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
             finally:
                 stop(proc)
@@ -170,7 +172,7 @@ async def test_agents_killed_at_random_moments_finish_as_if_never_killed(
         calm: subprocess.Popen[bytes] = spawn_cli(argv, dict(env, AGENTDB_FAULTS=""), log)
         try:
             deadline = time.monotonic() + 120
-            while not await finished() and time.monotonic() < deadline:
+            while not await finished() and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         finally:
             stop(calm)
@@ -182,7 +184,8 @@ async def test_agents_killed_at_random_moments_finish_as_if_never_killed(
         calls = await provider.calls(pool, "soak")
         assert None not in {c.idempotency_key for c in calls}
         done = Counter(c.idempotency_key for c in calls if c.outcome == "executed")
-        assert len(done) == n and set(done.values()) == {1}, (kills, calls)
+        assert len(done) == n, (kills, calls)
+        assert set(done.values()) == {1}, (kills, calls)
     # The model was never asked a request again once its response was recorded.
     late = await admin_conn.fetch(
         "SELECT c.args->>'step' AS step FROM agentdb_testing.provider_calls c"
