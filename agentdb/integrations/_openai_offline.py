@@ -92,6 +92,16 @@ class OfflineModel(Model):
         self.script = script
         self.asked = 0
 
+    @classmethod
+    def calling(cls, tool: str, **arguments: Any) -> OfflineModel:
+        """A model that calls ``tool`` with ``arguments`` once, then answers with its output."""
+
+        def script(request: Request) -> Reply:
+            done = request.results()
+            return say(done[tool]) if tool in done else call(request, (tool, arguments))
+
+        return cls(script)
+
     async def get_response(
         self,
         system_instructions: str | None,

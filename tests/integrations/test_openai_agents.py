@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -364,3 +366,26 @@ async def test_outside_a_handler_streaming_and_sessions_are_refused() -> None:
     job: Any = object()
     with pytest.raises(ConfigurationError, match="session"):
         await oa.AgentdbRunner.run(agent, "hi", job=job, session=object())
+
+
+# ---- the README's first example -------------------------------------------------------------
+
+
+def test_the_readme_shows_the_first_example_as_the_file_is_in_30_lines() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### OpenAI Agents SDK") :]
+    first = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert first is not None
+    example = (ROOT / "examples" / "openai_agents_first_agent.py").read_text()
+    assert first.group(1) == example
+    assert len(example.splitlines()) <= 30
+
+
+def test_the_readme_s_first_example_runs_as_written() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "openai_agents_first_agent.py")],
+        capture_output=True, text=True, timeout=240, check=False, cwd=ROOT,
+        env=dict(os.environ, OPENAI_AGENTS_DISABLE_TRACING="1"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"support succeeded attempts=1", out.stdout), out.stdout + out.stderr
