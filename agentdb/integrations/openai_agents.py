@@ -129,10 +129,10 @@ __all__ = [
 _T = TypeVar("_T")
 _OUTPUT_ITEM: Final = TypeAdapter[ResponseOutputItem](ResponseOutputItem)
 _KEY: Final[contextvars.ContextVar[str | None]] = contextvars.ContextVar(
-    "agentdb_openai_idempotency_key", default=None
+    "openai_agents.idempotency_key", default=None
 )
 _STEP: Final[contextvars.ContextVar[str | None]] = contextvars.ContextVar(
-    "agentdb_openai_step", default=None
+    "openai_agents.step", default=None
 )
 # The runs each job started in this attempt, by name: a second run of one name is "<name>.2".
 _RUNS: Final[weakref.WeakKeyDictionary[Durable, dict[str, int]]] = weakref.WeakKeyDictionary()
