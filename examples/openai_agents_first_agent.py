@@ -1,4 +1,4 @@
-import asyncio  # noqa: I002 - held to 30 lines, and on Python 3.11 it needs no __future__
+import asyncio
 
 from agents import Agent, function_tool
 
