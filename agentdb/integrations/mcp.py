@@ -89,7 +89,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, timedelta
 from typing import Any, Final, TypeVar, cast
@@ -856,10 +856,12 @@ class DurableTasks(Extension):
 
         return register
 
-    def handlers(self, server: MCPServer[Any]) -> dict[str, Callable[[Job], Awaitable[Succeed]]]:
+    def handlers(
+        self, server: MCPServer[Any]
+    ) -> dict[str, Callable[[Job], Coroutine[Any, Any, Succeed]]]:
         """The task handlers a worker runs the long-running tools of ``server`` with."""
 
-        def handler(tool: str) -> Callable[[Job], Awaitable[Succeed]]:
+        def handler(tool: str) -> Callable[[Job], Coroutine[Any, Any, Succeed]]:
             async def run(job: Job) -> Succeed:
                 async def call() -> dict[str, Any]:
                     return _stored(await server.call_tool(tool, job.task.params["arguments"]))
