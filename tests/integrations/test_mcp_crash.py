@@ -57,7 +57,7 @@ async def _pay_until_answered(server: ServerProcess, tenant: uuid.UUID, key: str
                     "pay", {"to": key, "amount": 10}, meta={"idempotency_key": key},  # type: ignore[arg-type]
                     read_timeout_seconds=20,
                 )  # fmt: skip
-        except Exception:  # the server died under the request, or is not up yet  # noqa: BLE001
+        except Exception:  # the server died under the request, or is not up yet
             await asyncio.sleep(0.1)
             continue
         typed = (result.meta or {}).get(ERROR_META)
