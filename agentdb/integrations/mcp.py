@@ -113,7 +113,7 @@ from mcp_types import (
 )
 from pydantic import BaseModel, ConfigDict
 
-from agentdb import _db, operations, signals, steps, tasks, telemetry
+from agentdb import _db, _mcp_calls, operations, signals, steps, tasks, telemetry
 from agentdb._db.pool import create_pool
 from agentdb.errors import (
     AgentDBError,
@@ -341,11 +341,6 @@ def _op_key(identity: Identity, tool: str, key: str) -> str:
     return f"mcp/{tool[:150]}/{hashlib.sha256(who.encode()).hexdigest()[:40]}"
 
 
-def _lock_id(op_key: str, tenant: uuid.UUID) -> int:
-    digest = hashlib.sha256(f"{tenant}/{op_key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
 def _stored(result: HandlerResult) -> dict[str, Any]:
     if isinstance(result, BaseModel):
         return result.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -516,10 +511,10 @@ class ExactlyOnce(Extension):
         pool = await self.pool()
         ledger = await self.ledger(pool, identity)
         op_key = _op_key(identity, spec.name, key)
-        q = _Q["mcp_call_lock"]
+        lock = _mcp_calls.lock_id(identity.tenant, op_key)
         async with _db.connection(pool) as guard:
             # Held while this server runs the call: a retry elsewhere sees it is alive.
-            if not (await _db.fetch_one(guard, q, key=_lock_id(op_key, identity.tenant)))["held"]:
+            if not await _mcp_calls.try_hold(guard, lock):
                 return tool_error(
                     "OperationInFlight",
                     f"call {key!r} of {spec.name!r} is running on another "
@@ -531,8 +526,7 @@ class ExactlyOnce(Extension):
                     spec, identity, ledger, op_key, arguments, params, ctx, call_next, span
                 )
             finally:
-                unlock = _Q["mcp_call_unlock"]
-                await _db.fetch_one(guard, unlock, key=_lock_id(op_key, identity.tenant))
+                await _mcp_calls.release(guard, lock)
 
     async def _locked(
         self,
@@ -1014,6 +1008,3 @@ class DurableTasks(Extension):
             actor=identity.principal[:200],
         )
         return {"resultType": "complete"}
-
-
-_Q = _db.queries(__name__)
