@@ -240,3 +240,22 @@ async def test_an_approval_for_a_cancelled_ledger_is_refused(
     assert _error(refused)["type"] == "TaskFinished"
     assert await payments.calls(recorded) == []
     assert await recorded.fetchval("SELECT count(*) FROM agent_signals") == 0
+
+
+async def test_G16_the_callers_traceparent_is_the_operations_and_its_events_trace(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    trace, span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    meta: Any = {"idempotency_key": "traced", "traceparent": f"00-{trace}-{span}-01"}
+    async with connect(server.url, tenants.a) as client:
+        await client.call_tool("pay", {"to": "bob", "amount": 1}, meta=meta)
+        await _pay(client, "untraced")  # control: no traceparent, no ids
+    ops = await recorded.fetch(
+        "SELECT id, trace_id, span_id FROM agent_operations ORDER BY created_at"
+    )
+    assert [(o["trace_id"], o["span_id"]) for o in ops] == [(trace, span), (None, None)]
+    events = await recorded.fetch(
+        "SELECT DISTINCT trace_id, span_id FROM agent_events"
+        " WHERE event_type = 'operation.reserved' AND trace_id IS NOT NULL"
+    )
+    assert [(e["trace_id"], e["span_id"]) for e in events] == [(trace, span)]
