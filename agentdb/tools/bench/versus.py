@@ -105,6 +105,7 @@ class _Run:
 
     units: int
     seconds: float
+    enqueue_seconds: float
     finished: int
     latencies_ms: list[float]
     usage: dict[str, float]
@@ -215,7 +216,7 @@ class Versus:
                 cpu_before = sum(proc_ticks(p.pid) for p in procs)
                 wal_start = await self._position()
                 drive = self._drive_agentdb if side == "agentdb" else self._drive_dbos
-                seconds, window = await self.probe.timed(
+                (seconds, enqueue_seconds), window = await self.probe.timed(
                     db.name, lambda: drive(tag, workflow, n, procs, log)
                 )
                 wal_end = await self._position()
@@ -232,7 +233,7 @@ class Versus:
             await self.wal.release()
             if breakdown:
                 await name_relations(conn_pool, wal)  # type: ignore[arg-type]
-        return _Run(n, seconds, finished, latencies, usage, worker_cpu, wal,
+        return _Run(n, seconds, enqueue_seconds, finished, latencies, usage, worker_cpu, wal,
                     wal.bytes if wal is not None else wal_end - wal_start)  # fmt: skip
 
     def _ready(self, side: str, ready: Path, workers: int) -> Callable[[], Awaitable[bool]]:
@@ -254,7 +255,7 @@ class Versus:
 
     async def _drive_agentdb(
         self, tag: str, workload: str, n: int, procs: list[subprocess.Popen[bytes]], log: IO[bytes]
-    ) -> float:
+    ) -> tuple[float, float]:
         pool, tenant = self.pool, self.tenant
         assert pool is not None
         assert tenant is not None
@@ -280,16 +281,20 @@ class Versus:
             await signals.approve(pool, tenant, task_id, approver="bench-driver",
                                   dedupe_key="approval")  # fmt: skip
 
-        enqueued = asyncio.ensure_future(_each(range(n), _ENQUEUERS, enqueue))
+        async def enqueue_all() -> float:
+            await _each(range(n), _ENQUEUERS, enqueue)
+            return time.perf_counter() - start
+
+        enqueued = asyncio.ensure_future(enqueue_all())
         try:
             await until("agentdb running", _RUN_PATIENCE, _negate(busy), procs, log)
         finally:
-            await enqueued
-        return time.perf_counter() - start
+            enqueue_seconds = await enqueued
+        return time.perf_counter() - start, enqueue_seconds
 
     async def _drive_dbos(
         self, tag: str, workflow: str, n: int, procs: list[subprocess.Popen[bytes]], log: IO[bytes]
-    ) -> float:
+    ) -> tuple[float, float]:
         from agentdb.tools.bench.dbos_worker import QUEUE
 
         dpool, client, tenant = self.dpool, self.client, str(self.tenant)
@@ -320,12 +325,16 @@ class Versus:
                 return True
             return bool(await dpool.fetchval(_D_BUSY, QUEUE))
 
-        enqueued = asyncio.ensure_future(_each(range(n), _ENQUEUERS, enqueue))
+        async def enqueue_all() -> float:
+            await _each(range(n), _ENQUEUERS, enqueue)
+            return time.perf_counter() - start
+
+        enqueued = asyncio.ensure_future(enqueue_all())
         try:
             await until("dbos running", _RUN_PATIENCE, _negate(busy), procs, log)
         finally:
-            await enqueued
-        return time.perf_counter() - start
+            enqueue_seconds = await enqueued
+        return time.perf_counter() - start, enqueue_seconds
 
     async def _latencies(self, side: str, tag: str) -> tuple[list[float], int]:
         assert self.pool is not None
@@ -392,7 +401,8 @@ async def dbos_install(db: Database) -> str:
 def _row(side: str, workload: str) -> dict[str, Any]:
     return {
         "side": side, "workload": workload, "units_per_run": 0,
-        "units_per_s": [], "server_cpu_us_per_unit": [], "worker_cpu_us_per_unit": [],
+        "units_per_s": [], "enqueued_per_s": [], "server_cpu_us_per_unit": [],
+        "worker_cpu_us_per_unit": [],
         "driver_cpu_us_per_unit": [], "wal_bytes_per_unit": [], "fpi_bytes_per_unit": [],
         "p50_ms": [], "p95_ms": [], "errors": [], "breakdown": None,
     }  # fmt: skip
@@ -403,6 +413,7 @@ def _record(row: dict[str, Any], rep: int, r: _Run) -> None:
         row["errors"].append(f"rep {rep}: {r.finished} of {r.units} units finished")
     row["units_per_run"] = r.units
     row["units_per_s"].append(r.units / r.seconds)
+    row["enqueued_per_s"].append(r.units / r.enqueue_seconds)
     if "server_cpu_us_per_unit" in r.usage:
         row["server_cpu_us_per_unit"].append(r.usage["server_cpu_us_per_unit"])
     row["worker_cpu_us_per_unit"].append(r.worker_cpu * 1e6 / r.units)
