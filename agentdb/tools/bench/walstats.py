@@ -29,6 +29,7 @@ its segments from being recycled by a checkpoint before they are read.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -204,21 +205,32 @@ async def name_relations(conn: _db.Conn, wal: WalUsage) -> None:
         wal.names[int(row["n"])] = name
 
 
+def _candidates(major: int) -> Iterator[str]:
+    yield f"/usr/lib/postgresql/{major}/bin/pg_waldump"  # Debian, Ubuntu
+    yield f"/usr/pgsql-{major}/bin/pg_waldump"  # Red Hat
+    spec = importlib.util.find_spec("pgserver")  # the bench's embedded server's own
+    for where in (spec.submodule_search_locations or []) if spec else []:
+        yield str(Path(where) / "pginstall" / "bin" / "pg_waldump")
+    found = shutil.which("pg_waldump")
+    if found is not None:
+        yield found
+
+
 def _waldump(major: int) -> str | None:
     """A ``pg_waldump`` for server major version ``major``, or None."""
-    for candidate in (f"/usr/lib/postgresql/{major}/bin/pg_waldump",
-                      f"/usr/pgsql-{major}/bin/pg_waldump"):  # fmt: skip
-        if os.access(candidate, os.X_OK):
+    for candidate in _candidates(major):
+        if not os.access(candidate, os.X_OK):
+            continue
+        try:
+            out = subprocess.run(
+                [candidate, "--version"], capture_output=True, text=True, timeout=10, check=False
+            )
+        except OSError:
+            continue
+        m = re.search(r"(\d+)", out.stdout)
+        if m and int(m.group(1)) == major:
             return candidate
-    found = shutil.which("pg_waldump")
-    if found is None:
-        return None
-    try:
-        out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=10)
-    except OSError:
-        return None
-    m = re.search(r"(\d+)", out.stdout)
-    return found if m and int(m.group(1)) == major else None
+    return None
 
 
 class WalReader:
