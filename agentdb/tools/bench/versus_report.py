@@ -57,6 +57,10 @@ def _rng(values: Sequence[float], digits: int = 0) -> str:
     )
 
 
+def _ratio(v: float) -> str:
+    return f"{v:.2f}x" if math.isfinite(v) else "n/a"
+
+
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
     rule = "|" + "".join("---|" if i < left else "---:|" for i in range(len(head)))
     return ["| " + " | ".join(head) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows), ""]
@@ -109,7 +113,7 @@ def versus_section(r: dict[str, Any]) -> list[str]:
         for x in v["rows"]
     ]  # fmt: skip
     ratio_rows = [
-        (_TITLES[x["workload"]], x["metric"], f"{_fmt(x['median'], 2)}x",
+        (_TITLES[x["workload"]], x["metric"], _ratio(x["median"]),
          ", ".join(f"{q:.2f}" for q in x["ratios"]))
         for x in v["ratios"]
     ]  # fmt: skip
