@@ -52,13 +52,54 @@ def test_bench_is_an_agentdb_subcommand() -> None:
     assert (args.quick, args.reps, args.skip_1m, args.out) == (True, 2, True, Path("bench-results"))
 
 
+def test_the_dbos_only_and_wal_breakdown_switches() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["bench"]).only == "all"
+    assert parser.parse_args(["bench", "--dbos-only"]).only == "dbos"
+    assert parser.parse_args(["bench", "--wal-breakdown", "--quick"]).only == "wal"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--dbos-only", "--wal-breakdown"])
+
+
+# Lines as pg_waldump 15 prints them: database 16384 is measured, 16999 is another.
+_WALDUMP = """\
+rmgr: Heap        len (rec/tot):     54/   198, tx:        735, lsn: 0/0153D9B8, prev 0/0153D980, desc: INSERT off 5 flags 0x00, blkref #0: rel 1663/16384/16385 blk 0 FPW
+rmgr: Btree       len (rec/tot):     64/    64, tx:        735, lsn: 0/0153DA80, prev 0/0153D9B8, desc: INSERT_LEAF off 2, blkref #0: rel 1663/16384/16390 blk 1
+rmgr: Transaction len (rec/tot):     34/    34, tx:        735, lsn: 0/0153DAC0, prev 0/0153DA80, desc: COMMIT 2026-12-06 02:00:00.000000 UTC
+rmgr: Heap        len (rec/tot):     54/    54, tx:        736, lsn: 0/0153DAE8, prev 0/0153DAC0, desc: INSERT off 6 flags 0x00, blkref #0: rel 1663/16999/16385 blk 0
+rmgr: Transaction len (rec/tot):     34/    34, tx:        736, lsn: 0/0153DB20, prev 0/0153DAE8, desc: COMMIT 2026-12-06 02:00:00.000001 UTC
+rmgr: Standby     len (rec/tot):     50/    50, tx:          0, lsn: 0/0153DB48, prev 0/0153DB20, desc: RUNNING_XACTS nextXid 737 latestCompletedXid 736 oldestRunningXid 737
+rmgr: Heap2       len (rec/tot):     59/  8255, tx:          0, lsn: 0/0153DB80, prev 0/0153DB48, desc: PRUNE latestRemovedXid 700 nredirected 0 ndead 1, blkref #0: rel 1663/16384/16385 blk 3 FPW
+pg_waldump: error: error in WAL record at 0/0153FBD8: invalid record length at 0/0153FC10
+"""  # noqa: E501
+
+
+def test_wal_of_one_database_from_pg_waldump_lines() -> None:
+    from agentdb.tools.bench.walstats import parse, usage
+
+    records = list(parse(_WALDUMP.splitlines()))
+    assert len(records) == 7
+    wal = usage(records, 16384)
+    # Its two block records and its transaction's commit, and the prune of its page; not the
+    # other database's insert or commit, nor the cluster-wide snapshot.
+    assert (wal.records, wal.bytes, wal.fpi_bytes) == (4, 198 + 64 + 34 + 8255, 144 + 8196)
+    assert wal.by_filenode == {16385: [2, 198 + 8255, 144 + 8196], 16390: [1, 64, 0], 0: [1, 34, 0]}
+    assert set(wal.by_type) == {"Heap/INSERT", "Btree/INSERT_LEAF", "Transaction/COMMIT",
+                                "Heap2/PRUNE"}  # fmt: skip
+    wal.names[16385] = "agent_tasks"
+    per = wal.as_json(2)
+    assert per["bytes_per_unit"] == wal.bytes / 2
+    assert per["by_relation"][0]["name"] == "agent_tasks"  # type: ignore[index]
+    assert usage(records, 16999).bytes == 54 + 34
+
+
 def test_the_command_module_stays_light() -> None:
     # `agentdb --help` imports every command module: the benchmark itself
     # (its modules, the peers, matplotlib) must load only when it runs.
     probe = (
         "import sys, agentdb.tools.bench.command; "
         "print(sorted(m for m in sys.modules if m.startswith(('agentdb.tools.bench.', "
-        "'pgqueuer', 'procrastinate', 'matplotlib'))))"
+        "'pgqueuer', 'procrastinate', 'dbos', 'matplotlib'))))"
     )
     run = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
@@ -138,6 +179,21 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     assert snap["held"]["dead_rows_added"]["agent_tasks"] > 0, snap
     assert math.isfinite(snap["loss_pct"])
     assert "## 5b. Throughput under a held snapshot" in report
+    # agentdb against DBOS: both sides ran both workloads to the end, each in its database.
+    if importlib.util.find_spec("dbos") is not None:
+        versus = results["versus"]
+        got = {(x["side"], x["workload"]) for x in versus["rows"]}
+        assert got == {(s, w) for s in ("agentdb", "dbos") for w in ("unit", "agent_run")}
+        for x in versus["rows"]:
+            assert not x["errors"], x
+            assert len(x["units_per_s"]) == results["meta"]["reps"], x
+            for key in ("units_per_s", "wal_bytes_per_unit", "p50_ms", "p95_ms"):
+                assert all(math.isfinite(v) and v > 0 for v in x[key]), (key, x)
+            if versus["wal_per_database"]:
+                assert x["breakdown"]["by_relation"], x
+        assert {r["metric"] for r in versus["ratios"]} >= {"units/s", "WAL bytes/unit"}
+        assert "## 7. agentdb against DBOS" in report
+        assert "What each side guarantees that the other does not" in report
     # The targets, as data: each measured one carries its verdict, and the report renders
     # every one of them; the run said on stderr which section it was in.
     targets = results["targets"]
