@@ -14,6 +14,7 @@ collect_ignore_glob = [
     for module, pattern in (
         ("pydantic_ai", "test_pydantic_ai*.py"),
         ("agents", "test_openai_agents*.py"),
+        ("mcp", "test_mcp*.py"),
     )
     if find_spec(module) is None
 ]

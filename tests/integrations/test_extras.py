@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXTRAS = {
     "pydantic-ai": ("pydantic-ai-slim", "agentdb.integrations.pydantic_ai"),
     "openai-agents": ("openai-agents", "agentdb.integrations.openai_agents"),
+    "mcp": ("mcp", "agentdb.integrations.mcp"),
 }
 
 
