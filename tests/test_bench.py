@@ -153,6 +153,26 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     for section in ("statements", "cycle", "relay", "scaling"):
         assert all(math.isfinite(v) and v >= 0 for v in _numbers(results[section])), section
 
+    _check_workers_and_snapshot(results, report)
+    _check_versus(results, report)
+    _check_targets(results, report, run.stderr)
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:  # the bench says why there is no chart instead of failing
+        assert "no chart: matplotlib is not importable" in report
+
+    # The run dropped every database it created.
+    with _pg.admin(pg_server.admin_dsn) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = ANY(%s)",
+            (results["meta"]["databases"],),
+        ).fetchall()
+    assert results["meta"]["databases"]
+    assert left == []
+
+
+def _check_workers_and_snapshot(results: dict[str, Any], report: str) -> None:
     # Real `agentdb worker` processes drained every task, with their own CPU measured.
     workers = [c for c in results["cycle"] if c["kind"] == "agentdb-worker"]
     assert {(c["name"], c["workers"]) for c in workers} == {
@@ -179,6 +199,9 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     assert snap["held"]["dead_rows_added"]["agent_tasks"] > 0, snap
     assert math.isfinite(snap["loss_pct"])
     assert "## 5b. Throughput under a held snapshot" in report
+
+
+def _check_versus(results: dict[str, Any], report: str) -> None:
     # agentdb against DBOS: both sides ran both workloads to the end, each in its database.
     if importlib.util.find_spec("dbos") is not None:
         versus = results["versus"]
@@ -194,6 +217,9 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
         assert {r["metric"] for r in versus["ratios"]} >= {"units/s", "WAL bytes/unit"}
         assert "## 7. agentdb against DBOS" in report
         assert "What each side guarantees that the other does not" in report
+
+
+def _check_targets(results: dict[str, Any], report: str, stderr: str) -> None:
     # The targets, as data: each measured one carries its verdict, and the report renders
     # every one of them; the run said on stderr which section it was in.
     targets = results["targets"]
@@ -211,19 +237,5 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     names = {t["name"] for t in targets}
     assert "throughput lost under a snapshot held for 5 s" in names
     for n, phase in enumerate(runner._PHASES, 1):
-        assert f"agentdb bench: [{n}/{len(runner._PHASES)}] {phase} ..." in run.stderr
-    assert "agentdb bench: scaling with tenants: done in" in run.stderr
-
-    if importlib.util.find_spec("matplotlib") is not None:
-        assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    else:  # the bench says why there is no chart instead of failing
-        assert "no chart: matplotlib is not importable" in report
-
-    # The run dropped every database it created.
-    with _pg.admin(pg_server.admin_dsn) as conn:
-        left = conn.execute(
-            "SELECT datname FROM pg_database WHERE datname = ANY(%s)",
-            (results["meta"]["databases"],),
-        ).fetchall()
-    assert results["meta"]["databases"]
-    assert left == []
+        assert f"agentdb bench: [{n}/{len(runner._PHASES)}] {phase} ..." in stderr
+    assert "agentdb bench: scaling with tenants: done in" in stderr
