@@ -546,6 +546,27 @@ class StepConflict(IdempotencyConflict):
         self.step = step
 
 
+class StepMissing(AgentDBError):
+    """G25: a re-entered run reached another step than it recorded at that place, or
+    finished without reaching an effect it recorded: what it calls was renamed or
+    removed (an agent framework's agent, tool or toolset) since the step was recorded.
+
+    The recorded result is never handed to another call and the effect is never
+    performed again under a new name; finish or cancel the task with the code that
+    started it.
+
+    Attributes:
+        tenant_id: the task's tenant; ``step``: the recorded step's name.
+    """
+
+    guarantee: ClassVar[str] = "G25"
+
+    def __init__(self, message: str, *, tenant_id: uuid.UUID, step: str) -> None:
+        super().__init__(message)
+        self.tenant_id = tenant_id
+        self.step = step
+
+
 class OperationInFlight(AgentDBError):
     """G4: the key's first attempt has not settled (reserved, in flight or unknown).
 

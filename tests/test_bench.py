@@ -52,13 +52,54 @@ def test_bench_is_an_agentdb_subcommand() -> None:
     assert (args.quick, args.reps, args.skip_1m, args.out) == (True, 2, True, Path("bench-results"))
 
 
+def test_the_dbos_only_and_wal_breakdown_switches() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["bench"]).only == "all"
+    assert parser.parse_args(["bench", "--dbos-only"]).only == "dbos"
+    assert parser.parse_args(["bench", "--wal-breakdown", "--quick"]).only == "wal"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--dbos-only", "--wal-breakdown"])
+
+
+# Lines as pg_waldump 15 prints them: database 16384 is measured, 16999 is another.
+_WALDUMP = """\
+rmgr: Heap        len (rec/tot):     54/   198, tx:        735, lsn: 0/0153D9B8, prev 0/0153D980, desc: INSERT off 5 flags 0x00, blkref #0: rel 1663/16384/16385 blk 0 FPW
+rmgr: Btree       len (rec/tot):     64/    64, tx:        735, lsn: 0/0153DA80, prev 0/0153D9B8, desc: INSERT_LEAF off 2, blkref #0: rel 1663/16384/16390 blk 1
+rmgr: Transaction len (rec/tot):     34/    34, tx:        735, lsn: 0/0153DAC0, prev 0/0153DA80, desc: COMMIT 2026-12-06 02:00:00.000000 UTC
+rmgr: Heap        len (rec/tot):     54/    54, tx:        736, lsn: 0/0153DAE8, prev 0/0153DAC0, desc: INSERT off 6 flags 0x00, blkref #0: rel 1663/16999/16385 blk 0
+rmgr: Transaction len (rec/tot):     34/    34, tx:        736, lsn: 0/0153DB20, prev 0/0153DAE8, desc: COMMIT 2026-12-06 02:00:00.000001 UTC
+rmgr: Standby     len (rec/tot):     50/    50, tx:          0, lsn: 0/0153DB48, prev 0/0153DB20, desc: RUNNING_XACTS nextXid 737 latestCompletedXid 736 oldestRunningXid 737
+rmgr: Heap2       len (rec/tot):     59/  8255, tx:          0, lsn: 0/0153DB80, prev 0/0153DB48, desc: PRUNE latestRemovedXid 700 nredirected 0 ndead 1, blkref #0: rel 1663/16384/16385 blk 3 FPW
+pg_waldump: error: error in WAL record at 0/0153FBD8: invalid record length at 0/0153FC10
+"""  # noqa: E501
+
+
+def test_wal_of_one_database_from_pg_waldump_lines() -> None:
+    from agentdb.tools.bench.walstats import parse, usage
+
+    records = list(parse(_WALDUMP.splitlines()))
+    assert len(records) == 7
+    wal = usage(records, 16384)
+    # Its two block records and its transaction's commit, and the prune of its page; not the
+    # other database's insert or commit, nor the cluster-wide snapshot.
+    assert (wal.records, wal.bytes, wal.fpi_bytes) == (4, 198 + 64 + 34 + 8255, 144 + 8196)
+    assert wal.by_filenode == {16385: [2, 198 + 8255, 144 + 8196], 16390: [1, 64, 0], 0: [1, 34, 0]}
+    assert set(wal.by_type) == {"Heap/INSERT", "Btree/INSERT_LEAF", "Transaction/COMMIT",
+                                "Heap2/PRUNE"}  # fmt: skip
+    wal.names[16385] = "agent_tasks"
+    per = wal.as_json(2)
+    assert per["bytes_per_unit"] == wal.bytes / 2
+    assert per["by_relation"][0]["name"] == "agent_tasks"  # type: ignore[index]
+    assert usage(records, 16999).bytes == 54 + 34
+
+
 def test_the_command_module_stays_light() -> None:
     # `agentdb --help` imports every command module: the benchmark itself
     # (its modules, the peers, matplotlib) must load only when it runs.
     probe = (
         "import sys, agentdb.tools.bench.command; "
         "print(sorted(m for m in sys.modules if m.startswith(('agentdb.tools.bench.', "
-        "'pgqueuer', 'procrastinate', 'matplotlib'))))"
+        "'pgqueuer', 'procrastinate', 'dbos', 'matplotlib'))))"
     )
     run = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
@@ -112,6 +153,26 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     for section in ("statements", "cycle", "relay", "scaling"):
         assert all(math.isfinite(v) and v >= 0 for v in _numbers(results[section])), section
 
+    _check_workers_and_snapshot(results, report)
+    _check_versus(results, report)
+    _check_targets(results, report, run.stderr)
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:  # the bench says why there is no chart instead of failing
+        assert "no chart: matplotlib is not importable" in report
+
+    # The run dropped every database it created.
+    with _pg.admin(pg_server.admin_dsn) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = ANY(%s)",
+            (results["meta"]["databases"],),
+        ).fetchall()
+    assert results["meta"]["databases"]
+    assert left == []
+
+
+def _check_workers_and_snapshot(results: dict[str, Any], report: str) -> None:
     # Real `agentdb worker` processes drained every task, with their own CPU measured.
     workers = [c for c in results["cycle"] if c["kind"] == "agentdb-worker"]
     assert {(c["name"], c["workers"]) for c in workers} == {
@@ -138,6 +199,27 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     assert snap["held"]["dead_rows_added"]["agent_tasks"] > 0, snap
     assert math.isfinite(snap["loss_pct"])
     assert "## 5b. Throughput under a held snapshot" in report
+
+
+def _check_versus(results: dict[str, Any], report: str) -> None:
+    # agentdb against DBOS: both sides ran both workloads to the end, each in its database.
+    if importlib.util.find_spec("dbos") is not None:
+        versus = results["versus"]
+        got = {(x["side"], x["workload"]) for x in versus["rows"]}
+        assert got == {(s, w) for s in ("agentdb", "dbos") for w in ("unit", "agent_run")}
+        for x in versus["rows"]:
+            assert not x["errors"], x
+            assert len(x["units_per_s"]) == results["meta"]["reps"], x
+            for key in ("units_per_s", "wal_bytes_per_unit", "p50_ms", "p95_ms"):
+                assert all(math.isfinite(v) and v > 0 for v in x[key]), (key, x)
+            if versus["wal_per_database"]:
+                assert x["breakdown"]["by_relation"], x
+        assert {r["metric"] for r in versus["ratios"]} >= {"units/s", "WAL bytes/unit"}
+        assert "## 7. agentdb against DBOS" in report
+        assert "What each side guarantees that the other does not" in report
+
+
+def _check_targets(results: dict[str, Any], report: str, stderr: str) -> None:
     # The targets, as data: each measured one carries its verdict, and the report renders
     # every one of them; the run said on stderr which section it was in.
     targets = results["targets"]
@@ -155,19 +237,5 @@ def test_quick_bench_completes_with_sane_numbers(pg_server: _pg.Server, tmp_path
     names = {t["name"] for t in targets}
     assert "throughput lost under a snapshot held for 5 s" in names
     for n, phase in enumerate(runner._PHASES, 1):
-        assert f"agentdb bench: [{n}/{len(runner._PHASES)}] {phase} ..." in run.stderr
-    assert "agentdb bench: scaling with tenants: done in" in run.stderr
-
-    if importlib.util.find_spec("matplotlib") is not None:
-        assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    else:  # the bench says why there is no chart instead of failing
-        assert "no chart: matplotlib is not importable" in report
-
-    # The run dropped every database it created.
-    with _pg.admin(pg_server.admin_dsn) as conn:
-        left = conn.execute(
-            "SELECT datname FROM pg_database WHERE datname = ANY(%s)",
-            (results["meta"]["databases"],),
-        ).fetchall()
-    assert results["meta"]["databases"]
-    assert left == []
+        assert f"agentdb bench: [{n}/{len(runner._PHASES)}] {phase} ..." in stderr
+    assert "agentdb bench: scaling with tenants: done in" in stderr

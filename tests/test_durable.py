@@ -42,6 +42,7 @@ from agentdb.worker import (
     Wait,
     Worker,
 )
+from agentdb.worker.durable import running_job
 from tests.conftest import Tenants
 
 
@@ -722,3 +723,26 @@ async def test_G20_a_message_enqueued_for_a_cancelled_task_is_refused(
             await outbox.enqueue(conn, tenants.a, "invoice.sent", {"n": 2}, task_id=task.id)
     sent = await pool.fetchval("SELECT count(*) FROM agent_outbox WHERE task_id = $1", task.id)
     assert sent == 1
+
+
+async def test_G25_code_a_handler_calls_finds_its_job_without_being_passed_it(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """What an agent framework's model and tool calls use: the running job, per handler."""
+    found: dict[uuid.UUID, Any] = {}
+
+    async def deep_inside() -> Any:
+        await asyncio.sleep(0)
+        return running_job()
+
+    async def agent(job: Job) -> Succeed:
+        # A task the handler starts (as frameworks run tools) sees the same job.
+        found[job.task.id] = (job, await asyncio.create_task(deep_inside()))
+        return Succeed()
+
+    made = [await tasks.create(pool, tenants.a, "d-running") for _ in range(3)]
+    done = await _run(pool, {"d-running": agent}, concurrency=3)
+    assert done.count("succeeded") == 3
+    assert set(found) == {t.id for t in made}
+    assert all(inner is job for job, inner in found.values())
+    assert running_job() is None  # outside a handler: none

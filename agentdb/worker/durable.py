@@ -67,6 +67,7 @@ stops it within about a second while it waits inside a long step.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import json
 import uuid
@@ -96,7 +97,21 @@ __all__ = [
     "NotPerformed",
     "Performed",
     "Suspended",
+    "running_job",
 ]
+
+#: The job whose handler is running in this context (set by the worker around each
+#: call): how code the handler calls but does not pass the job to - an agent
+#: framework's model and tool calls - finds the ledger to record on.
+RUNNING: Final[contextvars.ContextVar[Durable | None]] = contextvars.ContextVar(
+    "running_job", default=None
+)
+
+
+def running_job() -> Durable | None:
+    """The job whose handler runs in this context, or ``None`` outside a handler."""
+    return RUNNING.get()
+
 
 #: The longest step name (agent_steps_name_valid); a fan-out's child keys add "/<i>".
 NAME_MAX: Final = 200

@@ -49,10 +49,11 @@ from agentdb.errors import (
     PoolerMismatch,
     RateLimited,
     StaleWrite,
+    StepMissing,
     TransientError,
 )
 from agentdb.worker.completer import completions, reservations
-from agentdb.worker.durable import Suspended
+from agentdb.worker.durable import RUNNING, Suspended
 from agentdb.worker.finish import Finisher, abandon, storable
 from agentdb.worker.job import Job
 from agentdb.worker.outcomes import (
@@ -124,6 +125,7 @@ class _Escaped(Exception):
 
 
 async def _call(handler: Handler, job: Job) -> object:
+    running = RUNNING.set(job)
     try:
         pending: object = handler(job)
         if not inspect.isawaitable(pending):
@@ -136,6 +138,8 @@ async def _call(handler: Handler, job: Job) -> object:
         raise
     except BaseException as exc:
         raise _Escaped(describe(exc)) from exc
+    finally:
+        RUNNING.reset(running)
 
 
 class Worker:
@@ -399,9 +403,10 @@ class Worker:
             except PoolerMismatch as exc:
                 self._fatal_error(exc, job)
                 return
-            except IdempotencyConflict as exc:
-                # The handler reused a key for a different request: another attempt
-                # would only conflict again.
+            except (IdempotencyConflict, StepMissing) as exc:
+                # The handler reused a key for a different request, or reached another
+                # step than it recorded (a deploy renamed it): another attempt would
+                # only conflict again.
                 outcome = Fail(describe(exc))
             except _NotAwaitable as exc:
                 outcome = Fail(str(exc))

@@ -37,6 +37,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="length of each held-snapshot run (default 600; 5 with --quick)",
     )
+    only = p.add_mutually_exclusive_group()
+    only.add_argument(
+        "--dbos-only",
+        action="store_const",
+        const="dbos",
+        dest="only",
+        help="run only agentdb against DBOS (both workloads, --reps repetitions)",
+    )
+    only.add_argument(
+        "--wal-breakdown",
+        action="store_const",
+        const="wal",
+        dest="only",
+        help="run each side's workloads once and print their WAL per unit by relation "
+        "and record type (pg_waldump, per database)",
+    )
+    p.set_defaults(only="all")
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -47,7 +64,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     """
     from agentdb.tools.bench.runner import Options, run
 
-    run(Options(args.dsn, args.quick, args.reps, args.out, args.skip_1m, args.snapshot_seconds))
+    run(Options(args.dsn, args.quick, args.reps, args.out, args.skip_1m, args.snapshot_seconds,
+                args.only))  # fmt: skip
     return 0
 
 
@@ -55,7 +73,7 @@ def add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``bench`` subcommand to ``agentdb``'s subparsers."""
     p = sub.add_parser(
         "bench",
-        help="benchmark agentdb against raw asyncpg, PgQueuer and Procrastinate",
+        help="benchmark agentdb against raw asyncpg, PgQueuer, Procrastinate and DBOS",
         description="Create throwaway databases, run each comparison with its contenders "
         "interleaved, and write report.md, results.json and chart.png.",
     )

@@ -13,6 +13,12 @@ statement); :func:`by_hand` is what the same took before it, with
 ``job.reserve``: the stage reached kept in ``current_step``, computations
 done again on every run, each effect done before replayed by its reserve.
 
+:func:`unit` and :func:`agent_run`, the units of work measured against DBOS
+(:mod:`agentdb.tools.bench.versus`; the DBOS side is
+:mod:`agentdb.tools.bench.dbos_worker`): one effect and an outbox message;
+and a model step, a tool effect, a wait for the approval the bench driver
+sends (``signals.approve``), a second tool effect, and the outbox message.
+
 The task type is the bench run's (``AGENTDB_BENCH_TASK_TYPE``): each run
 drains a type of its own; ``AGENTDB_BENCH_HANDLER`` picks the handler.
 """
@@ -25,7 +31,9 @@ from datetime import UTC, datetime, timedelta
 from agentdb.models import Message
 from agentdb.worker import Job, Succeed, Wait
 
-__all__ = ["HANDLERS", "HANDLER_ENV", "TYPE_ENV", "by_hand", "cycle", "durable"]
+__all__ = [
+    "HANDLERS", "HANDLER_ENV", "TYPE_ENV", "agent_run", "by_hand", "cycle", "durable", "unit",
+]  # fmt: skip
 
 #: The variable naming the task type the processes serve.
 TYPE_ENV = "AGENTDB_BENCH_TASK_TYPE"
@@ -85,5 +93,28 @@ async def by_hand(job: Job) -> Succeed | Wait:
     return Succeed(outbox=(Message("task.done", {"n": job.task.params["n"]}),))
 
 
-_KINDS = {"cycle": cycle, "durable": durable, "by-hand": by_hand}
+async def _tool(v: int, *, idempotency_key: str) -> dict[str, int]:
+    return {"v": v}  # where the tool's provider call would be, no transaction open
+
+
+async def unit(job: Job) -> Succeed:
+    """One external call (reserved and committed before it, G13), one outbox message."""
+    n = job.task.params["n"]
+    await job.effect("provider", _provider, n)
+    return Succeed(outbox=(Message("task.done", {"n": n}),))
+
+
+async def agent_run(job: Job) -> Succeed:
+    """Model step, tool effect, approval wait, tool effect, finish with an outbox message."""
+    n = job.task.params["n"]
+    v = await job.step("model", _compute, n)
+    await job.effect("tool/1", _tool, v)
+    await job.wait_for_signal("approval", "approval")
+    await job.effect("tool/2", _tool, _compute(v))
+    return Succeed(outbox=(Message("task.done", {"n": n}),))
+
+
+_KINDS = {
+    "cycle": cycle, "durable": durable, "by-hand": by_hand, "unit": unit, "agent-run": agent_run,
+}  # fmt: skip
 HANDLERS = {os.environ.get(TYPE_ENV, "bench.worker"): _KINDS[os.environ.get(HANDLER_ENV, "cycle")]}

@@ -32,7 +32,7 @@ class Peers:
     def __init__(self) -> None:
         self.missing: dict[str, str] = {}
         self.versions: dict[str, str] = {}
-        for name in ("pgqueuer", "procrastinate"):
+        for name in ("pgqueuer", "procrastinate", "dbos"):
             try:
                 importlib.import_module(name)
                 self.versions[name] = importlib.metadata.version(name)

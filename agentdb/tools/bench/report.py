@@ -22,6 +22,7 @@ from agentdb.tools.bench.targets import (
     targets,
     throughput_ratio,
 )
+from agentdb.tools.bench.versus_report import versus_section
 
 __all__ = ["render", "write_outputs"]
 
@@ -394,8 +395,15 @@ def _targets_section(r: dict[str, Any]) -> list[str]:
 
 
 def _notes_section(r: dict[str, Any]) -> list[str]:
-    problems = [f"{c['name']} ({c['workers']} w): {e}" for c in r["cycle"] for e in c["errors"]]
-    problems += [f"{x['name']}: {e}" for x in r["relay"] for e in x["errors"]]
+    problems = [
+        f"{c['name']} ({c['workers']} w): {e}" for c in r.get("cycle", []) for e in c["errors"]
+    ]
+    problems += [f"{x['name']}: {e}" for x in r.get("relay", []) for e in x["errors"]]
+    problems += [
+        f"{x['side']}, {x['workload']}: {e}"
+        for x in (r.get("versus") or {}).get("rows", [])
+        for e in x["errors"]
+    ]
     if not r["notes"] and not problems:
         return []
     return ["## Notes", "", *(f"- {note}" for note in (*r["notes"], *problems)), ""]
@@ -403,6 +411,9 @@ def _notes_section(r: dict[str, Any]) -> list[str]:
 
 def render(r: dict[str, Any]) -> str:
     """The markdown report (also printed to stdout)."""
+    if "statements" not in r:  # --dbos-only / --wal-breakdown
+        only = (_header, versus_section, _targets_section, _notes_section)
+        return "\n".join(line for section in only for line in section(r))
     sections = (
         _header,
         _statements_section,
@@ -415,6 +426,7 @@ def render(r: dict[str, Any]) -> str:
         _pickup_section,
         _snapshot_section,
         _citus_section,
+        versus_section,
         _targets_section,
         _notes_section,
     )
@@ -525,7 +537,11 @@ def write_outputs(r: dict[str, Any], out: Path) -> None:
     """
     out.mkdir(parents=True, exist_ok=True)
     r["targets"] = targets(r)
-    why = _chart(r, out / "chart.png")
+    why = (
+        _chart(r, out / "chart.png")
+        if "statements" in r
+        else "no chart: only agentdb against DBOS ran"
+    )
     if why is not None:
         r["notes"].append(why)
     text = render(r)

@@ -61,6 +61,7 @@ from agentdb.tools.bench.scaling import bench_scaling, bench_tenant_scaling
 from agentdb.tools.bench.snapshot import bench_snapshot, offered_rate
 from agentdb.tools.bench.statements import STATEMENTS, Body, Slot, open_slots
 from agentdb.tools.bench.targets import BY_HAND, DURABLE, WORKER_10, WORKER_100
+from agentdb.tools.bench.versus import bench_versus, dbos_install
 from agentdb.tools.bench.workers import worker_run
 from agentdb.tools.pgbouncer import find_binary, pgbouncer
 
@@ -83,6 +84,8 @@ class Options:
     out: Path
     skip_1m: bool
     snapshot_seconds: float | None = None
+    #: "all"; "dbos": only agentdb against DBOS; "wal": that, once, for its WAL breakdown
+    only: str = "all"
 
 
 # --- 1. Statement overhead --------------------------------------------------
@@ -388,12 +391,15 @@ def _versions(server: str, peers: Peers) -> dict[str, str]:
 async def _install_peers(dbs: dict[str, Database], peers: Peers) -> dict[str, Database]:
     """Install each installed peer's schema in its database; return those databases."""
     installed: dict[str, Database] = {}
-    if peers.has("pgqueuer"):
+    if peers.has("pgqueuer") and "pgqueuer" in dbs:
         installed["pgqueuer"] = dbs["pgqueuer"]
         await pgqueuer_install(dbs["pgqueuer"])
-    if peers.has("procrastinate"):
+    if peers.has("procrastinate") and "procrastinate" in dbs:
         installed["procrastinate"] = dbs["procrastinate"]
         await procrastinate_install(dbs["procrastinate"])
+    if peers.has("dbos") and "dbos" in dbs:
+        installed["dbos"] = dbs["dbos"]
+        await dbos_install(dbs["dbos"])
     return installed
 
 
@@ -401,7 +407,7 @@ async def _install_peers(dbs: dict[str, Database], peers: Peers) -> dict[str, Da
 _PHASES = (
     "statement overhead", "reserve with a budget", "statements through PgBouncer",
     "task cycle", "outbox relay", "claim scaling with rows", "claim scaling with tenants",
-    "pickup latency", "held snapshot",
+    "pickup latency", "agentdb against DBOS", "held snapshot",
 )  # fmt: skip
 
 
@@ -458,6 +464,8 @@ async def _bench(
         lap("scaling with tenants")
         pickup = await bench_pickup(dbs["pickup"], sizes.pickup_samples)
         lap("pickup latency")
+        versus = await _versus(admin, dbs, peer_dbs, sizes, opts.reps, probe, notes)
+        lap("agentdb against DBOS")
         snapshot = await bench_snapshot(
             dbs["snapshot"], sizes.snapshot_seconds, offered_rate(cycle)
         )
@@ -487,9 +495,61 @@ async def _bench(
         "scaling": scaling,
         "scaling_tenants": tenant_scaling,
         "pickup": pickup,
+        "versus": versus,
         "snapshot": snapshot,
         "notes": notes,
     }
+
+
+async def _versus(
+    admin: str,
+    dbs: dict[str, Database],
+    peer_dbs: dict[str, Database],
+    sizes: Sizes,
+    reps: int,
+    probe: Probe,
+    notes: list[str],
+) -> dict[str, Any] | None:
+    """agentdb against DBOS, when DBOS is installed (each in its own database)."""
+    if "dbos" not in peer_dbs:
+        notes.append("dbos is not installed: agentdb against DBOS is left out")
+        return None
+    return await bench_versus(dbs["versus"], peer_dbs["dbos"], sizes, reps, probe, admin, notes)
+
+
+async def _bench_versus_only(
+    admin: str, dbs: dict[str, Database], opts: Options, sizes: Sizes, peers: Peers,
+    notes: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    """Only agentdb against DBOS (``--dbos-only``; ``--wal-breakdown``: one repetition)."""
+    probe = await Probe.open(admin)
+    try:
+        server, settings = await probe.server()
+        if not probe.local:
+            notes.append("server CPU is not reported: the server is not on this machine")
+        peer_dbs = await _install_peers(dbs, peers)
+        _progress("agentdb against DBOS ...")
+        versus = await _versus(admin, dbs, peer_dbs, sizes, opts.reps, probe, notes)
+    finally:
+        await probe.close()
+    return {
+        "meta": {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "mode": ("quick " if opts.quick else "full ") + (
+                "WAL breakdown" if opts.only == "wal" else "agentdb against DBOS only"),
+            "reps": opts.reps,
+            "server": "embedded (pgserver)" if opts.dsn is None else _dsn.redact(opts.dsn),
+            "settings": settings,
+            "cpu_count": os.cpu_count() or 0,
+            "machine": platform.machine(),
+            "platform": platform.platform(terse=True),
+            "versions": _versions(server, peers),
+            "missing_peers": peers.missing,
+            "server_cpu_measured": probe.local,
+        },
+        "versus": versus,
+        "notes": notes,
+    }  # fmt: skip
 
 
 async def _through_pgbouncer(
@@ -532,6 +592,8 @@ def _sizes(opts: Options) -> Sizes:
     """
     if opts.reps < 1:
         raise ConfigurationError("--reps must be at least 1")
+    if opts.only not in ("all", "dbos", "wal"):
+        raise ConfigurationError(f"unknown section choice {opts.only!r}")
     sizes = QUICK if opts.quick else FULL
     if opts.skip_1m and not opts.quick:
         sizes = replace(sizes, scale_large=SKIP_1M_LARGE)
@@ -566,6 +628,8 @@ def run(opts: Options) -> dict[str, Any]:
         psycopg.Error: a bench database could not be created or dropped.
     """
     sizes = _sizes(opts)
+    if opts.only == "wal":
+        opts = replace(opts, reps=1)
     peers = Peers()
     notes = _first_notes(peers)
     load_before = _loadavg()
@@ -585,6 +649,16 @@ def run(opts: Options) -> dict[str, Any]:
         main_db = dbs.name("agentdb")
         created = {"agentdb": dbs.create(main_db)}
         migrate_locked(admin, created["agentdb"].url)
+        # agentdb against DBOS: a database each, so each one's WAL can be read apart.
+        created["versus"] = dbs.create(f"{main_db}_v", template=main_db)
+        if peers.has("dbos"):
+            created["dbos"] = dbs.create(dbs.name("dbos"))
+        if opts.only != "all":
+            results = run_async(
+                lambda: _bench_versus_only(admin, created, opts, sizes, peers, notes)
+            )
+            results["meta"]["databases"] = list(dbs.created)
+            return _finish(results, opts, t0, load_before)
         # Its own database: a worker there claims whatever is due, of any section.
         created["pickup"] = dbs.create(f"{main_db}_p", template=main_db)
         # Its own too: the snapshot it holds would hold back every other section's vacuum.
@@ -605,6 +679,13 @@ def run(opts: Options) -> dict[str, Any]:
         )
         results["citus"] = _citus(admin, dbs, sizes, opts.reps, results["notes"])
         results["meta"]["databases"] = list(dbs.created)  # all dropped on the way out
+    return _finish(results, opts, t0, load_before)
+
+
+def _finish(
+    results: dict[str, Any], opts: Options, t0: float, load_before: list[float]
+) -> dict[str, Any]:
+    """Stamp the run's length and load, write the outputs; the results."""
     results["meta"]["seconds"] = time.perf_counter() - t0
     results["meta"]["load_before"] = load_before
     results["meta"]["load_after"] = _loadavg()

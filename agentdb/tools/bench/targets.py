@@ -14,7 +14,7 @@ __all__ = [
     "BY_HAND", "DURABLE", "PGQ_DEFAULT", "PGQ_TUNED", "RAW_DRAIN", "WORKER_10", "WORKER_100",
     "Target", "by_name",
     "relays_by_name",
-    "target_row", "targets", "throughput_ratio",
+    "target_row", "targets", "throughput_ratio", "versus_targets",
 ]  # fmt: skip
 
 WORKER_10 = "agentdb Worker processes, concurrency 10"
@@ -181,15 +181,45 @@ def _snapshot_targets(r: dict[str, Any]) -> list[Target]:
     return [_target(name, h["loss_pct"], 15.0, higher=False, unit="%")]
 
 
+#: agentdb ÷ DBOS (issue 41): (workload, metric key, goal, higher is better, name)
+_VERSUS_GOALS = (
+    ("unit", "units_per_s", 4.0, True, "single-effect unit: agentdb ÷ DBOS units/s"),
+    ("agent_run", "units_per_s", 4.0, True, "agent run: agentdb ÷ DBOS units/s"),
+    ("unit", "server_cpu_us_per_unit", 0.5, False,
+     "single-effect unit: agentdb ÷ DBOS server CPU per unit"),
+    ("agent_run", "server_cpu_us_per_unit", 0.5, False,
+     "agent run: agentdb ÷ DBOS server CPU per unit"),
+    ("unit", "wal_bytes_per_unit", 1.0, False, "single-effect unit: agentdb ÷ DBOS WAL per unit"),
+    ("agent_run", "wal_bytes_per_unit", None, False, "agent run: agentdb ÷ DBOS WAL per unit"),
+)  # fmt: skip
+
+
+def versus_targets(r: dict[str, Any]) -> list[Target]:
+    """agentdb against DBOS, when it ran (issue 41's goals)."""
+    v = r.get("versus")
+    if not v:
+        return []
+    found = {(x["workload"], x["key"]): x["median"] for x in v["ratios"]}
+    out = []
+    for workload, key, goal, higher, name in _VERSUS_GOALS:
+        value = found.get((workload, key))
+        ok = value is not None and value == value  # not NaN
+        out.append(_target(name, value if ok else None, goal, higher=higher,
+                           detail="" if ok else "not measured"))  # fmt: skip
+    return out
+
+
 def targets(r: dict[str, Any]) -> list[Target]:
     """Every target, measured or not (``met`` None), in the report's order."""
+    if "statements" not in r:  # only agentdb against DBOS ran
+        return versus_targets(r)
     return [
         *_statement_targets(r), *_budget_targets(r), *_cycle_targets(r), *_relay_targets(r),
         _flat_target(r["scaling"]["p50_ms"], r["scaling"]["sizes"],
                      "claim p50 at {large:,} rows ÷ at {small:,}"),
         _flat_target(r["scaling_tenants"]["p50_ms"], r["scaling_tenants"]["tenants"],
                      "claim p50 with {large:,} tenants ÷ with {small:,} (G18)"),
-        *_pickup_targets(r), *_snapshot_targets(r),
+        *_pickup_targets(r), *_snapshot_targets(r), *versus_targets(r),
     ]  # fmt: skip
 
 

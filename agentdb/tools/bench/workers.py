@@ -36,7 +36,7 @@ from agentdb.tools.bench.harness import (
     seed_tasks,
 )
 
-__all__ = ["worker_run"]
+__all__ = ["proc_ticks", "spawn_worker", "until", "worker_run"]
 
 _HANDLERS = "agentdb.tools.bench.handlers:HANDLERS"
 # The worker processes' LISTEN connections: one each once it is up.
@@ -60,7 +60,7 @@ _START_PATIENCE = 60.0
 _RUN_PATIENCE = 600.0
 
 
-def _ticks(pid: int) -> int:
+def proc_ticks(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             rest = f.read().rpartition(")")[2].split()
@@ -69,7 +69,7 @@ def _ticks(pid: int) -> int:
     return int(rest[11]) + int(rest[12])  # utime + stime
 
 
-def _spawn(
+def spawn_worker(
     url: str, task_type: str, concurrency: int, log: IO[bytes], handler: str
 ) -> subprocess.Popen[bytes]:
     env = dict(os.environ, **{TYPE_ENV: task_type, HANDLER_ENV: handler})
@@ -83,7 +83,7 @@ def _spawn(
     )  # fmt: skip
 
 
-async def _until(what: str, patience: float, check: object, procs: list[subprocess.Popen[bytes]],
+async def until(what: str, patience: float, check: object, procs: list[subprocess.Popen[bytes]],
                  log: IO[bytes]) -> None:  # fmt: skip
     """Poll ``check()`` every 10 ms until true.
 
@@ -124,26 +124,26 @@ async def worker_run(
         RuntimeError: a process died or the run did not finish in time (with its output).
     """
     with tempfile.TemporaryFile() as log:
-        procs = [_spawn(db.url, task_type, concurrency, log, handler) for _ in range(workers)]
+        procs = [spawn_worker(db.url, task_type, concurrency, log, handler) for _ in range(workers)]
         try:
 
             async def listening() -> bool:
                 return bool(await pool.fetchval(_LISTENING, db.name) >= workers)
 
-            await _until("starting", _START_PATIENCE, listening, procs, log)
+            await until("starting", _START_PATIENCE, listening, procs, log)
             await pool.execute(ANALYZE)  # before: the processes start on the seed's commit
             await seed_tasks(pool, tenant, task_type, n)
             clock.mark()
-            cpu_before = sum(_ticks(p.pid) for p in procs)
+            cpu_before = sum(proc_ticks(p.pid) for p in procs)
 
             async def drained() -> bool:
                 return not await pool.fetchval(_BUSY, tenant, task_type)
 
             async def work() -> None:
-                await _until("running", _RUN_PATIENCE, drained, procs, log)
+                await until("running", _RUN_PATIENCE, drained, procs, log)
 
             _, window = await probe.timed(db.name, work)
-            cpu = (sum(_ticks(p.pid) for p in procs) - cpu_before) / probe.tick
+            cpu = (sum(proc_ticks(p.pid) for p in procs) - cpu_before) / probe.tick
             done = int(await pool.fetchval(_DONE, task_type))
         finally:
             for p in procs:

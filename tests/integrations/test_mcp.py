@@ -1,0 +1,261 @@
+"""The MCP server kit against a real server process, driven by the SDK's real client.
+
+Each test starts ``tests/integrations/mcp_server.py`` on loopback (streamable HTTP)
+against its own database. Every attack comes with its control: the same request
+that succeeds when it is not an attack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, ElicitResult, InputRequiredResult
+
+from agentdb import create_pool, tasks
+from agentdb.integrations.mcp import ERROR_META, LEDGER_TYPE
+from agentdb.testing import recording
+from agentdb.testing.provider import install
+from tests.conftest import Database, Tenants
+from tests.integrations.mcp_client import (
+    ServerProcess,
+    cancel_task,
+    connect,
+    get_task,
+    start_task,
+    update_task,
+)
+from tests.integrations.mcp_server import payments
+
+
+@pytest.fixture
+def server(db: Database) -> Iterator[ServerProcess]:
+    proc = ServerProcess(db.dsn)
+    proc.start()
+    try:
+        proc.wait_up()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+async def recorded(db: Database) -> AsyncIterator[asyncpg.Pool]:
+    """The test database as its owner, where the fake provider records what it did."""
+    async with await create_pool(db.dsn) as pool:
+        await install(pool)
+        with recording(pool):
+            yield pool
+
+
+def _error(result: CallToolResult) -> dict[str, Any]:
+    assert result.is_error, result
+    found = (result.meta or {}).get(ERROR_META)
+    assert isinstance(found, dict), result
+    return found
+
+
+async def _pay(client: Client, key: str | None, to: str = "bob", amount: int = 5) -> CallToolResult:
+    return await client.call_tool("pay", {"to": to, "amount": amount}, meta=_key(key))
+
+
+def _key(key: str | None) -> Any:
+    """The request's ``_meta`` with the caller's idempotency key (what Pydantic AI sends)."""
+    return None if key is None else {"idempotency_key": key}
+
+
+async def test_a_repeat_with_a_new_request_is_answered_byte_for_byte(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with connect(server.url, tenants.a) as client:
+        first = await _pay(client, "order-1")
+    async with connect(server.url, tenants.a) as client:  # a new connection, a new request id
+        again = await _pay(client, "order-1")
+    assert not first.is_error, first
+    assert again.model_dump_json(by_alias=True) == first.model_dump_json(by_alias=True)
+    assert len(await payments.effects(recorded)) == 1
+    op = await recorded.fetchrow("SELECT state, action, tenant_id FROM agent_operations")
+    assert op is not None
+    assert (op["state"], op["action"], op["tenant_id"]) == ("succeeded", "pay", tenants.a)
+
+
+async def test_the_same_key_with_other_arguments_is_a_typed_error(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with connect(server.url, tenants.a) as client:
+        first = await _pay(client, "order-2", amount=5)
+        control = await _pay(client, "order-2", amount=5)  # the same call: its answer
+        attack = await _pay(client, "order-2", amount=500)
+    assert not control.is_error
+    assert control.structured_content == first.structured_content
+    assert _error(attack)["type"] == "IdempotencyConflict"
+    assert _error(attack)["guarantee"] == "G4"
+    assert "reference" not in attack.model_dump_json()
+    assert len(await payments.effects(recorded)) == 1
+
+
+async def test_a_call_without_a_tenant_or_a_key_is_refused(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with Client(server.url, cache=None) as anonymous:
+        refused = await _pay(anonymous, "order-3")
+    async with connect(server.url, tenants.a) as client:
+        keyless = await _pay(client, None)
+    assert _error(refused)["type"] == "TenantMissing"
+    assert _error(keyless)["type"] == "IdempotencyKeyMissing"
+    assert await payments.calls(recorded) == []
+
+
+async def test_two_tenants_sending_the_same_key_make_two_calls(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with connect(server.url, tenants.a) as a, connect(server.url, tenants.b) as b:
+        paid_a, paid_b = await _pay(a, "shared"), await _pay(b, "shared")
+    assert paid_a.structured_content != paid_b.structured_content  # two references
+    assert len(await payments.effects(recorded)) == 2
+
+
+async def test_another_tenants_task_id_is_not_found(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with connect(server.url, tenants.a) as a, connect(server.url, tenants.b) as b:
+        task_id = await start_task(a, "report", {"rows": 1})
+        control = await get_task(a, task_id)
+        with pytest.raises(MCPError, match="task not found"):
+            await get_task(b, task_id)
+        with pytest.raises(MCPError, match="task not found"):
+            await cancel_task(b, task_id)
+        async with connect(server.url, tenants.a, principal="mallory") as other:
+            with pytest.raises(MCPError, match="task not found"):
+                await get_task(other, task_id)
+    assert control["taskId"] == task_id
+    assert control["status"] in ("working", "completed")
+    assert (await tasks.get(recorded, tenants.a, uuid.UUID(task_id))).state != "cancelled"
+
+
+async def _until(client: Client, task_id: str, *statuses: str) -> dict[str, Any]:
+    for _ in range(600):
+        found = await get_task(client, task_id)
+        if found["status"] in statuses:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"task {task_id} is still {found['status']}")
+
+
+async def test_a_long_running_tool_answers_with_a_task_and_its_result(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with connect(server.url, tenants.a) as client:
+        task_id = await start_task(client, "report", {"rows": 3})
+        done = await _until(client, task_id, "completed", "failed")
+    assert done["status"] == "completed", done
+    assert done["result"]["structuredContent"] == {"rows": 3, "total": 5}
+
+
+async def test_an_input_request_is_answered_once_and_not_for_a_cancelled_task(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    yes = ElicitResult(action="accept", content={"go": True}).model_dump(by_alias=True)
+    no = ElicitResult(action="decline").model_dump(by_alias=True)
+    async with connect(server.url, tenants.a) as client:
+        asked = await start_task(client, "report", {"rows": 2, "approve": True})
+        waiting = await _until(client, asked, "input_required")
+        assert list(waiting["inputRequests"]) == ["go"]
+        await update_task(client, asked, {"go": yes})  # control: answered, it runs
+        await update_task(client, asked, {"go": yes})  # the same answer again: no change
+        with pytest.raises(MCPError, match="already answered"):
+            await update_task(client, asked, {"go": no})  # another answer: refused
+        done = await _until(client, asked, "completed")
+        assert done["result"]["structuredContent"] == {"rows": 2, "total": 1}
+
+        cancelled = await start_task(client, "report", {"rows": 2, "approve": True})
+        await _until(client, cancelled, "input_required")
+        await cancel_task(client, cancelled)
+        with pytest.raises(MCPError, match="takes no input"):
+            await update_task(client, cancelled, {"go": yes})  # attack: for a cancelled task
+        assert (await get_task(client, cancelled))["status"] == "cancelled"
+    rows = await recorded.fetchval(
+        "SELECT count(*) FROM agent_steps WHERE task_id = $1 AND name LIKE 'row/%'",
+        uuid.UUID(cancelled),
+    )
+    assert rows == 0
+
+
+async def _approve(client: Client, key: str, amount: int) -> tuple[InputRequiredResult, Any]:
+    asked = await client.session.call_tool(
+        "pay_approved", {"to": "bob", "amount": amount}, meta=_key(key),
+        allow_input_required=True,
+    )  # fmt: skip
+    assert isinstance(asked, InputRequiredResult), asked
+    return asked, ElicitResult(action="accept", content={"approve": True})
+
+
+async def _present(
+    client: Client, key: str, amount: int, asked: InputRequiredResult, answer: ElicitResult
+) -> CallToolResult:
+    result = await client.session.call_tool(
+        "pay_approved", {"to": "bob", "amount": amount}, meta=_key(key),
+        input_responses={"agentdb.approval": answer}, request_state=asked.request_state,
+    )  # fmt: skip
+    assert isinstance(result, CallToolResult), result
+    return result
+
+
+async def test_an_approval_unlocks_one_call_once(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with connect(server.url, tenants.a) as client:
+        asked, yes = await _approve(client, "approved-1", 7)
+        control = await _present(client, "approved-1", 7, asked, yes)
+        again = await _present(client, "approved-1", 7, asked, yes)  # the same call: its answer
+        other = await _present(client, "approved-2", 7, asked, yes)  # attack: another call
+        with pytest.raises(MCPError, match="requestState"):  # the SDK binds the arguments
+            await _present(client, "approved-1", 700, asked, yes)
+    assert not control.is_error, control
+    assert again.model_dump_json(by_alias=True) == control.model_dump_json(by_alias=True)
+    assert _error(other)["type"] == "ApprovalRefused"
+    assert len(await payments.effects(recorded)) == 1
+    approvals = await recorded.fetchval(
+        "SELECT count(*) FROM agent_signals WHERE kind = 'approval'"
+    )
+    assert approvals == 1
+
+
+async def test_an_approval_for_a_cancelled_ledger_is_refused(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with connect(server.url, tenants.a) as client:
+        asked, yes = await _approve(client, "approved-3", 9)
+        ledger = await recorded.fetchval(
+            "SELECT id FROM agent_tasks WHERE task_type = $1", LEDGER_TYPE
+        )
+        await tasks.cancel(recorded, tenants.a, ledger, reason="principal suspended")
+        refused = await _present(client, "approved-3", 9, asked, yes)
+    assert _error(refused)["type"] == "TaskFinished"
+    assert await payments.calls(recorded) == []
+    assert await recorded.fetchval("SELECT count(*) FROM agent_signals") == 0
+
+
+async def test_G16_the_callers_traceparent_is_the_operations_and_its_events_trace(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    trace, span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    meta: Any = {"idempotency_key": "traced", "traceparent": f"00-{trace}-{span}-01"}
+    async with connect(server.url, tenants.a) as client:
+        await client.call_tool("pay", {"to": "bob", "amount": 1}, meta=meta)
+        await _pay(client, "untraced")  # control: no traceparent, no ids
+    ops = await recorded.fetch(
+        "SELECT id, trace_id, span_id FROM agent_operations ORDER BY created_at"
+    )
+    assert [(o["trace_id"], o["span_id"]) for o in ops] == [(trace, span), (None, None)]
+    events = await recorded.fetch(
+        "SELECT DISTINCT trace_id, span_id FROM agent_events"
+        " WHERE event_type = 'operation.reserved' AND trace_id IS NOT NULL"
+    )
+    assert [(e["trace_id"], e["span_id"]) for e in events] == [(trace, span)]
