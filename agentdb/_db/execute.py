@@ -107,10 +107,13 @@ def translate(exc: BaseException) -> BaseException:
 def _reraise(exc: BaseException, db: Executor) -> NoReturn:
     mapped = translate(exc)
     # asyncpg reports use of a connection it already saw die as a plain
-    # InterfaceError; ask the connection rather than read the message.
+    # InterfaceError - or, when the server's goodbye (pg_terminate_backend, a
+    # failover) arrived while the connection sat idle, as an InternalClientError
+    # ("cannot switch to state ..."; seen on Citus); ask the connection rather
+    # than read the message.
     if (
         mapped is exc
-        and isinstance(exc, asyncpg.InterfaceError)
+        and isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError)
         and not isinstance(db, asyncpg.Pool)
         and db.is_closed()
     ):
