@@ -17,8 +17,9 @@ help: ## List the targets
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# The console too: `make demo DEMO_ARGS=--console` leaves it up after the report.
 $(VENV)/.embedded: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[embedded]'
+	$(PIP) install -e '.[embedded,console]'
 	@touch $@
 
 $(VENV)/.bench: pyproject.toml | $(BIN)/python
@@ -31,7 +32,7 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.dev ## Create .venv and install agentdb with its test and dev tools
 
-demo: $(VENV)/.embedded ## Run the crash-tested multi-tenant demo on an embedded Postgres (DEMO_ARGS=...)
+demo: $(VENV)/.embedded ## Run the crash-tested multi-tenant demo on an embedded Postgres (DEMO_ARGS=..., --console: then the console)
 	$(BIN)/agentdb demo $(DEMO_ARGS)
 
 chaos: $(VENV)/.embedded ## Crash matrix + soak: >= 1000 SIGKILLs, 0 duplicate effects, 0 unjustified replays, 0 lost messages
@@ -58,14 +59,14 @@ CITUS_SUITES ?= tests/test_attacks.py tests/test_fences.py tests/test_tenant_iso
 	tests/test_worker_finishing.py tests/test_worker_misbehaving.py tests/test_relay.py \
 	tests/test_crash.py tests/test_model.py tests/test_cancel.py tests/test_deadlines.py \
 	tests/test_signals.py tests/test_children.py tests/test_schedules.py tests/test_budgets.py \
-	tests/test_durable.py
+	tests/test_durable.py tests/test_operator.py
 
 # The suites make test-events-by-month runs a second time with every test
 # database's agent_events partitioned by month (the opt-in layout: --events-by-month).
 BY_MONTH_SUITES ?= tests/test_attacks.py tests/test_events_diet.py tests/test_tasks.py \
 	tests/test_operations.py tests/test_retention.py tests/test_tenant_deletion.py \
 	tests/test_signals.py tests/test_children.py tests/test_fairness.py tests/test_model.py \
-	tests/test_durable.py
+	tests/test_durable.py tests/test_operator.py
 
 test-events-by-month: $(VENV)/.dev ## Attacks, runtime, retention and model suites with agent_events partitioned by month (--events-by-month)
 	AGENTDB_TEST_EVENTS_BY_MONTH=1 $(BIN)/pytest $(BY_MONTH_SUITES) $(PYTEST_ARGS)

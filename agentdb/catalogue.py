@@ -315,6 +315,23 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
     *_entries("G20", "agent_operations_for_open_task", "agent_operations_for_open_task_retry"),
     # G13: operations that still need reconciling are found by index.
     *_entries("G13", "agent_operations_unsettled_idx"),
+    # G2 (0013.operator): one tenant per name, so a name finds one tenant.
+    *_entries("G2", "agent_tenants_name_key"),
+    # G15 (0013.operator): the operator's console sees and writes one tenant per
+    # transaction.
+    *_entries(
+        "G15",
+        "agent_tenants_operator_scope",
+        "agent_tasks_operator_scope",
+        "agent_operations_operator_scope",
+        "agent_events_operator_scope",
+        "agent_outbox_operator_scope",
+        "agent_signals_operator_scope",
+        "agent_steps_operator_scope",
+        "agent_budgets_operator_scope",
+        "agent_budget_holds_operator_scope",
+        "agent_concurrency_limits_operator_scope",
+    ),
     # G15: row-level security and the approved write path.
     *_entries(
         "G15",

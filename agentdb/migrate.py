@@ -61,7 +61,7 @@ __all__ = [
 # Only names that need no quoting: yoyo (which teams may run on the same
 # schema) writes the schema into `SET search_path TO <schema>` unquoted.
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_ROLES = ("agentdb_runtime", "agentdb_agent")
+_ROLES = ("agentdb_runtime", "agentdb_agent", "agentdb_operator")
 #: First key of the migration lock ('agdb'); :func:`lock_key` is the second.
 LOCK_CLASS = 0x61676462
 # lock_key(current_schema()), computed by the server: for the script `agentdb sql` prints.

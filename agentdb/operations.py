@@ -355,6 +355,7 @@ async def complete(
     result: Any = None,
     provider_reference: str | None = None,
     lease: Lease | None = None,
+    actor: str | None = None,
     cost: Cost | None = None,
 ) -> Operation:
     """Record success. ``result`` is a bounded fragment (≤ 64 KiB), not the whole response (G9).
@@ -383,7 +384,7 @@ async def complete(
             UNSETTLED,
             "succeeded",
             lease=lease,
-            actor=None,
+            actor=actor,
             event_type="operation.succeeded",
             provider_reference=provider_reference,
             result=result,
@@ -398,6 +399,7 @@ async def fail(
     *,
     provider_reference: str | None = None,
     lease: Lease | None = None,
+    actor: str | None = None,
 ) -> Operation:
     """Record a definite failure (the provider did not perform the effect).
 
@@ -413,7 +415,7 @@ async def fail(
         UNSETTLED,
         "failed",
         lease=lease,
-        actor=None,
+        actor=actor,
         event_type="operation.failed",
         provider_reference=provider_reference,
         error=error,
@@ -453,6 +455,7 @@ async def reconcile(
     result: Any = None,
     error: str | None = None,
     lease: Lease | None = None,
+    actor: str | None = None,
     cost: Cost | None = None,
 ) -> Operation:
     """Settle an unsettled operation from what the provider says happened (by its reference).
@@ -471,7 +474,7 @@ async def reconcile(
         UNSETTLED,
         "succeeded" if succeeded else "failed",
         lease=lease,
-        actor=None,
+        actor=actor,
         event_type="operation.reconciled",
         provider_reference=provider_reference,
         result=result,

@@ -20,7 +20,7 @@ from agentdb import _db, _explain, telemetry
 from agentdb._citus import routed
 from agentdb._citus.routing import twin
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
-from agentdb.errors import ConfigurationError
+from agentdb.errors import ConfigurationError, InvalidTransition
 from agentdb.models import OutboxMessage
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "get",
     "mark_delivered",
     "mark_failed",
+    "retry",
 ]
 
 _Q = _db.queries(__name__)
@@ -339,4 +340,41 @@ async def get(db: _db.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID) -> 
         next_attempt_at=r["next_attempt_at"],
         delivered_at=r["delivered_at"],
         last_error=r["last_error"],
+    )
+
+
+async def retry(
+    db: _db.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID, *, actor: str
+) -> Delivery:
+    """Put a dead message back to pending, due now, its attempts given back (an operator's
+    retry); a message that names a task gets an ``outbox.retried`` event on it naming ``actor``.
+
+    Raises:
+        NotFound: no such message in this tenant.
+        InvalidTransition: the message is not dead.
+    """
+    r = await _retry(db, tenant_id, message_id, actor)
+    if r is None:
+        now = await get(db, tenant_id, message_id)  # NotFound when it is not there
+        raise InvalidTransition(f"message {message_id} is {now.state}: only a dead one is retried")
+    return Delivery(
+        id=r["id"],
+        tenant_id=r["tenant_id"],
+        topic=r["topic"],
+        state=r["state"],
+        attempts=r["attempts"],
+        max_attempts=r["max_attempts"],
+        next_attempt_at=r["next_attempt_at"],
+        delivered_at=r["delivered_at"],
+        last_error=r["last_error"],
+    )
+
+
+@twin(routed.outbox_retry)
+async def _retry(
+    db: _db.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID, actor: str
+) -> _db.Record | None:
+    """The retry's write and its event; ``None``: outbox_retry's zero rows."""
+    return await _db.fetch_optional(
+        db, _Q["outbox_retry"], tenant_id=tenant_id, id=message_id, actor_id=actor
     )

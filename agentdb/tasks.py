@@ -26,6 +26,7 @@ from agentdb.errors import (
     ConfigurationError,
     DeadlineExceeded,
     IdempotencyConflict,
+    InvalidTransition,
     LeaseLost,
     NotFound,
     StaleVersion,
@@ -49,6 +50,7 @@ __all__ = [
     "create",
     "finish_many",
     "get",
+    "retry",
     "signal",
     "transition",
     "wait_for_signal",
@@ -437,6 +439,70 @@ async def cancel(
         except StaleVersion:
             continue  # moved on in between (a step, a finish, a claim): look again
     raise TransientError(f"task {task_id} kept changing while it was being cancelled")
+
+
+#: The states an operator's :func:`retry` takes a task back from.
+RETRYABLE_STATES: Final = ("failed", "dead")
+
+
+async def retry(
+    db: _db.Executor,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    *,
+    actor: str,
+    reason: str | None = None,
+) -> Task:
+    """Put a failed or dead task back to pending, due now, its attempts given back.
+
+    One versioned write with its event (``task.retried``: ``actor``, the
+    state it left, the attempts it had used, ``reason``). Its ledger stays:
+    a durable handler re-entered from the top answers the steps and effects
+    it recorded from the record (G25) and runs on from where it stopped.
+
+    Raises:
+        NotFound: no such task in this tenant.
+        InvalidTransition: the task is not failed or dead (cancelled and
+            succeeded are final; a pending, waiting or running one is not stuck).
+        DeadlineExceeded: the task is past its deadline (G21).
+        TransientError: the task kept changing under every one of 20 tries.
+    """
+    for _ in range(_CANCEL_RERUNS):
+        task = await get(db, tenant_id, task_id)
+        if task.state not in RETRYABLE_STATES:
+            raise InvalidTransition(
+                f"task {task_id} is {task.state}: only a failed or dead task is retried"
+            )
+        if task.deadline_at is not None and task.deadline_at <= await _db_now(db):
+            raise DeadlineExceeded(f"task {task_id} is past its deadline; it cannot run again")
+        row = await _retry(
+            db, tenant_id, task_id, task.state_version, actor, redact({"reason": reason})
+        )
+        if row is not None:
+            return Task.from_record(row)
+    raise TransientError(f"task {task_id} kept changing while it was being retried")
+
+
+@twin(routed.task_retry)
+async def _retry(
+    db: _db.Executor,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    expected_version: int,
+    actor: str,
+    payload: dict[str, Any],
+) -> _db.Record | None:
+    """The retry's write and its event; ``None``: task_retry's zero rows."""
+    return await _db.fetch_optional(
+        db, _Q["task_retry"], tenant_id=tenant_id, id=task_id, expected_version=expected_version,
+        actor_id=actor, payload=document(payload, cap=EVENT_PAYLOAD_CAP, what="reason"),
+    )  # fmt: skip
+
+
+async def _db_now(db: _db.Executor) -> datetime:
+    row = await _db.fetch_one(db, _Q["task_now"])
+    now: datetime = row["now"]
+    return now
 
 
 # Batched finishing. A worker that finishes tasks one statement at a time is

@@ -16,17 +16,22 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from agentdb import _db, _explain
-from agentdb.errors import ConfigurationError
+from agentdb._citus import routed
+from agentdb._citus.routing import twin
+from agentdb.errors import ConfigurationError, IdempotencyConflict, TransientError
 
 __all__ = [
     "ALL_TYPES",
     "ConcurrencyLimit",
     "DeletionStep",
+    "Tenant",
     "TenantDeletion",
     "concurrency_limits",
     "create_tenant",
     "delete_tenant",
+    "list_tenants",
     "set_concurrency_limit",
+    "tenant_by_name",
     "tenant_scope",
 ]
 
@@ -37,18 +42,70 @@ _Q = _db.queries(__name__)
 _INT4_MAX = 2**31 - 1
 
 
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A tenant: its id, its name (unique, ``agent_tenants_name_key``) and its state."""
+
+    id: uuid.UUID
+    name: str
+    state: str
+    created_at: datetime
+
+    @classmethod
+    def from_record(cls, r: _db.Record) -> Tenant:
+        return cls(uuid.UUID(str(r["id"])), r["name"], r["state"], r["created_at"])
+
+
+# A create loses a race when a concurrent create of the same name commits
+# after its snapshot: a new statement sees it.
+_RACE_RERUNS = 3
+
+
 async def create_tenant(
     db: _db.Executor, name: str, *, tenant_id: uuid.UUID | None = None
 ) -> uuid.UUID:
-    """Register a tenant and return its id.
+    """Register a tenant and return its id; a name that is taken answers with its tenant.
+
+    Names are unique (``agent_tenants_name_key``), so a retried create - or
+    two racing - make one tenant.
 
     Raises:
-        DuplicateKey: ``tenant_id`` is taken.
+        DuplicateKey: ``tenant_id`` is taken (by a tenant of another name).
+        IdempotencyConflict: ``name`` is taken by a tenant other than ``tenant_id``.
         InvariantViolation: ``name`` is empty or over 200 characters.
     """
+    for _ in range(_RACE_RERUNS):
+        row = await _create(db, tenant_id or uuid.uuid4(), name)
+        if row is None:
+            continue  # the name committed after this statement's snapshot: look again
+        found = uuid.UUID(str(row["id"]))
+        if tenant_id is not None and found != tenant_id:
+            raise IdempotencyConflict(
+                f"tenant name {name!r} belongs to tenant {found}, not {tenant_id}",
+                tenant_id=found,
+                key=name,
+                stored_hash=str(found),
+                given_hash=str(tenant_id),
+            )
+        return found
+    raise TransientError(f"tenant {name!r} kept racing with another create")
 
-    row = await _db.fetch_one(db, _Q["tenant_create"], id=tenant_id or uuid.uuid4(), name=name)
-    return uuid.UUID(str(row["id"]))
+
+@twin(routed.tenant_create)
+async def _create(db: _db.Executor, tenant_id: uuid.UUID, name: str) -> _db.Record | None:
+    return await _db.fetch_optional(db, _Q["tenant_create"], id=tenant_id, name=name)
+
+
+async def tenant_by_name(db: _db.Executor, name: str) -> Tenant | None:
+    """The tenant called ``name``, or ``None`` (none has it, or the caller may not see it)."""
+    row = await _db.fetch_optional(db, _Q["tenant_by_name"], name=name)
+    return None if row is None else Tenant.from_record(row)
+
+
+async def list_tenants(db: _db.Executor, *, limit: int = 1000) -> list[Tenant]:
+    """The tenants the caller may see, by name (at most ``limit``)."""
+    rows = await _db.fetch_many(db, _Q["tenant_list"], limit=limit)
+    return [Tenant.from_record(r) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,12 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0012.citus (12).
+-- Migrations: 0001.foundation ... 0013.operator (13).
 
 -- ==== sequences ====================================================================
 
 CREATE SEQUENCE agent_events_id_seq AS bigint OWNED BY agent_events.id;
+GRANT USAGE ON SEQUENCE agent_events_id_seq TO agentdb_operator;
 GRANT USAGE ON SEQUENCE agent_events_id_seq TO agentdb_runtime;
 
 -- ==== agent_artifacts ===============================================================
@@ -75,8 +76,10 @@ CREATE INDEX agent_budget_holds_budget_idx ON agent_budget_holds USING btree (te
 CREATE TRIGGER agent_budget_holds_guard BEFORE UPDATE ON agent_budget_holds FOR EACH ROW EXECUTE FUNCTION agentdb_guard_budget_hold();
 ALTER TABLE agent_budget_holds ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_budget_holds FORCE ROW LEVEL SECURITY;
+CREATE POLICY agent_budget_holds_operator_scope ON agent_budget_holds TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_budget_holds_owner_all ON agent_budget_holds TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_budget_holds_runtime_all ON agent_budget_holds TO agentdb_runtime USING (true) WITH CHECK (true);
+GRANT SELECT, UPDATE ON agent_budget_holds TO agentdb_operator;
 GRANT SELECT, INSERT, UPDATE ON agent_budget_holds TO agentdb_runtime;
 
 -- ==== agent_budgets =================================================================
@@ -105,8 +108,10 @@ CREATE TABLE agent_budgets (
 CREATE TRIGGER agent_budgets_guard BEFORE UPDATE ON agent_budgets FOR EACH ROW WHEN (((new.period <> 'total'::text) OR (old.period <> 'total'::text) OR (new.spent < old.spent) OR (new.window_start IS DISTINCT FROM old.window_start) OR (new.tenant_id IS DISTINCT FROM old.tenant_id) OR (new.id IS DISTINCT FROM old.id) OR (new.unit IS DISTINCT FROM old.unit) OR (new.task_id IS DISTINCT FROM old.task_id))) EXECUTE FUNCTION agentdb_guard_budget();
 ALTER TABLE agent_budgets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_budgets FORCE ROW LEVEL SECURITY;
+CREATE POLICY agent_budgets_operator_scope ON agent_budgets TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_budgets_owner_all ON agent_budgets TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_budgets_runtime_all ON agent_budgets TO agentdb_runtime USING (true) WITH CHECK (true);
+GRANT SELECT, UPDATE ON agent_budgets TO agentdb_operator;
 GRANT SELECT, INSERT, UPDATE ON agent_budgets TO agentdb_runtime;
 
 -- ==== agent_concurrency_limits ======================================================
@@ -123,8 +128,10 @@ CREATE TABLE agent_concurrency_limits (
 );
 ALTER TABLE agent_concurrency_limits ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_concurrency_limits FORCE ROW LEVEL SECURITY;
+CREATE POLICY agent_concurrency_limits_operator_scope ON agent_concurrency_limits TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_concurrency_limits_owner_all ON agent_concurrency_limits TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_concurrency_limits_runtime_all ON agent_concurrency_limits TO agentdb_runtime USING (true) WITH CHECK (true);
+GRANT SELECT ON agent_concurrency_limits TO agentdb_operator;
 GRANT SELECT, INSERT, UPDATE ON agent_concurrency_limits TO agentdb_runtime;
 
 -- ==== agent_credential_refs =========================================================
@@ -193,9 +200,11 @@ CREATE TRIGGER agent_events_no_truncate BEFORE TRUNCATE ON agent_events FOR EACH
 ALTER TABLE agent_events ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_events FORCE ROW LEVEL SECURITY;
 CREATE POLICY agent_events_agent_scope ON agent_events FOR SELECT TO agentdb_agent USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
+CREATE POLICY agent_events_operator_scope ON agent_events TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_events_owner_all ON agent_events TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_events_runtime_all ON agent_events TO agentdb_runtime USING (true) WITH CHECK (true);
 GRANT SELECT ON agent_events TO agentdb_agent;
+GRANT SELECT, INSERT ON agent_events TO agentdb_operator;
 GRANT SELECT, INSERT ON agent_events TO agentdb_runtime;
 
 -- ==== agent_global_rate_limits ======================================================
@@ -282,9 +291,11 @@ CREATE TRIGGER agent_operations_version_guard BEFORE INSERT OR UPDATE ON agent_o
 ALTER TABLE agent_operations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_operations FORCE ROW LEVEL SECURITY;
 CREATE POLICY agent_operations_agent_scope ON agent_operations FOR SELECT TO agentdb_agent USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
+CREATE POLICY agent_operations_operator_scope ON agent_operations TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_operations_owner_all ON agent_operations TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_operations_runtime_all ON agent_operations TO agentdb_runtime USING (true) WITH CHECK (true);
 GRANT SELECT ON agent_operations TO agentdb_agent;
+GRANT SELECT, UPDATE ON agent_operations TO agentdb_operator;
 GRANT SELECT, INSERT, UPDATE ON agent_operations TO agentdb_runtime;
 
 -- ==== agent_outbox ==================================================================
@@ -329,8 +340,10 @@ CREATE TRIGGER agent_outbox_notify AFTER INSERT ON agent_outbox FOR EACH STATEME
 CREATE TRIGGER agent_outbox_transition_guard BEFORE INSERT OR UPDATE OF state ON agent_outbox FOR EACH ROW EXECUTE FUNCTION agentdb_guard_transition('outbox');
 ALTER TABLE agent_outbox ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_outbox FORCE ROW LEVEL SECURITY;
+CREATE POLICY agent_outbox_operator_scope ON agent_outbox TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_outbox_owner_all ON agent_outbox TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_outbox_runtime_all ON agent_outbox TO agentdb_runtime USING (true) WITH CHECK (true);
+GRANT SELECT, INSERT, UPDATE ON agent_outbox TO agentdb_operator;
 GRANT SELECT, INSERT, UPDATE ON agent_outbox TO agentdb_runtime;
 
 -- ==== agent_principals ==============================================================
@@ -458,9 +471,11 @@ ALTER TABLE agent_signals ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_signals FORCE ROW LEVEL SECURITY;
 CREATE POLICY agent_signals_agent_scope ON agent_signals FOR SELECT TO agentdb_agent USING ((tenant_id = agentdb_current_tenant()));
 CREATE POLICY agent_signals_agent_send ON agent_signals FOR INSERT TO agentdb_agent WITH CHECK (((tenant_id = agentdb_current_tenant()) AND (kind = 'signal'::text)));
+CREATE POLICY agent_signals_operator_scope ON agent_signals TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_signals_owner_all ON agent_signals TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_signals_runtime_all ON agent_signals TO agentdb_runtime USING (true) WITH CHECK (true);
 GRANT SELECT, INSERT ON agent_signals TO agentdb_agent;
+GRANT SELECT, INSERT ON agent_signals TO agentdb_operator;
 GRANT SELECT, INSERT ON agent_signals TO agentdb_runtime;
 
 -- ==== agent_steps ===================================================================
@@ -494,9 +509,11 @@ CREATE TRIGGER agent_steps_guard BEFORE INSERT OR UPDATE ON agent_steps FOR EACH
 ALTER TABLE agent_steps ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_steps FORCE ROW LEVEL SECURITY;
 CREATE POLICY agent_steps_agent_scope ON agent_steps FOR SELECT TO agentdb_agent USING ((tenant_id = agentdb_current_tenant()));
+CREATE POLICY agent_steps_operator_scope ON agent_steps TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_steps_owner_all ON agent_steps TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_steps_runtime_all ON agent_steps TO agentdb_runtime USING (true) WITH CHECK (true);
 GRANT SELECT ON agent_steps TO agentdb_agent;
+GRANT SELECT ON agent_steps TO agentdb_operator;
 GRANT SELECT, INSERT, UPDATE ON agent_steps TO agentdb_runtime;
 
 -- ==== agent_tasks ===================================================================
@@ -588,9 +605,11 @@ CREATE TRIGGER agent_tasks_version_guard BEFORE INSERT OR UPDATE ON agent_tasks 
 ALTER TABLE agent_tasks ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_tasks FORCE ROW LEVEL SECURITY;
 CREATE POLICY agent_tasks_agent_scope ON agent_tasks FOR SELECT TO agentdb_agent USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
+CREATE POLICY agent_tasks_operator_scope ON agent_tasks TO agentdb_operator USING ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant))) WITH CHECK ((tenant_id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_tasks_owner_all ON agent_tasks TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_tasks_runtime_all ON agent_tasks TO agentdb_runtime USING (true) WITH CHECK (true);
 GRANT SELECT ON agent_tasks TO agentdb_agent;
+GRANT SELECT, UPDATE ON agent_tasks TO agentdb_operator;
 GRANT SELECT, INSERT, UPDATE ON agent_tasks TO agentdb_runtime;
 
 -- ==== agent_tenants =================================================================
@@ -602,15 +621,18 @@ CREATE TABLE agent_tenants (
     created_at timestamp with time zone NOT NULL DEFAULT now(),
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT agent_tenants_pkey PRIMARY KEY (id),
+    CONSTRAINT agent_tenants_name_key UNIQUE (name),
     CONSTRAINT agent_tenants_name_valid CHECK (((length(name) >= 1) AND (length(name) <= 200))),
     CONSTRAINT agent_tenants_state_valid CHECK ((state = ANY (ARRAY['active'::text, 'deleting'::text])))
 );
 ALTER TABLE agent_tenants ENABLE ROW LEVEL SECURITY;
 ALTER TABLE agent_tenants FORCE ROW LEVEL SECURITY;
 CREATE POLICY agent_tenants_agent_scope ON agent_tenants FOR SELECT TO agentdb_agent USING ((id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
+CREATE POLICY agent_tenants_operator_scope ON agent_tenants FOR SELECT TO agentdb_operator USING ((id = ( SELECT agentdb_current_tenant() AS agentdb_current_tenant)));
 CREATE POLICY agent_tenants_owner_all ON agent_tenants TO CURRENT_USER USING (true) WITH CHECK (true);
 CREATE POLICY agent_tenants_runtime_all ON agent_tenants TO agentdb_runtime USING (true) WITH CHECK (true);
 GRANT SELECT ON agent_tenants TO agentdb_agent;
+GRANT SELECT ON agent_tenants TO agentdb_operator;
 GRANT SELECT ON agent_tenants TO agentdb_runtime;
 
 -- ==== agent_transitions =============================================================
@@ -624,6 +646,7 @@ CREATE TABLE agent_transitions (
     CONSTRAINT agent_transitions_no_self_loop CHECK ((from_state <> to_state))
 );
 GRANT SELECT ON agent_transitions TO agentdb_agent;
+GRANT SELECT ON agent_transitions TO agentdb_operator;
 GRANT SELECT ON agent_transitions TO agentdb_runtime;
 -- The lifecycle graph (G6): rows, not schema, but the migrations write them.
 INSERT INTO agent_transitions (entity, from_state, to_state) VALUES
@@ -645,6 +668,8 @@ INSERT INTO agent_transitions (entity, from_state, to_state) VALUES
     ('outbox', 'pending', 'delivered'),
     ('task', '(new)', 'pending'),
     ('task', '(new)', 'waiting'),
+    ('task', 'dead', 'pending'),
+    ('task', 'failed', 'pending'),
     ('task', 'pending', 'cancelled'),
     ('task', 'pending', 'dead'),
     ('task', 'pending', 'running'),
@@ -872,6 +897,7 @@ END
 $function$;
 REVOKE EXECUTE ON FUNCTION agentdb_current_tenant() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agentdb_current_tenant() TO agentdb_agent;
+GRANT EXECUTE ON FUNCTION agentdb_current_tenant() TO agentdb_operator;
 GRANT EXECUTE ON FUNCTION agentdb_current_tenant() TO agentdb_runtime;
 
 CREATE OR REPLACE FUNCTION agentdb_delete_tenant(p_tenant uuid, p_dry_run boolean, p_actor text)
@@ -1271,6 +1297,28 @@ BEGIN
     -- in a distributed table's policy, and grant_roles writes that form
     -- when the citus extension is present.
     CALL agentdb_grant_roles();
+
+    -- G2: tenant names. Citus cannot keep agent_tenants_name_key (a
+    -- distributed table's unique constraint must hold its distribution
+    -- column, id), so the names move to agent_tenant_names: a reference
+    -- table keyed by the name, filled from agent_tenants here. The routed
+    -- create claims its name there first, then inserts the tenant, in one
+    -- transaction (agentdb._citus.routed.create_tenant). No foreign key
+    -- (Citus has none from a reference table to a distributed one): a name
+    -- whose tenant was deleted is taken over by the next create of it.
+    IF to_regclass('agent_tenant_names') IS NULL THEN
+        CREATE TABLE agent_tenant_names (
+            name      text NOT NULL CONSTRAINT agent_tenant_names_pkey PRIMARY KEY,
+            tenant_id uuid NOT NULL
+        );
+        INSERT INTO agent_tenant_names (name, tenant_id) SELECT t.name, t.id FROM agent_tenants t;
+        PERFORM create_reference_table('agent_tenant_names');
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_constraint c
+               WHERE c.conrelid = 'agent_tenants'::regclass
+                 AND c.conname = 'agent_tenants_name_key') THEN
+        ALTER TABLE agent_tenants DROP CONSTRAINT agent_tenants_name_key;
+    END IF;
 
     IF NOT EXISTS (SELECT 1 FROM pg_dist_partition p WHERE p.logicalrelid = 'agent_tenants'::regclass) THEN
         PERFORM create_distributed_table('agent_tenants', 'id', shard_count => p_shard_count);
@@ -1699,6 +1747,15 @@ BEGIN
         END IF;
     END IF;
 
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'agentdb_operator') THEN
+        IF may_create THEN
+            CREATE ROLE agentdb_operator NOLOGIN;
+        ELSE
+            RAISE NOTICE 'agentdb: role agentdb_operator is missing and % may not create roles; '
+                'have a DBA run CREATE ROLE agentdb_operator NOLOGIN, then CALL agentdb_grant_roles()', current_user;
+        END IF;
+    END IF;
+
     -- Re-running drops and recreates the policies; their "does not exist"
     -- notices on the first run are noise.
     PERFORM set_config('client_min_messages', 'warning', true);
@@ -1776,6 +1833,45 @@ BEGIN
         DROP POLICY IF EXISTS agent_steps_agent_scope ON agent_steps;
         CREATE POLICY agent_steps_agent_scope ON agent_steps FOR SELECT TO agentdb_agent
             USING (tenant_id = agentdb_current_tenant());
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'agentdb_operator') THEN
+        -- G15: a human operator's console, one tenant per transaction: the
+        -- tenant it scopes to (SET LOCAL agentdb.tenant_id, or the pin of its
+        -- login in agent_principals) is the only one whose rows it sees or
+        -- writes. It reads what an operator looks at and makes the writes an
+        -- operator makes - cancel or retry a task (UPDATE agent_tasks with
+        -- its event), approve or signal (INSERT agent_signals: G22's guard
+        -- still refuses an approver who held the task's lease), settle an
+        -- unknown effect (UPDATE agent_operations and its budget holds),
+        -- retry a dead message (UPDATE agent_outbox). It creates no task or
+        -- operation, deletes nothing and rewrites no event.
+        EXECUTE format('GRANT USAGE ON SCHEMA %I TO agentdb_operator', current_schema());
+        GRANT SELECT ON agent_tenants, agent_transitions, agent_steps, agent_concurrency_limits
+            TO agentdb_operator;
+        GRANT SELECT, UPDATE ON agent_tasks, agent_operations, agent_outbox, agent_budgets,
+                                agent_budget_holds TO agentdb_operator;
+        -- A cancel is the library's task_transition, which writes a move's outbox
+        -- messages in the same statement - none for a cancel, but Postgres asks
+        -- for the privilege of every table a statement names. The messages of a
+        -- finished task are refused (agent_outbox_for_open_task) as for anyone.
+        GRANT INSERT ON agent_outbox TO agentdb_operator;
+        GRANT SELECT, INSERT ON agent_events, agent_signals TO agentdb_operator;
+        GRANT USAGE ON SEQUENCE agent_events_id_seq TO agentdb_operator;
+        GRANT EXECUTE ON FUNCTION agentdb_current_tenant() TO agentdb_operator;
+
+        DROP POLICY IF EXISTS agent_tenants_operator_scope ON agent_tenants;
+        EXECUTE format('CREATE POLICY agent_tenants_operator_scope ON agent_tenants FOR SELECT '
+                       'TO agentdb_operator USING (id = %s)', scope);
+        FOREACH tbl IN ARRAY ARRAY['agent_tasks', 'agent_operations', 'agent_events', 'agent_outbox',
+                                   'agent_signals', 'agent_steps', 'agent_budgets',
+                                   'agent_budget_holds', 'agent_concurrency_limits']
+        LOOP
+            EXECUTE format('DROP POLICY IF EXISTS %I ON %I', tbl || '_operator_scope', tbl);
+            EXECUTE format('CREATE POLICY %I ON %I TO agentdb_operator '
+                           'USING (tenant_id = %s) WITH CHECK (tenant_id = %s)',
+                           tbl || '_operator_scope', tbl, scope, scope);
+        END LOOP;
     END IF;
 
     PERFORM set_config('client_min_messages', saved_level, true);
@@ -3046,7 +3142,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0012.citus'::text $function$;
+AS $function$ SELECT '0013.operator'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

@@ -27,6 +27,8 @@ AGENT_A = "agentdb_test_agent_a"
 AGENT_B = "agentdb_test_agent_b"
 AGENT_UNPINNED = "agentdb_test_agent_free"
 STRANGER = "agentdb_test_stranger"
+# What an operator's console logs in as (unpinned: it scopes each transaction).
+OPERATOR = "agentdb_test_operator"
 # tests/citus needs a Citus cluster (make test-citus); no registry ships one.
 collect_ignore = [] if os.environ.get("AGENTDB_CITUS_DSN") else ["citus"]
 # Cluster-wide lock so two test sessions on one server don't race on CREATE ROLE.
@@ -63,7 +65,7 @@ def agentdb_bouncer_logins(pg_server: _pg.Server) -> tuple[tuple[str, str | None
     # Runs before the plugin's agentdb_bouncer starts: install the binary if we may.
     _pg.ensure_pgbouncer()
     parts = urlsplit(pg_server.admin_dsn)
-    roles = (RUNTIME, AGENT_A, AGENT_B, AGENT_UNPINNED, STRANGER)
+    roles = (RUNTIME, AGENT_A, AGENT_B, AGENT_UNPINNED, STRANGER, OPERATOR)
     admin = (parts.username or "postgres", parts.password or "")
     return (admin, *((role, _pg.TEST_PASSWORD) for role in roles))
 
@@ -82,7 +84,15 @@ def template_db(pg_server: _pg.Server) -> Iterator[str]:
             conn.execute("SELECT pg_advisory_lock(%s)", (_ROLE_LOCK,))
             try:
                 agents = dict.fromkeys((AGENT_A, AGENT_B, AGENT_UNPINNED), "agentdb_agent")
-                _pg.ensure_roles(pg_server, {RUNTIME: "agentdb_runtime", **agents, STRANGER: None})
+                _pg.ensure_roles(
+                    pg_server,
+                    {
+                        RUNTIME: "agentdb_runtime",
+                        **agents,
+                        STRANGER: None,
+                        OPERATOR: "agentdb_operator",
+                    },
+                )
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_ROLE_LOCK,))
         with _pg.admin(pg_server.url(name)) as conn:

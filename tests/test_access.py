@@ -24,6 +24,7 @@ from tests.conftest import (
     AGENT_A,
     AGENT_B,
     AGENT_UNPINNED,
+    OPERATOR,
     STRANGER,
     Database,
     Tenants,
@@ -36,6 +37,18 @@ AGENT_SCOPED = (
     "agent_artifacts",
     "agent_signals",
     "agent_steps",
+)
+# The tables an operator's console reads (and some of them writes), one tenant at a time.
+OPERATOR_SCOPED = (
+    "agent_tasks",
+    "agent_operations",
+    "agent_events",
+    "agent_outbox",
+    "agent_signals",
+    "agent_steps",
+    "agent_budgets",
+    "agent_budget_holds",
+    "agent_concurrency_limits",
 )
 TENANT_TABLES = (
     "agent_tenants",
@@ -466,6 +479,7 @@ POLICY_NAMES = {
     *(f"{t}_owner_all" for t in TENANT_TABLES),
     *(f"{t}_runtime_all" for t in TENANT_TABLES),
     *(f"{t}_agent_scope" for t in (*AGENT_SCOPED, "agent_tenants")),
+    *(f"{t}_operator_scope" for t in (*OPERATOR_SCOPED, "agent_tenants")),
     "agentdb_tenant_scope",
     "agent_signals_agent_send",
 }
@@ -504,13 +518,30 @@ _TABLE_PRIVILEGES: dict[str, dict[str, str]] = {
         # G25: reads its own tenant's steps; writes none (a step needs the task's lease).
         "agent_steps": "SELECT",
     },
+    # 0013.operator: a console's writes - cancel and retry (tasks), settle (operations and
+    # their holds), retry a message, approve (signals), each with its event; no INSERT of a
+    # task or an operation, no DELETE, no rewrite of an event.
+    "agentdb_operator": {
+        "agent_tenants": "SELECT",
+        "agent_transitions": "SELECT",
+        "agent_steps": "SELECT",
+        "agent_concurrency_limits": "SELECT",
+        "agent_tasks": "SELECT,UPDATE",
+        "agent_operations": "SELECT,UPDATE",
+        # INSERT: a cancel's task_transition names the table (it writes no message).
+        "agent_outbox": "INSERT,SELECT,UPDATE",
+        "agent_budgets": "SELECT,UPDATE",
+        "agent_budget_holds": "SELECT,UPDATE",
+        "agent_events": "INSERT,SELECT",
+        "agent_signals": "INSERT,SELECT",
+    },
     STRANGER: {"agent_tasks": "SELECT", "agent_events": "SELECT"},  # granted by the test setup
 }
 # SECURITY DEFINER routines and the owner's tools: who may EXECUTE them (STRANGER,
 # a role with no agentdb membership, stands for PUBLIC). Trigger functions and the
 # pure secret checks stay executable by PUBLIC: calling them directly does nothing.
 _ROUTINES: dict[str, set[str]] = {
-    "agentdb_current_tenant": {"agentdb_runtime", "agentdb_agent"},
+    "agentdb_current_tenant": {"agentdb_runtime", "agentdb_agent", "agentdb_operator"},
     "agentdb_request_task": {"agentdb_runtime", "agentdb_agent"},
     "agentdb_delete_tenant": set(),
     "agentdb_grant_roles": set(),
@@ -563,6 +594,7 @@ async def test_G15_only_the_approved_roles_may_execute_the_security_definer_rout
 ) -> None:
     roles = ("agentdb_runtime", "agentdb_agent", STRANGER)
     for routine, allowed in _ROUTINES.items():
+        allowed = allowed - {"agentdb_operator"}
         oid = await admin_conn.fetchval(
             "SELECT oid FROM pg_proc"
             " WHERE proname = $1 AND pronamespace = current_schema()::regnamespace",
@@ -664,3 +696,65 @@ async def test_G22_an_agent_learns_nothing_of_another_tenants_task_by_signalling
     finally:
         await conn.close()
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_signals WHERE sender = 'a'") == 0
+
+
+# ---- the operator's console (0013.operator) -------------------------------------------
+
+
+async def _scoped(conn: asyncpg.Connection, tenant: uuid.UUID, stmt: str, *args: object) -> None:
+    """Run ``stmt`` in a transaction scoped to ``tenant``, as a console does."""
+    async with conn.transaction():
+        await conn.execute("SELECT agentdb_scope_tenant($1)", tenant)
+        await conn.execute(stmt, *args)
+
+
+async def test_G15_operator_sees_and_writes_only_the_tenant_it_scopes_to(
+    db: Database, seeded: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """agentdb_operator: every row of the scoped tenant, none of another, nothing unscoped;
+    its writes land in the scoped tenant and nowhere else (attack and control, raw SQL)."""
+    await _assert_policy(admin_conn, "agent_tenants", "operator_scope", "agentdb_operator", "r")
+    for table in OPERATOR_SCOPED:
+        await _assert_policy(admin_conn, table, "operator_scope", "agentdb_operator", "*")
+    task_b = await admin_conn.fetchval("SELECT id FROM agent_tasks WHERE tenant_id = $1", seeded.b)
+    conn = await db.connect(OPERATOR)
+    try:
+        for table in (*OPERATOR_SCOPED, "agent_tenants"):
+            assert await _visible(conn, table, seeded.a) == (0, 0), table  # no scope: nothing
+        async with conn.transaction():
+            await conn.execute("SELECT agentdb_scope_tenant($1)", seeded.a)
+            for table in (*OPERATOR_SCOPED, "agent_tenants"):
+                mine, others = await _visible(conn, table, seeded.a)
+                assert (mine > 0, others) == (True, 0), table
+            # Attack: another tenant's task is not there to update.
+            moved = await conn.execute(
+                "UPDATE agent_tasks SET updated_at = now() WHERE tenant_id = $1", seeded.b
+            )
+            assert moved == "UPDATE 0"
+            # Control: its own tenant's are.
+            moved = await conn.execute(
+                "UPDATE agent_tasks SET updated_at = now() WHERE tenant_id = $1", seeded.a
+            )
+            assert moved != "UPDATE 0"
+        # Attack: an event (or an approval) written into another tenant is refused.
+        for stmt, args in (
+            (
+                "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
+                " policy_version) VALUES ($1, $2, 'x', 'mallory', 'v1')",
+                (seeded.b, task_b),
+            ),
+            (
+                "INSERT INTO agent_signals (tenant_id, task_id, name, kind, sender, decision)"
+                " VALUES ($1, $2, 'approval', 'approval', 'mallory', 'approved')",
+                (seeded.b, task_b),
+            ),
+        ):
+            with pytest.raises(asyncpg.PostgresError) as refused:
+                await _scoped(conn, seeded.a, stmt, *args)
+            assert refused.value.sqlstate in ("42501", "23503"), stmt
+        # No DELETE at all, even in its own tenant.
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await _scoped(conn, seeded.a, "DELETE FROM agent_outbox WHERE tenant_id = $1", seeded.a)
+        assert refused.value.sqlstate == "42501"
+    finally:
+        await conn.close()

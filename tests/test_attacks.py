@@ -209,7 +209,7 @@ async def _start_task(conn: asyncpg.Connection, ctx: Ctx) -> None:
 
 
 def tenant(**kw: Any) -> Step:
-    return row("agent_tenants", lambda c: {"id": uuid.uuid4(), "name": "t"}, **kw)
+    return row("agent_tenants", lambda c: {"id": uuid.uuid4(), "name": f"t-{uuid.uuid4()}"}, **kw)
 
 
 def principal(**kw: Any) -> Step:
@@ -949,6 +949,7 @@ CASES: list[Case] = [
         tenant(state="gone"),
         role="admin",
     ),
+    Case("agent_tenants_name_key", "23505", tenant(name="acme"), tenant(name="acme"), role="admin"),
     Case("agent_tenants_name_valid", "23514", tenant(name="acme"), tenant(name=""), role="admin"),
     Case(
         "agent_principals_pkey",

@@ -555,7 +555,7 @@ def test_G8_withheld_privileges_count_as_append_only(db: Database, auditor: str)
         """,
     )
     assert any(
-        e.startswith("privileges: agentdb_runtime may INSERT")
+        e.startswith("privileges: ") and "agentdb_runtime" in e and " may INSERT" in e
         for e in report.finding("G8").evidence
     )
 

@@ -288,7 +288,8 @@ def run_budget_machine(h: Harness, *, max_examples: int) -> None:
             self.tenant = uuid.uuid4()
             h.run(
                 h.admin.execute(
-                    "INSERT INTO agent_tenants (id, name) VALUES ($1, 'b')", self.tenant
+                    "INSERT INTO agent_tenants (id, name) VALUES ($1, 'b ' || $1::uuid::text)",
+                    self.tenant,
                 )
             )
             h.run(budgets.set_budget(h.admin, self.tenant, "tokens", LIMIT))

@@ -121,7 +121,7 @@ async def test_every_name_the_code_refers_to_exists(admin_conn: asyncpg.Connecti
         )
     }
     referenced = _quoted_names(_PACKAGE)
-    roles = {"agentdb_runtime", "agentdb_agent"}
+    roles = {"agentdb_runtime", "agentdb_agent", "agentdb_operator"}
     channels = {"agentdb_tasks", "agentdb_outbox"}  # the NOTIFY hints' channels
     unknown = referenced - tables - functions - set(CONSTRAINTS) - roles - channels
     assert not unknown

@@ -79,4 +79,5 @@ def test_sql_roles_prints_create_role() -> None:
     assert result.stdout.splitlines() == [
         'CREATE ROLE "agentdb_runtime" NOLOGIN;',
         'CREATE ROLE "agentdb_agent" NOLOGIN;',
+        'CREATE ROLE "agentdb_operator" NOLOGIN;',
     ]

@@ -357,8 +357,9 @@ def test_migrate_prints_each_notice_postgres_sends_on_one_line(
         done = _cli("migrate", "--dsn", dsn)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
-    assert len(lines) == 2, done.stderr
-    for line, role in zip(lines, ("agentdb_runtime", "agentdb_agent"), strict=True):
+    roles = ("agentdb_runtime", "agentdb_agent", "agentdb_operator")
+    assert len(lines) == len(roles), done.stderr
+    for line, role in zip(lines, roles, strict=True):
         assert line.startswith(f"NOTICE: agentdb: role {role} is missing and {owner} may not")
 
 

@@ -137,7 +137,8 @@ def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the m
             self.tenant = uuid.uuid4()
             h.run(
                 h.admin.execute(
-                    "INSERT INTO agent_tenants (id, name) VALUES ($1, 'model')", self.tenant
+                    "INSERT INTO agent_tenants (id, name) VALUES ($1, 'model ' || $1::uuid::text)",
+                    self.tenant,
                 )
             )
             self.m = Model()

@@ -34,7 +34,7 @@ from agentdb import _db
 from agentdb._citus import routing
 
 # The modules whose single-node forms have routed twins: imported, they register them.
-from agentdb import budgets, leases, operations, outbox, tasks  # noqa: F401  isort: skip
+from agentdb import budgets, leases, operations, outbox, tasks, tenancy  # noqa: F401  isort: skip
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,20 @@ TWINS: tuple[Twin, ...] = (
         "agent_operations",
         rows=True,
     ),
+    Twin(
+        "routed_task_retry",
+        "task_retry",
+        ("state IN ('failed', 'dead')", "state_version = $expected_version", "id = $id"),
+        "sets",
+        "agent_tasks",
+        rows=True,
+    ),
+    # ---- tenant names (G2): unique in agent_tenant_names on Citus -------------------------
+    Twin("routed_tenant_insert", "tenant_create", (), "inserts", "agent_tenants", rows=True),
+    Twin("routed_tenant_by_id", "tenant_create", (), rows=True),
+    Twin("routed_tenant_name_claim", "tenant_create", ("ON CONFLICT (name) DO NOTHING",)),
+    Twin("routed_tenant_name_holder", "tenant_create", ()),
+    Twin("routed_tenant_name_take", "tenant_create", ()),
     # ---- the outbox (G10, G11) --------------------------------------------------------------
     Twin(
         "routed_outbox_claim",
@@ -251,6 +265,14 @@ TWINS: tuple[Twin, ...] = (
         ("state = 'pending'", "next_attempt_at <= now()"),
     ),
     Twin(
+        "routed_outbox_retry",
+        "outbox_retry",
+        ("state = 'dead'", "id = $id"),
+        "sets",
+        "agent_outbox",
+        rows=True,
+    ),
+    Twin(
         "routed_outbox_delivered",
         "outbox_mark_delivered",
         ("lease_token = lease_token", "state NOT IN ('delivered', 'dead')"),
@@ -266,6 +288,10 @@ _EXTRA: dict[str, frozenset[str]] = {
     "routed_claim": frozenset({"from_state", "ord"}),
     "routed_transition": frozenset({"from_state"}),
     "routed_operation_settle": frozenset({"policy_version"}),
+    "routed_task_retry": frozenset({"from_state", "prior_attempts"}),
+    "routed_outbox_retry": frozenset(
+        {"task_id", "trace_id", "span_id", "prior_attempts", "policy_version"}
+    ),
     "routed_release": frozenset({"tenant_id", "id", "workflow_version", "trace_id", "span_id"}),
     "routed_bury": frozenset(
         {

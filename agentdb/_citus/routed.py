@@ -37,9 +37,12 @@ __all__ = [
     "lock_budgets",
     "outbox_claim",
     "outbox_delivered",
+    "outbox_retry",
     "release",
     "reserve",
     "settle",
+    "task_retry",
+    "tenant_create",
     "transition",
 ]
 
@@ -311,6 +314,75 @@ async def create_task(db: _db.Executor, params: dict[str, Any]) -> _db.Record | 
         return row
 
 
+async def task_retry(
+    db: _db.Executor,
+    tenant_id: uuid.UUID,
+    task_id: uuid.UUID,
+    expected_version: int,
+    actor: str,
+    payload: dict[str, Any],
+) -> _db.Record | None:
+    """``task_retry`` on Citus: the UPDATE, then its ``task.retried`` event, on the
+    tenant's worker. ``None``: as task_retry's zero rows.
+
+    Raises:
+        mapped database errors.
+    """
+    async with _db.transaction(db) as conn:
+        row = await _db.fetch_optional(
+            conn, _Q["routed_task_retry"], tenant_id=tenant_id, id=task_id,
+            expected_version=expected_version,
+        )  # fmt: skip
+        if row is None:
+            return None
+        retried = {
+            "tenant_id": row["tenant_id"], "task_id": row["id"], "event_type": "task.retried",
+            "actor_id": actor, "policy_version": row["workflow_version"],
+            "from_state": row["from_state"], "to_state": row["state"],
+            "task_state_version": row["state_version"],
+            "payload": document(
+                {**payload, "attempts": row["prior_attempts"]}, cap=EVENT_PAYLOAD_CAP,
+                what="reason",
+            ),
+            "trace_id": row["trace_id"], "span_id": row["span_id"],
+        }  # fmt: skip
+        await _db.execute_each(conn, _Q["routed_task_event"], [retried])
+        return row
+
+
+async def tenant_create(db: _db.Executor, tenant_id: uuid.UUID, name: str) -> _db.Record | None:
+    """``tenant_create`` on Citus: claim the name, then insert the tenant; or the name's tenant.
+
+    The names are unique in ``agent_tenant_names`` there (0013.operator), a
+    reference table: the claim and the tenant commit together or not at all.
+    A name whose tenant was deleted goes to this create. ``None``: as
+    tenant_create's zero rows (the holder changed in between; run it again).
+
+    Raises:
+        mapped database errors.
+    """
+    async with _db.transaction(db) as conn:
+        claimed = await _db.fetch_optional(
+            conn, _Q["routed_tenant_name_claim"], id=tenant_id, name=name
+        )
+        if claimed is None:
+            holder = await _db.fetch_optional(conn, _Q["routed_tenant_name_holder"], name=name)
+            if holder is None:
+                return None
+            found = await _db.fetch_optional(
+                conn, _Q["routed_tenant_by_id"], id=holder["tenant_id"]
+            )
+            if found is not None:
+                return found
+            taken = await _db.fetch_optional(
+                conn, _Q["routed_tenant_name_take"], name=name, id=tenant_id,
+                deleted_id=holder["tenant_id"],
+            )  # fmt: skip
+            if taken is None:
+                return None
+        return await _db.fetch_one(conn, _Q["routed_tenant_insert"], id=tenant_id, name=name)
+
+
 async def transition(
     db: _db.Executor,
     update: dict[str, Any],
@@ -406,6 +478,38 @@ async def outbox_delivered(
             lease_tokens=mine_tokens,
         )  # fmt: skip
     return out
+
+
+async def outbox_retry(
+    db: _db.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID, actor: str
+) -> _db.Record | None:
+    """``outbox_retry`` on Citus: the UPDATE, then the message's task's
+    ``outbox.retried`` event (a message without a task has none), on the
+    tenant's worker. ``None``: the message is not there or not dead.
+
+    Raises:
+        mapped database errors.
+    """
+    async with _db.transaction(db) as conn:
+        row = await _db.fetch_optional(
+            conn, _Q["routed_outbox_retry"], tenant_id=tenant_id, id=message_id
+        )
+        if row is None or row["task_id"] is None:
+            return row
+        retried = {
+            "tenant_id": row["tenant_id"], "task_id": row["task_id"],
+            "event_type": "outbox.retried", "actor_id": actor,
+            "policy_version": row["policy_version"], "from_state": None, "to_state": None,
+            "task_state_version": None,
+            "payload": document(
+                {"message_id": str(row["id"]), "topic": row["topic"],
+                 "attempts": row["prior_attempts"]},
+                cap=EVENT_PAYLOAD_CAP, what="outbox event",
+            ),
+            "trace_id": row["trace_id"], "span_id": row["span_id"],
+        }  # fmt: skip
+        await _db.execute_each(conn, _Q["routed_task_event"], [retried])
+        return row
 
 
 async def reserve(db: _db.Executor, params: dict[str, Any]) -> _db.Record | None:

@@ -152,3 +152,35 @@ SET state = CASE WHEN o.attempts >= o.max_attempts THEN 'dead' ELSE 'pending' EN
 WHERE o.tenant_id = $1 AND o.id = $2 AND o.lease_token = $3
   AND o.state NOT IN ('delivered', 'dead')  -- pending: see "Held snapshots" in leases.sql
 RETURNING o.state, o.attempts, o.next_attempt_at;
+
+-- name: outbox_retry :one
+-- An operator's retry of a dead message: back to pending, due now, with its
+-- attempts given back (agent_transitions: dead -> pending). A message that
+-- names a task gets an event on it (outbox.retried: the actor, the message,
+-- the attempts it had used); one without a task has no audit trail to write to.
+-- guarantee: G10, G8
+-- zero rows: no such message in this tenant, or it is not dead (already retried, delivered or pending).
+-- params: $1 tenant_id uuid, $2 id uuid, $3 actor_id text
+WITH prior AS (
+    SELECT attempts FROM agent_outbox WHERE tenant_id = $1 AND id = $2
+), upd AS (
+    UPDATE agent_outbox o
+    SET state = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL
+    FROM prior
+    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state = 'dead'
+    RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.state, o.attempts, o.max_attempts,
+              o.next_attempt_at, o.delivered_at, o.last_error, o.trace_id, o.span_id,
+              prior.attempts AS prior_attempts
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version, payload,
+                              trace_id, span_id)
+    SELECT u.tenant_id, u.task_id, 'outbox.retried', $3, t.workflow_version,
+           jsonb_build_object('message_id', u.id, 'topic', u.topic,
+                              'attempts', u.prior_attempts),
+           u.trace_id, u.span_id
+    FROM upd u
+    JOIN agent_tasks t ON t.tenant_id = u.tenant_id AND t.id = u.task_id
+)
+SELECT id, tenant_id, topic, state, attempts, max_attempts, next_attempt_at, delivered_at,
+       last_error
+FROM upd;

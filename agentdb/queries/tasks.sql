@@ -126,6 +126,60 @@ SELECT id, tenant_id, task_type, workflow_version, state, state_version, current
 FROM agent_tasks
 WHERE tenant_id = $1 AND id = $2;
 
+-- name: task_now :one
+-- The database's clock (whose a deadline is, G21).
+-- guarantee: G21
+-- zero rows: never (a SELECT without FROM returns one row).
+-- params: none
+SELECT now() AS now;
+
+-- name: task_retry :one
+-- An operator's retry: a failed or dead task back to pending, due now, with
+-- its attempts given back (a task that died of them would be buried again
+-- at once), in one versioned write with its event (task.retried: the actor,
+-- the state it left, the attempts it had used, the reason; its last_error
+-- stays on the row until the next finish, and is not copied into the event,
+-- whose payload G9 checks for secrets). agent_transitions has the
+-- two edges (0013.operator); the deadline guard still refuses a task past
+-- its deadline (G21), and cancelled or succeeded have no way back.
+-- guarantee: G6, G7, G8
+-- zero rows: the task is gone, is not failed or dead, or another writer moved state_version on; reload it.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 actor_id text, $5 payload jsonb
+WITH prior AS (
+    SELECT state, attempts FROM agent_tasks WHERE tenant_id = $1 AND id = $2
+), upd AS (
+    UPDATE agent_tasks t
+    SET state = 'pending',
+        state_version = t.state_version + 1,
+        wake_at = now(),
+        attempts = 0,
+        wait_signal = NULL,
+        wait_children = NULL,
+        updated_at = now()
+    FROM prior
+    WHERE t.tenant_id = $1 AND t.id = $2 AND t.state IN ('failed', 'dead')
+      AND t.state_version = $3
+    RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+              t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+              t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+              t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id,
+              t.created_at, t.updated_at, prior.state AS from_state,
+              prior.attempts AS prior_attempts
+), ev AS (
+    INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                              from_state, to_state, task_state_version, payload, trace_id,
+                              span_id)
+    SELECT tenant_id, id, 'task.retried', $4, workflow_version, from_state, state, state_version,
+           $5 || jsonb_build_object('attempts', prior_attempts),
+           trace_id, span_id
+    FROM upd
+)
+SELECT id, tenant_id, task_type, workflow_version, state, state_version, current_step,
+       wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
+       lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
+       trace_id, span_id, created_at, updated_at
+FROM upd;
+
 -- name: task_transition :one
 -- Move a task to a new state (or record a step without a state change) if
 -- it is still at the expected state_version and, for a lease holder, still

@@ -1,14 +1,34 @@
 -- Tenants: registration, per-transaction scope for row-level security (G15)
 -- and the deletion policy (G17).
 
--- name: tenant_create :one
--- Register a tenant. Every tenant-owned row references one (G2).
+-- name: tenant_by_name :one
+-- The tenant called $1 (names are unique: agent_tenants_name_key).
 -- guarantee: G2
--- zero rows: never (an INSERT without ON CONFLICT returns its row or raises).
+-- zero rows: no tenant has that name (or the caller's role may not see it).
+-- params: $1 name text
+SELECT id, name, state, created_at
+FROM agent_tenants
+WHERE name = $1;
+
+-- name: tenant_create :one
+-- Register a tenant. Every tenant-owned row references one (G2). A name is
+-- one tenant's (agent_tenants_name_key): a create with a name that is taken
+-- inserts nothing and answers with the tenant that has it (created = false),
+-- so a retried create, or two racing, make one tenant.
+-- guarantee: G2
+-- zero rows: a concurrent create committed the same name after this statement's snapshot was taken; run it again.
 -- params: $1 id uuid, $2 name text
-INSERT INTO agent_tenants (id, name)
-VALUES ($1, $2)
-RETURNING id;
+WITH ins AS (
+    INSERT INTO agent_tenants (id, name)
+    VALUES ($1, $2)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING id, name, state, created_at
+)
+SELECT true AS created, id, name, state, created_at FROM ins
+UNION ALL
+SELECT false, t.id, t.name, t.state, t.created_at
+FROM agent_tenants t
+WHERE t.name = $2 AND NOT EXISTS (SELECT 1 FROM ins);
 
 -- name: tenant_delete :many
 -- Apply (or, with $2, only count) the tenant deletion policy of
@@ -41,6 +61,16 @@ SELECT l.task_type, l.max_running, agentdb_running_count(l.tenant_id, l.task_typ
 FROM agent_concurrency_limits l
 WHERE l.tenant_id = $1
 ORDER BY l.task_type;
+
+-- name: tenant_list :many
+-- Every tenant the caller may see, by name.
+-- guarantee: G2
+-- zero rows: there are no tenants (or the caller's role sees none).
+-- params: $1 limit int8
+SELECT id, name, state, created_at
+FROM agent_tenants
+ORDER BY name
+LIMIT $1;
 
 -- name: tenant_scope_set :one
 -- Scope the current transaction to one tenant for the agentdb_agent role's

@@ -243,7 +243,7 @@ async def _scenario(
 ) -> tuple[Scenario, uuid.UUID, list[uuid.UUID]]:
     name = point or "baseline"
     scenario = f"{tag}/{name}"
-    tenant = await tenancy.create_tenant(pool, f"crash-{tag}-{name}")
+    tenant = await tenancy.create_tenant(pool, f"crash-{tag}-{name}-{uuid.uuid4().hex[:8]}")
     ids = []
     for task_type, params in work:
         t = await tasks.create(

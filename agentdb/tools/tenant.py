@@ -1,4 +1,6 @@
-"""``agentdb tenant delete``: apply the tenant deletion policy (G17), or show what it would do."""
+"""``agentdb tenant delete``: apply the tenant deletion policy (G17), or show what it would do.
+
+``tenant create|list|get`` are the operator's (:mod:`agentdb.tools.operate`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from agentdb import _db
 from agentdb.errors import ConfigurationError
 from agentdb.tenancy import TenantDeletion, delete_tenant
 from agentdb.tools._common import add_dsn, dsn_from, run_with_pool
+from agentdb.tools.operate import add_tenant_actions
 
 __all__ = ["add_tenant"]
 
@@ -17,6 +20,7 @@ __all__ = ["add_tenant"]
 def add_tenant(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tenant", help="tenant administration")
     tenant_sub = p.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
+    add_tenant_actions(tenant_sub)
     p = tenant_sub.add_parser("delete", help="apply the tenant deletion policy (G17)")
     p.add_argument("tenant_id", help="the tenant's id")
     add_dsn(p, help="postgresql:// URL of the schema owner (default: $DATABASE_URL)")

@@ -90,7 +90,9 @@ def test_migrate_citus_distributes_once_and_reruns_as_a_noop(citus: Cluster) -> 
         "agent_budgets", "agent_budget_holds", "agent_rate_limits", "agent_signals",
         "agent_schedules", "agent_steps",
     }  # fmt: skip
-    assert reference == {"agent_principals", "agent_transitions", "agent_semconv_pins"}
+    assert reference == {
+        "agent_principals", "agent_transitions", "agent_semconv_pins", "agent_tenant_names",
+    }  # fmt: skip
     assert len({r[2] for r in rows if r[1] == "h"}) == 1  # one colocation group
     assert triggers == []  # NOTIFY would break PREPARE TRANSACTION on the workers
 
@@ -169,7 +171,12 @@ def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Clu
             assert conn.execute(_COUNTS).fetchone() == before
             assert conn.execute(
                 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'agent_%'"
-            ).fetchone() == (18,)
+            ).fetchone() == (19,)
+            # G2: the tenants' names moved to agent_tenant_names, one each.
+            assert conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE n.name IS NULL) FROM agent_tenants t"
+                " LEFT JOIN agent_tenant_names n ON n.tenant_id = t.id AND n.name = t.name"
+            ).fetchone() == (2, 0)
             off, total = conn.execute(_DISABLED).fetchone() or (None, None)
             assert (off, total is not None and total > 0) == (0, True)
             tenant, task = conn.execute(

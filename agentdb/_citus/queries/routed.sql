@@ -412,6 +412,30 @@ LIMIT $2;
 INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
 VALUES ($3, $1, $2, $4, $5, $6, $7);
 
+-- name: routed_outbox_retry :one
+-- The outbox_retry UPDATE alone (outbox.sql): tenant $1's dead message $2
+-- back to pending, due now, its attempts given back. It returns what the
+-- caller needs to write the outbox.retried event on the message's task
+-- (routed_task_event) in the same transaction: the attempts it had used
+-- and the task's workflow version.
+-- guarantee: G10, G8
+-- zero rows: no such message in this tenant, or it is not dead (already retried, delivered or pending).
+-- params: $1 tenant_id uuid, $2 id uuid
+WITH prior AS MATERIALIZED (
+    SELECT o.attempts, t.workflow_version
+    FROM agent_outbox o
+    LEFT JOIN agent_tasks t ON t.tenant_id = o.tenant_id AND t.id = o.task_id
+    WHERE o.tenant_id = $1 AND o.id = $2
+    FOR UPDATE OF o
+)
+UPDATE agent_outbox o
+SET state = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL
+FROM prior
+WHERE o.tenant_id = $1 AND o.id = $2 AND o.state = 'dead'
+RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.state, o.attempts, o.max_attempts,
+          o.next_attempt_at, o.delivered_at, o.last_error, o.trace_id, o.span_id,
+          prior.attempts AS prior_attempts, prior.workflow_version AS policy_version;
+
 -- name: routed_release :one
 -- The lease_release UPDATE alone (leases.sql). The caller writes the event
 -- (routed_task_event). $5 is never NULL here: Citus refuses now() inside
@@ -475,6 +499,89 @@ RETURNING true AS created, id, tenant_id, task_type, workflow_version, state, st
           current_step, wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
           lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
           trace_id, span_id, created_at, updated_at;
+
+-- name: routed_task_retry :one
+-- The task_retry UPDATE alone (tasks.sql): tenant $1's failed or dead task
+-- $2, still at $3, back to pending. The caller writes its task.retried
+-- event (routed_task_event) in the same transaction, with the state it left
+-- and the attempts it had used, which this returns.
+-- guarantee: G6, G7, G8
+-- zero rows: the task is gone, is not failed or dead, or another writer moved state_version on; reload it.
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8
+WITH prior AS MATERIALIZED (
+    SELECT state, attempts FROM agent_tasks WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+)
+UPDATE agent_tasks t
+SET state = 'pending',
+    state_version = t.state_version + 1,
+    wake_at = now(),
+    attempts = 0,
+    wait_signal = NULL,
+    wait_children = NULL,
+    updated_at = now()
+FROM prior
+WHERE t.tenant_id = $1 AND t.id = $2 AND t.state IN ('failed', 'dead')
+  AND t.state_version = $3
+RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+          t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+          t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+          t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id,
+          t.created_at, t.updated_at, prior.state AS from_state,
+          prior.attempts AS prior_attempts;
+
+-- name: routed_tenant_by_id :one
+-- Tenant $1 (agent_tenants is distributed by id: one shard), answered as
+-- tenant_create answers for a name that is taken (created = false).
+-- guarantee: G2
+-- zero rows: no tenant has that id (its name's tenant was deleted).
+-- params: $1 id uuid
+SELECT false AS created, id, name, state, created_at
+FROM agent_tenants
+WHERE id = $1;
+
+-- name: routed_tenant_insert :one
+-- The tenant_create INSERT alone (tenancy.sql), once its name is claimed in
+-- agent_tenant_names in the same transaction (routed_tenant_name_claim).
+-- guarantee: G2
+-- zero rows: never (an INSERT without ON CONFLICT returns its row or raises).
+-- params: $1 id uuid, $2 name text
+INSERT INTO agent_tenants (id, name)
+VALUES ($1, $2)
+RETURNING true AS created, id, name, state, created_at;
+
+-- name: routed_tenant_name_claim :one
+-- Claim name $2 for tenant $1 (G2): on Citus the names are unique in
+-- agent_tenant_names, a reference table (0013.operator), not on
+-- agent_tenants. A name another create holds, committed or not, is not
+-- taken (ON CONFLICT waits for the other to end).
+-- guarantee: G2
+-- zero rows: the name is taken; read its holder (routed_tenant_name_holder).
+-- params: $1 id uuid, $2 name text
+INSERT INTO agent_tenant_names (name, tenant_id)
+VALUES ($2, $1)
+ON CONFLICT (name) DO NOTHING
+RETURNING tenant_id;
+
+-- name: routed_tenant_name_holder :one
+-- The tenant that holds name $1 (G2), locked until this transaction ends so
+-- a holder found deleted is taken over once (routed_tenant_name_take).
+-- guarantee: G2
+-- zero rows: nobody holds the name (a take-over in between rolled back); claim it again.
+-- params: $1 name text
+SELECT tenant_id
+FROM agent_tenant_names
+WHERE name = $1
+FOR UPDATE;
+
+-- name: routed_tenant_name_take :one
+-- Give name $1, whose tenant $3 was deleted, to tenant $2 (G2).
+-- guarantee: G2
+-- zero rows: the name is no longer $3's; read its holder again.
+-- params: $1 name text, $2 id uuid, $3 deleted_id uuid
+UPDATE agent_tenant_names
+SET tenant_id = $2
+WHERE name = $1 AND tenant_id = $3
+RETURNING tenant_id;
 
 -- name: routed_transition :one
 -- The task_transition UPDATE alone (tasks.sql): move tenant $1's task $2 if

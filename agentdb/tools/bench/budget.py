@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import uuid
 from statistics import median
 from typing import Any
 
@@ -55,7 +56,7 @@ async def bench_budget(db: Database, sizes: Sizes, reps: int, probe: Probe) -> d
         slots: list[Slot] = []
         for i in range(conns):
             # A tenant per connection, as tenants' workers run side by side.
-            tenant = await tenancy.create_tenant(pool, f"bench-budget-{i}")
+            tenant = await tenancy.create_tenant(pool, f"bench-budget-{i}-{uuid.uuid4().hex[:8]}")
             await seed_tasks(pool, tenant, "budget-slot", 1)
             [task] = await leases.claim(pool, f"budget-{i}", lease_ttl=HOUR,
                                         task_types=["budget-slot"])  # fmt: skip

@@ -142,7 +142,7 @@ async def bench_relay(db: Database, sizes: Sizes, reps: int, probe: Probe) -> li
     """
     pool = await _db.create_pool(db.url, min_size=2, max_size=2)
     try:
-        tenant = await tenancy.create_tenant(pool, "bench-relay")
+        tenant = await tenancy.create_tenant(pool, f"bench-relay-{uuid.uuid4().hex[:8]}")
         await deliver_pending(pool)
         out: dict[str, dict[str, Any]] = {
             name: {

@@ -167,7 +167,7 @@ async def bench_statements(
     total = per_conn * conns
     pool = await _db.create_pool(url or db.url, min_size=conns, max_size=conns, pooler=pooler)
     try:
-        tenant = await tenancy.create_tenant(pool, "bench-statements")
+        tenant = await tenancy.create_tenant(pool, f"bench-statements-{uuid.uuid4().hex[:8]}")
         await seed_tasks(pool, tenant, "slot", conns)
         await seed_tasks(pool, tenant, "claim", (total + _WARM * conns) * 2 * reps)
         slots = await open_slots(pool, tenant, conns)
@@ -345,7 +345,7 @@ async def bench_cycle(
     pool = await _db.create_pool(db.url, min_size=4, max_size=4)
     failed: set[str] = set()
     try:
-        tenant = await tenancy.create_tenant(pool, "bench-cycle")
+        tenant = await tenancy.create_tenant(pool, f"bench-cycle-{uuid.uuid4().hex[:8]}")
         bench = _CycleBench(db, peer_dbs, pool, tenant, probe)
         for rep in range(reps):
             for c in contenders:

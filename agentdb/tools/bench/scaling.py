@@ -27,7 +27,7 @@ async def _seed_large(url: str, n: int) -> None:
     """Seed ``n`` pending tasks (with their events) on two connections in parallel."""
     conns = [await _db.connect(url) for _ in range(2)]
     try:
-        tenant = await tenancy.create_tenant(conns[0], "bench-scaling")
+        tenant = await tenancy.create_tenant(conns[0], f"bench-scaling-{uuid.uuid4().hex[:8]}")
         half = n // 2
         await asyncio.gather(
             seed_tasks(conns[0], tenant, "scale", half),
@@ -117,7 +117,8 @@ async def bench_scaling(dbs: Mapping[int, Database], sizes: Sizes, reps: int) ->
 _SEED_TENANTS: LiteralString = """
 WITH tn AS (
     INSERT INTO agent_tenants (id, name)
-    SELECT gen_random_uuid(), 'bench-tenant-' || g FROM generate_series(1, $1) AS g
+    SELECT gen_random_uuid(), 'bench-tenant-' || g || '-' || gen_random_uuid()
+    FROM generate_series(1, $1) AS g
     RETURNING id
 ), t AS (
     INSERT INTO agent_tasks (tenant_id, task_type, workflow_version, params)

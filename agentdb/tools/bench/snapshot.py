@@ -146,7 +146,7 @@ async def bench_snapshot(db: Database, seconds: float, rate: float) -> dict[str,
     """
     pool = await _db.create_pool(db.url, min_size=1, max_size=2)
     try:
-        tenant = await tenancy.create_tenant(pool, "bench-snapshot")
+        tenant = await tenancy.create_tenant(pool, f"bench-snapshot-{uuid.uuid4().hex[:8]}")
         # Untimed: caches, plans and the tables' first pages warm for both runs alike.
         await _run(db, pool, tenant, min(seconds, _WARM), rate, held=False, task_type="warm")
         free = await _run(db, pool, tenant, seconds, rate, held=False)

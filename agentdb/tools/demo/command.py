@@ -30,6 +30,12 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="give up after this many seconds, migrations and counts included (default 100)",
     )
     p.add_argument("--seed", type=int, help="random seed for kills and provider faults")
+    p.add_argument(
+        "--console",
+        action="store_true",
+        help="after the report, leave the operator's console up with invoices to approve",
+    )
+    p.add_argument("--console-port", type=int, default=8765, help="its port (default 8765)")
     p.set_defaults(func=_demo)
 
 

@@ -145,7 +145,13 @@ def main(args: argparse.Namespace) -> int:
     limits = Limits(w.timeout)
 
     def body(dsn: str, log: IO[bytes], log_path: Path) -> int:
-        return report(w, run_async(lambda: run_workload(dsn, w, log, log_path, limits)))
+        status = report(w, run_async(lambda: run_workload(dsn, w, log, log_path, limits)))
+        if getattr(args, "console", False):
+            from agentdb.tools.demo.console import serve_console
+
+            limits.extend(float("inf"))  # the console stays until Ctrl-C
+            serve_console(dsn, log, port=args.console_port)
+        return status
 
     try:
         with limits.guard():

@@ -1,0 +1,1 @@
+"""``agentdb console``: the operator's web console (Starlette, served by uvicorn)."""
