@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 from agents import Agent, RunConfig
 
-from agentdb import budgets, tasks
+from agentdb import budgets, overview, tasks
 from agentdb.errors import ConfigurationError, TaskFinished
 from agentdb.integrations import openai_agents as oa
 from agentdb.testing import drain
@@ -131,6 +131,12 @@ async def test_the_sdks_human_in_the_loop_example_waits_for_an_agentdb_approval(
     [pending] = await oa.pending_approvals(pool, tenants.a, task.id)
     assert pending["tool"] == "get_temperature"
     assert json.loads(pending["arguments"]) == {"city": "Oakland"}
+    # The console's approvals inbox shows the same ask.
+    [inbox] = await overview.approvals(pool, tenants.a)
+    assert inbox["id"] == str(task.id)
+    assert (inbox["asked"]["tool"], inbox["asked"]["call_id"]) == (
+        "get_temperature", pending["call_id"],
+    )  # fmt: skip
     await oa.approve(pool, tenants.a, task.id, pending["call_id"], approver="alice@acme")
     await drain(pool, human_in_the_loop.HANDLERS)
     assert await _state(pool, tenants.a, task.id) == (

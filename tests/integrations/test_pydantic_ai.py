@@ -20,7 +20,7 @@ from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
-from agentdb import budgets, signals, steps, tasks
+from agentdb import budgets, overview, signals, steps, tasks
 from agentdb.errors import BudgetExceeded, ConfigurationError
 from agentdb.integrations.pydantic_ai import (
     AgentdbDurability,
@@ -184,6 +184,11 @@ async def test_G22_a_tool_that_requires_approval_waits_holding_no_worker_and_run
         "args": {"amount": 70},
         "signal": approval_name("call-1"),
     }
+    # The console's approvals inbox shows the same ask, and the worker it may not approve.
+    [inbox] = await overview.approvals(pool, tenants.a)
+    assert (inbox["id"], inbox["wait_signal"]) == (str(task.id), approval_name("call-1"))
+    assert inbox["asked"] == asked
+    assert inbox["lease_holders"] != []
     for approver in ("alice", "alice-again"):  # approved twice: performed once
         await signals.approve(
             pool, tenants.a, task.id, approver=approver, name=approval_name("call-1")
