@@ -4,17 +4,21 @@ copy of the template, made ahead in background threads, and none is left behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from agentdb.testing import _postgres
 from tests import _pg
 
 
@@ -164,3 +168,90 @@ def test_a_session_ended_by_ctrl_c_drops_the_copies_it_made_ahead(
             proc.communicate()
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, err
     assert _kit_databases(own_server) == set()
+
+
+# --- ALTER DATABASE ... ALLOW_CONNECTIONS on one template, from many threads at once -----------
+#
+# On Citus every Clones thread's first copy seals the template (_seal), and each ran
+# ALTER DATABASE on the template's pg_database row at once: Postgres refuses the second
+# of two concurrent updates of one catalog row ("tuple concurrently updated", XX000).
+# Seen in make test-citus; these reproduce it on any server.
+
+_THREADS = 16
+_ROUNDS = 10
+
+
+def _all_at_once(calls: list[Callable[[], None]]) -> None:
+    """Run ``calls`` each in its own thread; re-raise the first error."""
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def test_many_threads_toggling_one_templates_connections_do_not_collide(
+    pg_server: _pg.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every thread is connected before any sends its ALTER DATABASE (a barrier in the
+    kit's ``admin``), so the ALTERs reach the server together, round after round."""
+    connect = _postgres.admin
+    barrier = threading.Barrier(_THREADS, timeout=60)  # a thread that failed: no hang
+
+    def connected_together(dsn: str) -> psycopg.Connection[Any]:
+        conn = connect(dsn)
+        barrier.wait()
+        return conn
+
+    with contextlib.ExitStack() as stack:
+        template = _template(pg_server, stack)
+        with monkeypatch.context() as patch:  # the template's own CREATE and DROP: unpatched
+            patch.setattr(_postgres, "admin", connected_together)
+            for round_ in range(_ROUNDS):
+                allow = round_ % 2 == 1  # a change every round, and back to allowed at the end
+                _all_at_once(
+                    [
+                        functools.partial(_postgres._allow_connections, pg_server, template, allow)
+                        for _ in range(_THREADS)
+                    ]
+                )
+                assert _allows_connections(pg_server, template) is allow
+
+
+def test_every_clones_thread_sealing_one_template_at_once_seals_it_once(
+    pg_server: _pg.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What Clones does on Citus: each thread's first copy seals the template. A Citus-shaped
+    server whose one worker is the server itself (the nodes are sealed one after the other)."""
+    citus = _pg.Server(pg_server.admin_dsn, "test", workers=(pg_server.admin_dsn,))
+    for _ in range(_ROUNDS // 2):  # a template made and dropped each round
+        monkeypatch.setattr(_postgres, "_sealed", set())
+        with contextlib.ExitStack() as stack:
+            template = _template(pg_server, stack)
+            barrier = threading.Barrier(_THREADS, timeout=60)  # a thread that failed: no hang
+
+            def seal(template: str = template, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                _postgres._seal(citus, template)
+
+            _all_at_once([seal] * _THREADS)
+            assert _allows_connections(pg_server, template) is False
+            assert _postgres._sealed == {(citus.admin_dsn, template)}
+
+
+def _allows_connections(server: _pg.Server, name: str) -> bool:
+    with _pg.admin(server.admin_dsn) as conn:
+        row = conn.execute("SELECT datallowconn FROM pg_database WHERE datname = %s", (name,))
+        found = row.fetchone()
+    assert found is not None
+    return bool(found[0])

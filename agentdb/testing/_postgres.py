@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -297,15 +298,56 @@ def _join_cluster(server: Server, name: str) -> None:
             conn.execute("SELECT citus_add_node(%s, %s)", (parts.hostname, parts.port))
 
 
+#: The advisory lock namespace (the two-int4 form, apart from ROLE_LOCK's bigint keys) of
+#: the catalog updates of one database: the second key is ``hashtext`` of its name.
+_CATALOG_LOCK = 0x61_67_64_62
+_LOCK_CATALOG = "SELECT pg_advisory_lock(%s, hashtext(%s))"
+_UNLOCK_CATALOG = "SELECT pg_advisory_unlock(%s, hashtext(%s))"
+_ALLOWS = "SELECT datallowconn FROM pg_database WHERE datname = %s"
+
+_guard = threading.Lock()
+#: This process's locks: ("catalog", node, database) serialises the updates of a
+#: database's pg_database row on a node, ("seal", server, template) the sealing of a
+#: template (taken first, then the catalog ones: distinct keys, as they do not re-enter).
+_locks: dict[tuple[str, str, str], threading.Lock] = {}
+
+
+def _lock(kind: str, where: str, name: str) -> threading.Lock:
+    with _guard:
+        return _locks.setdefault((kind, where, name), threading.Lock())
+
+
 def _allow_connections(server: Server, name: str, allow: bool) -> None:
+    """ALTER DATABASE ``name`` WITH ALLOW_CONNECTIONS ``allow`` on every node (and, to
+    forbid them, end the sessions already there), one such update of ``name`` at a time.
+
+    ALTER DATABASE rewrites the database's pg_database row without locking the
+    database: two sessions doing it at once make the second fail with "tuple
+    concurrently updated" (XX000). It happened: every Clones thread's first copy
+    seals the template. So the updates of one database's row are serialised - in
+    this process by a lock, across processes (pytest-xdist workers, test sessions
+    sharing a server) by an advisory lock - and an ALTER that would change nothing
+    is not sent at all. Advisory locks belong to a database: the one taken here is
+    shared by the sessions that share the node's maintenance database (on Citus
+    always ``postgres``; else the admin DSN's, which test sessions on one server
+    normally share).
+    """
     for node in server.nodes():
-        with admin(_maintenance(server, node)) as conn:
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}").format(
-                    sql.Identifier(name), sql.Literal(allow)
+        # Connected before the lock is taken: the lock is held for the catalog work only.
+        with admin(_maintenance(server, node)) as conn, _lock("catalog", node, name):
+            # Not released on an error: the connection is closed then, and the lock with it.
+            conn.execute(_LOCK_CATALOG, (_CATALOG_LOCK, name))
+            row = conn.execute(_ALLOWS, (name,)).fetchone()
+            if row is None or row[0] != allow:  # no such database: the ALTER says so
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}").format(
+                        sql.Identifier(name), sql.Literal(allow)
+                    )
                 )
-            )
+            conn.execute(_UNLOCK_CATALOG, (_CATALOG_LOCK, name))
             if not allow:
+                # Even when another session had already forbidden them: the sessions
+                # that were there, Citus's daemon's among them, must be gone.
                 conn.execute(_TERMINATE, (name,))
 
 
@@ -328,6 +370,7 @@ def _copy_settings(server: Server, template: str, name: str) -> None:
             )
 
 
+#: (server, template) pairs this process has sealed; updated under the pair's seal _lock.
 _sealed: set[tuple[str, str]] = set()
 
 
@@ -339,9 +382,15 @@ def _seal(server: Server, template: str) -> None:
     workers) and CREATE DATABASE ... TEMPLATE refuses a template in use.
     Once sealed the template is only cloned, never changed.
     """
-    if server.citus and (server.admin_dsn, template) not in _sealed:
-        _allow_connections(server, template, False)
-        _sealed.add((server.admin_dsn, template))
+    if not server.citus:
+        return
+    key = (server.admin_dsn, template)
+    # Every Clones thread's first copy comes here at once: one seals, the others wait
+    # until it is sealed (none may copy it before), and then find it done.
+    with _lock("seal", server.admin_dsn, template):
+        if key not in _sealed:
+            _allow_connections(server, template, False)
+            _sealed.add(key)
 
 
 @contextlib.contextmanager
