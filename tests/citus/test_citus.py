@@ -401,6 +401,28 @@ async def test_errors_map_without_constraint_names(conn: asyncpg.Connection, thr
         )
 
 
+async def test_G2_tenant_names_are_unique_on_citus_in_agent_tenant_names(
+    conn: asyncpg.Connection, three: Three
+) -> None:
+    """Citus cannot hold agent_tenants_name_key (a unique constraint on a table
+    distributed by id must hold id): the names are unique in agent_tenant_names, a
+    reference table, where create_tenant claims its name first."""
+    name, other = f"ct-{uuid.uuid4().hex[:8]}", f"ct-{uuid.uuid4().hex[:8]}"
+    first = await tenancy.create_tenant(conn, name)
+    assert await tenancy.create_tenant(conn, name) == first
+    claim = "SELECT tenant_id FROM agent_tenant_names WHERE name = $1"
+    assert await conn.fetchval(claim, name) == first
+    # Raw SQL: a new name goes in (the control); a second claim of a name is refused.
+    insert = "INSERT INTO agent_tenant_names (name, tenant_id) VALUES ($1, $2)"
+    await conn.execute(insert, other, uuid.uuid4())
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.execute(insert, name, uuid.uuid4())
+    # A claim whose tenant is not there (deleted) goes to the next create of the name.
+    taken = await tenancy.create_tenant(conn, other)
+    assert await conn.fetchval(claim, other) == taken
+    assert await tenancy.create_tenant(conn, other) == taken
+
+
 async def test_tenant_scope_reaches_the_workers(citus: Cluster, three: Three) -> None:
     """An unpinned agent login scoped with tenant_scope sees its tenant's rows on the
     shards (set_config() would reach only the coordinator: it would see none)."""
