@@ -72,16 +72,16 @@ test-events-by-month: $(VENV)/.dev ## Attacks, runtime, retention and model suit
 	AGENTDB_TEST_EVENTS_BY_MONTH=1 $(BIN)/pytest $(BY_MONTH_SUITES) $(PYTEST_ARGS)
 
 test-citus: $(VENV)/.dev ## Citus tests + attacks/runtime/worker/relay/crash/model suites + chaos-quick on AGENTDB_CITUS_DSN (not in make test)
-	@test -n "$$AGENTDB_CITUS_DSN" || { echo "make test-citus: set AGENTDB_CITUS_DSN to a database on a Citus coordinator (citus installed, workers added); see README 'Scaling out with Citus'" >&2; exit 2; }
+	@test -n "$$AGENTDB_CITUS_DSN" || { echo "make test-citus: set AGENTDB_CITUS_DSN to a database on a Citus coordinator (citus installed, workers added); see docs/deploy/citus.md" >&2; exit 2; }
 	$(BIN)/pytest tests/citus $(PYTEST_ARGS)
 	AGENTDB_TEST_ON_CITUS=1 $(BIN)/pytest $(CITUS_SUITES) $(PYTEST_ARGS)
 
-lint: $(VENV)/.dev ## ruff (lint + format check), mypy --strict, the import contracts, the README table
-	$(BIN)/ruff check agentdb tests examples
-	$(BIN)/ruff format --check agentdb tests examples
+lint: $(VENV)/.dev ## ruff (lint + format check), mypy --strict, the import contracts, the generated docs
+	$(BIN)/ruff check agentdb tests examples dev
+	$(BIN)/ruff format --check agentdb tests examples dev
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m agentdb.tools.docs --check
+	$(BIN)/python -m dev.docs --check
 
 mutate: $(VENV)/.dev ## Mutation check: >= 80 mutants of the guards, each must fail its tests (MUTATE_ARGS=...)
 	$(BIN)/python -m agentdb.tools.mutate $(MUTATE_ARGS)
@@ -89,12 +89,19 @@ mutate: $(VENV)/.dev ## Mutation check: >= 80 mutants of the guards, each must f
 mutate-citus: $(VENV)/.dev ## The mutants of the Citus statements, their tests run on AGENTDB_CITUS_DSN
 	$(BIN)/python -m agentdb.tools.mutate --citus $(MUTATE_ARGS)
 
-readme: $(VENV)/.dev ## Regenerate the README's guarantee table from agentdb/guarantees.py
-	$(BIN)/python -m agentdb.tools.docs --write
+readme: $(VENV)/.dev ## Regenerate the guarantee tables, the CLI and errors pages (dev/docs.py)
+	$(BIN)/python -m dev.docs --write
+
+docs: $(VENV)/.dev ## Serve the docs site at http://127.0.0.1:8000/ (mkdocs.yml)
+	$(BIN)/mkdocs serve
+
+docs-build: $(VENV)/.dev ## Build the docs site into site/ (--strict: a broken link or anchor fails)
+	$(BIN)/python -m dev.docs --check
+	$(BIN)/mkdocs build --strict
 
 fmt: $(VENV)/.dev ## Format the code with ruff
-	$(BIN)/ruff format agentdb tests examples
-	$(BIN)/ruff check --fix agentdb tests examples
+	$(BIN)/ruff format agentdb tests examples dev
+	$(BIN)/ruff check --fix agentdb tests examples dev
 
 example: $(VENV)/.embedded ## Run examples/quickstart.py on an embedded Postgres
 	$(BIN)/python examples/quickstart.py
@@ -123,6 +130,6 @@ purge: $(VENV)/.embedded ## Delete what is past retention at DATABASE_URL, in sm
 ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGENTDB_TEST_DSN)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist mutation-results
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist mutation-results site
 
-.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate readme fmt example schema sql migrate rollback status audit purge ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate readme docs docs-build fmt example schema sql migrate rollback status audit purge ci clean

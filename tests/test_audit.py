@@ -292,9 +292,8 @@ def test_article_schema_fails_ci_with_fail_on_missing(article_dsn: str) -> None:
     assert _cli("--dsn", article_dsn).returncode == 0
 
 
-def test_readme_example_is_the_article_schema_output(article_dsn: str) -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Audit an existing schema", 1)[1].split("\n## ", 1)[0]
+def test_the_audit_page_s_example_is_the_article_schema_output(article_dsn: str) -> None:
+    section = (ROOT / "docs" / "audit.md").read_text()
     example = re.search(r"```text\n(agentdb audit: .*?)```", section, flags=re.S)
     assert example is not None
     rendered = audit.audit(article_dsn).render()
@@ -1167,9 +1166,9 @@ def test_json_output_validates_against_the_documented_schema(
         _validate(doc, audit.JSON_SCHEMA)
 
 
-def test_readme_documents_the_json_schema() -> None:
-    section = (ROOT / "README.md").read_text().split("## Audit an existing schema", 1)[1]
-    blocks = re.findall(r"```json\n(.*?)```", section.split("\n## ", 1)[0], flags=re.S)
+def test_the_audit_page_documents_the_json_schema() -> None:
+    section = (ROOT / "docs" / "audit.md").read_text()
+    blocks = re.findall(r"```json\n(.*?)```", section, flags=re.S)
     assert audit.JSON_SCHEMA in [json.loads(b) for b in blocks]
 
 

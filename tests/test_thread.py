@@ -4,7 +4,7 @@ The registry (agentdb/guarantees.py) is the source; each test below reads
 another layer and compares: the ``-- Gn`` comments beside constraints,
 triggers and indexes in sql/, the ``-- guarantee:`` headers of the runtime
 statements, the ``.guarantee`` of the error classes, the test names, and
-the README's table. (The attacks assert the mapped error class and its
+the guarantee tables of the README and the docs. (The attacks assert the mapped error class and its
 guarantee per object: tests/test_attacks.py.)
 """
 
@@ -19,7 +19,7 @@ import pytest
 from agentdb import _db, errors
 from agentdb._db import errormap
 from agentdb.guarantees import CATALOGUE, CONSTRAINTS, GUARANTEES, RULES, guarantee_of
-from agentdb.tools import docs
+from dev import docs
 
 ROOT = Path(__file__).resolve().parent.parent
 _TAG = re.compile(r"^(\s*)-- (G\d+(?:, G\d+)*)(?::|$)")
@@ -167,15 +167,25 @@ def test_every_guarantee_has_a_test_named_after_it() -> None:
     assert names == set(GUARANTEES)
 
 
-def test_the_readme_table_is_generated_from_the_registry() -> None:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert docs.render_readme(text) == text, "README.md is stale: run `make readme`"
+@pytest.mark.parametrize("path", docs.MARKED, ids=lambda p: p.name)
+def test_the_guarantee_tables_are_generated_from_the_registry(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert docs.render_readme(text) == text, f"{path.name} is stale: run `make readme`"
     for g in GUARANTEES.values():
         assert f"| {g.id} | **{g.title}**" in text
 
 
-def test_the_audit_table_in_the_readme_lists_the_registry() -> None:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_errors_page_names_every_error_with_its_sqlstate_and_guarantee() -> None:
+    text = (ROOT / "docs" / "reference" / "errors.md").read_text(encoding="utf-8")
+    assert text == docs.errors_page(), "docs/reference/errors.md is stale: run `make readme`"
+    for code, cls in errors.SQLSTATES.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{cls.__name__}` |"))
+        assert f"| {code} |" in row
+        assert cls.guarantee in row
+
+
+def test_the_audit_table_in_the_docs_lists_the_registry() -> None:
+    text = (ROOT / "docs" / "audit.md").read_text(encoding="utf-8")
     section = text[text.index("| ID | enforced when |") :]
     ids = re.findall(r"^\| (G\d+) \|", section[: section.index("\n\n")], flags=re.M)
     assert ids == list(GUARANTEES)

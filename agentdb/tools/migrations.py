@@ -42,7 +42,7 @@ def add_migrate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--events-by-month",
         action="store_true",
         help="then partition agent_events by month: retention drops whole months, event"
-        " writes cost more server CPU (README 'Events by month'; re-runnable)",
+        " writes cost more server CPU (docs: Operating, 'Events by month'; re-runnable)",
     )
     _add_lock_timeout(p)
     p.set_defaults(func=_migrate)

@@ -1,4 +1,4 @@
-"""The README's MCP example is examples/mcp_payments.py as it is, and it runs as written."""
+"""The MCP guide's example is examples/mcp_payments.py as it is, and it runs as written."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mcp_payments.py"
 
 
-def test_the_readme_shows_the_mcp_example_as_the_file_is() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### MCP servers") : readme.index("## Put the schema")]
+def test_the_mcp_guide_shows_the_mcp_example_as_the_file_is() -> None:
+    section = (ROOT / "docs" / "guides" / "mcp.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert EXAMPLE.read_text() in blocks
     assert len(EXAMPLE.read_text().splitlines()) <= 40

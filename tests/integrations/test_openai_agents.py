@@ -374,12 +374,12 @@ async def test_outside_a_handler_streaming_and_sessions_are_refused() -> None:
         await oa.AgentdbRunner.run(agent, "hi", job=job, session=object())
 
 
-# ---- the README's first example -------------------------------------------------------------
+# ---- the frameworks guide's first example ---------------------------------------------------
 
 
-def test_the_readme_shows_the_first_example_as_the_file_is_in_30_lines() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### OpenAI Agents SDK") :]
+def test_the_guide_shows_the_first_example_as_the_file_is_in_30_lines() -> None:
+    guide = (ROOT / "docs" / "guides" / "frameworks.md").read_text()
+    section = guide[guide.index("## OpenAI Agents SDK") :]
     first = re.search(r"```python\n(.*?)```", section, flags=re.S)
     assert first is not None
     example = (ROOT / "examples" / "openai_agents_first_agent.py").read_text()
@@ -387,7 +387,7 @@ def test_the_readme_shows_the_first_example_as_the_file_is_in_30_lines() -> None
     assert len(example.splitlines()) <= 30
 
 
-def test_the_readme_s_first_example_runs_as_written() -> None:
+def test_the_guide_s_first_example_runs_as_written() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "openai_agents_first_agent.py")],
         capture_output=True, text=True, timeout=240, check=False, cwd=ROOT,

@@ -1,4 +1,4 @@
-"""Pydantic AI's own documented examples, and the README's first one, run on agentdb as
+"""Pydantic AI's own documented examples, and the frameworks guide's first one, run on agentdb as
 written (examples/pydantic_ai_*.py): the framework's code unchanged but for the wrapper
 line and an offline model."""
 
@@ -93,8 +93,9 @@ async def test_G22_the_approval_example_waits_for_agentdb_approvals_and_honours_
     )
 
 
-def test_the_readme_shows_the_first_example_as_the_file_is() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+def test_the_frameworks_guide_shows_the_first_example_as_the_file_is() -> None:
+    guide = (ROOT / "docs" / "guides" / "frameworks.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
     example = (ROOT / "examples" / "pydantic_ai_agent.py").read_text()
     assert example in blocks
     assert len(example.splitlines()) <= 30

@@ -42,7 +42,9 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="assign tables to roles: tasks, operations, events, outbox, inbox, tenants, "
         "credentials (TABLE '-' for none); tenant=COLUMN names the tenant column",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema: README)")
+    p.add_argument(
+        "--json", action="store_true", help="machine-readable output (schema: docs/audit.md)"
+    )
     p.add_argument(
         "--fail-on",
         choices=("missing", "partial"),
