@@ -77,30 +77,30 @@ test-citus: $(VENV)/.dev ## Citus tests + attacks/runtime/worker/relay/crash/mod
 	AGENTDB_TEST_ON_CITUS=1 $(BIN)/pytest $(CITUS_SUITES) $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev ## ruff (lint + format check), mypy --strict, the import contracts, the README table
-	$(BIN)/ruff check agentdb tests examples
-	$(BIN)/ruff format --check agentdb tests examples
+	$(BIN)/ruff check agentdb dev tests examples
+	$(BIN)/ruff format --check agentdb dev tests examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m agentdb.tools.docs --check
 
 mutate: $(VENV)/.dev ## Mutation check: >= 80 mutants of the guards, each must fail its tests (MUTATE_ARGS=...)
-	$(BIN)/python -m agentdb.tools.mutate $(MUTATE_ARGS)
+	$(BIN)/python -m dev.mutate $(MUTATE_ARGS)
 
 mutate-citus: $(VENV)/.dev ## The mutants of the Citus statements, their tests run on AGENTDB_CITUS_DSN
-	$(BIN)/python -m agentdb.tools.mutate --citus $(MUTATE_ARGS)
+	$(BIN)/python -m dev.mutate --citus $(MUTATE_ARGS)
 
 readme: $(VENV)/.dev ## Regenerate the README's guarantee table from agentdb/guarantees.py
 	$(BIN)/python -m agentdb.tools.docs --write
 
 fmt: $(VENV)/.dev ## Format the code with ruff
-	$(BIN)/ruff format agentdb tests examples
-	$(BIN)/ruff check --fix agentdb tests examples
+	$(BIN)/ruff format agentdb dev tests examples
+	$(BIN)/ruff check --fix agentdb dev tests examples
 
 example: $(VENV)/.embedded ## Run examples/quickstart.py on an embedded Postgres
 	$(BIN)/python examples/quickstart.py
 
 schema: $(VENV)/.embedded ## Rewrite sql/schema.sql from a freshly migrated database (AGENTDB_TEST_DSN, else embedded)
-	$(BIN)/python -m agentdb.tools.schema_state write
+	$(BIN)/python -m dev.schema_state write
 
 sql: $(VENV)/.embedded ## Print the complete DDL (SCHEMA=name to target a schema)
 	@$(BIN)/agentdb sql $(if $(SCHEMA),--schema $(SCHEMA))
