@@ -123,6 +123,6 @@ purge: $(VENV)/.embedded ## Delete what is past retention at DATABASE_URL, in sm
 ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGENTDB_TEST_DSN)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist mutation-results
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis build dist mutation-results
 
 .PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate readme fmt example schema sql migrate rollback status audit purge ci clean
