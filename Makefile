@@ -84,10 +84,10 @@ lint: $(VENV)/.dev ## ruff (lint + format check), mypy --strict, the import cont
 	$(BIN)/python -m dev.docs --check
 
 mutate: $(VENV)/.dev ## Mutation check: >= 80 mutants of the guards, each must fail its tests (MUTATE_ARGS=...)
-	$(BIN)/python -m agentdb.tools.mutate $(MUTATE_ARGS)
+	$(BIN)/python -m dev.mutate $(MUTATE_ARGS)
 
 mutate-citus: $(VENV)/.dev ## The mutants of the Citus statements, their tests run on AGENTDB_CITUS_DSN
-	$(BIN)/python -m agentdb.tools.mutate --citus $(MUTATE_ARGS)
+	$(BIN)/python -m dev.mutate --citus $(MUTATE_ARGS)
 
 readme: $(VENV)/.dev ## Regenerate the guarantee tables, the CLI and errors pages (dev/docs.py)
 	$(BIN)/python -m dev.docs --write
@@ -107,7 +107,7 @@ example: $(VENV)/.embedded ## Run examples/quickstart.py on an embedded Postgres
 	$(BIN)/python examples/quickstart.py
 
 schema: $(VENV)/.embedded ## Rewrite sql/schema.sql from a freshly migrated database (AGENTDB_TEST_DSN, else embedded)
-	$(BIN)/python -m agentdb.tools.schema_state write
+	$(BIN)/python -m dev.schema_state write
 
 sql: $(VENV)/.embedded ## Print the complete DDL (SCHEMA=name to target a schema)
 	@$(BIN)/agentdb sql $(if $(SCHEMA),--schema $(SCHEMA))
@@ -130,6 +130,6 @@ purge: $(VENV)/.embedded ## Delete what is past retention at DATABASE_URL, in sm
 ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGENTDB_TEST_DSN)
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist mutation-results site
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis build dist mutation-results site
 
 .PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate readme docs docs-build fmt example schema sql migrate rollback status audit purge ci clean

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentdb.tools.mutate.catalogue import Mutant, all_mutants
+from dev.mutate.catalogue import Mutant, all_mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 

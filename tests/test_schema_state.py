@@ -2,7 +2,7 @@
 
 * ``tests/baseline/catalogue.json`` froze the catalogue of a database
   migrated by the migrations as they were before the squash (0001-0029,
-  made by ``python -m agentdb.tools.schema_state baseline``): every table
+  made by ``python -m dev.schema_state baseline``): every table
   and column (type, default, nullability, order), constraint (name and
   definition), index, trigger, policy, grant, RLS flag, sequence and
   routine (signature, settings, grants, body), with one events table and
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from agentdb import migrate
-from agentdb.tools import schema_state
+from dev import schema_state
 from tests import _pg
 
 pytestmark = pytest.mark.plain_postgres("the catalogue and schema.sql are plain Postgres's")

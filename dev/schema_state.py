@@ -1,9 +1,9 @@
 """The state of a migrated schema, read back from the catalog: as JSON and as SQL.
 
-    python -m agentdb.tools.schema_state catalogue --dsn URL [--schema S]
-    python -m agentdb.tools.schema_state baseline --dsn SERVER_URL > tests/baseline/catalogue.json
-    python -m agentdb.tools.schema_state sql --dsn URL [--schema S]
-    python -m agentdb.tools.schema_state write [--dsn URL]      # make schema
+    python -m dev.schema_state catalogue --dsn URL [--schema S]
+    python -m dev.schema_state baseline --dsn SERVER_URL > tests/baseline/catalogue.json
+    python -m dev.schema_state sql --dsn URL [--schema S]
+    python -m dev.schema_state write [--dsn URL]      # make schema
 
 ``catalogue`` prints every object of agentdb's in the schema - tables and
 their columns (type, default, nullability, in order), constraints (name and
@@ -49,7 +49,7 @@ from psycopg import sql
 __all__ = ["OWNER", "catalogue", "main", "render_sql", "write_schema_file"]
 
 OWNER = "OWNER"
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_FILE = _ROOT / "sql" / "schema.sql"
 
 # Tables and sequences are agentdb's by name; yoyo's bookkeeping is not the schema.
@@ -551,7 +551,7 @@ def write_schema_file(dsn: str | None, path: Path = SCHEMA_FILE) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentdb.tools.schema_state")
+    parser = argparse.ArgumentParser(prog="python -m dev.schema_state")
     parser.add_argument("what", choices=("catalogue", "baseline", "sql", "write"))
     parser.add_argument("--dsn", default=None, help="a migrated database (write: any server)")
     parser.add_argument("--schema", default=None)

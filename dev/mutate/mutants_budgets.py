@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, M_BUDGETS, M_RETENTION, OPS_SQL, Mutant, T, m
+from dev.mutate.catalogue import ATTACKS, M_BUDGETS, M_RETENTION, OPS_SQL, Mutant, T, m
 
 TESTS = T + "test_budgets.py"
 RACE = TESTS + "::test_G19_fifty_concurrent_reservations_against_a_budget_that_fits_ten"

@@ -2,6 +2,6 @@ from __future__ import annotations
 
 import sys
 
-from agentdb.tools.mutate.run import main
+from dev.mutate.run import main
 
 sys.exit(main())

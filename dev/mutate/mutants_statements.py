@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import (
+from dev.mutate.catalogue import (
     FENCES,
     LEASES_SQL,
     M_FOUNDATION,

@@ -3,7 +3,7 @@ pause and resume, and the cron and interval arithmetic."""
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, M_SCHEDULES, M_TASKS, Mutant, T, m
+from dev.mutate.catalogue import ATTACKS, M_SCHEDULES, M_TASKS, Mutant, T, m
 
 TESTS = T + "test_schedules.py"
 ATTACK = ATTACKS + "::test_attack_is_refused"

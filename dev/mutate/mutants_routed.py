@@ -7,7 +7,7 @@ lists them as not run there.
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import FENCES, M_CITUS, Mutant, T, m
+from dev.mutate.catalogue import FENCES, M_CITUS, Mutant, T, m
 
 ROUTED_SQL = "agentdb/_citus/queries/routed.sql"
 TASKS = T + "test_tasks.py"

@@ -4,7 +4,7 @@ the late wait, the refusals, retention."""
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import (
+from dev.mutate.catalogue import (
     ATTACKS,
     M_ACCESS,
     M_CONTROL_FLOW,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import (
+from dev.mutate.catalogue import (
     ATTACKS,
     FENCES,
     OPS_SQL,

@@ -3,7 +3,7 @@ refused input, and a worker that never leaves a task running."""
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import Mutant, T, m
+from dev.mutate.catalogue import Mutant, T, m
 
 HOSTILE = T + "test_hostile_input.py"
 BOUNCER = T + "test_pgbouncer.py"

@@ -3,7 +3,7 @@ straight-line API, and what the worker does with an effect whose outcome is unkn
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import (
+from dev.mutate.catalogue import (
     ATTACKS,
     M_CONTROL_FLOW,
     M_RETENTION,

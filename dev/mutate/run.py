@@ -1,8 +1,8 @@
 """``make mutate``: apply each mutant to a scratch copy and run the tests that must kill it.
 
-    python -m agentdb.tools.mutate [--jobs 2] [--only ID,ID] [--dsn URL] [--list]
+    python -m dev.mutate [--jobs 2] [--only ID,ID] [--dsn URL] [--list]
 
-Needs a checkout (it copies ``agentdb/``, ``sql/``, ``tests/``, ``examples/``
+Needs a checkout (it copies ``agentdb/``, ``dev/``, ``sql/``, ``tests/``, ``examples/``
 and ``pyproject.toml`` into scratch directories) and a Postgres the tests can
 create databases on: ``--dsn`` / ``AGENTDB_TEST_DSN``, else an embedded one
 started for the run. Each mutant is one exact edit of one file; the targeted
@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from agentdb.tools._common import CITUS_ENV, ON_CITUS_ENV
-from agentdb.tools.mutate.catalogue import Mutant, all_mutants
+from dev.mutate.catalogue import Mutant, all_mutants
 
 __all__ = ["Outcome", "check_catalogue", "main"]
 
-_COPIED = ("agentdb", "sql", "tests", "examples", "pyproject.toml", "README.md")
+_COPIED = ("agentdb", "dev", "sql", "tests", "examples", "pyproject.toml", "README.md")
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
 _SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors)")
 
@@ -50,7 +50,7 @@ class Outcome:
 
 
 def _root() -> Path:
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     if not (root / "tests").is_dir() or not (root / "sql").is_dir():
         raise SystemExit("agentdb mutate: run it from a checkout (tests/ and sql/ are needed)")
     return root
@@ -189,7 +189,7 @@ def _report(outcomes: list[Outcome], mutants: Sequence[Mutant], wall: float, out
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the CLI, flag by flag
-    parser = argparse.ArgumentParser(prog="python -m agentdb.tools.mutate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m dev.mutate", description=__doc__)
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--only", help="comma-separated mutant ids")
     parser.add_argument("--dsn", help="Postgres for the tests (default: $AGENTDB_TEST_DSN)")

@@ -70,7 +70,7 @@ def m(
 
 def all_mutants() -> tuple[Mutant, ...]:
     """Every mutant of the catalogue, in report order."""
-    from agentdb.tools.mutate import (
+    from dev.mutate import (
         mutants_budgets,
         mutants_cancel,
         mutants_code,

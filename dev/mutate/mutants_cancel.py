@@ -3,7 +3,7 @@ refusals, the worker."""
 
 from __future__ import annotations
 
-from agentdb.tools.mutate.catalogue import ATTACKS, M_CONTROL_FLOW, Mutant, T, m
+from dev.mutate.catalogue import ATTACKS, M_CONTROL_FLOW, Mutant, T, m
 
 TESTS = T + "test_cancel.py"
 ATTACK = ATTACKS + "::test_attack_is_refused"
