@@ -147,9 +147,7 @@ def _failed_at(exc: BaseException) -> str:
         os.path.realpath(p)
         for p in {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     )
-    frames = [
-        f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")
-    ]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
     ours = [f for f in frames if not os.path.realpath(f.filename).startswith(installed)]
     last = (ours or frames or [None])[-1]
     return "" if last is None else f"{last.filename}:{last.lineno}: "
