@@ -149,8 +149,8 @@ def _failed_at(exc: BaseException) -> str:
     )
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
     ours = [f for f in frames if not os.path.realpath(f.filename).startswith(installed)]
-    last = (ours or frames or [None])[-1]
-    return "" if last is None else f"{last.filename}:{last.lineno}: "
+    found = ours or frames
+    return f"{found[-1].filename}:{found[-1].lineno}: " if found else ""
 
 
 def load(spec: str, what: str) -> Any:
