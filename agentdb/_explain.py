@@ -30,7 +30,8 @@ _Q = _db.queries(__name__)
 
 def not_found(entity: str, tenant_id: uuid.UUID, id: uuid.UUID) -> NotFound:
     """The error for a row that is not in this tenant."""
-    return NotFound(f"{entity} {id} not found", entity=entity, tenant_id=tenant_id, id=id)
+    # The prefix the guard triggers' messages carry: every agentdb error says whose it is.
+    return NotFound(f"agentdb: {entity} {id} not found", entity=entity, tenant_id=tenant_id, id=id)
 
 
 async def task_write(

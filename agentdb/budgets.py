@@ -246,7 +246,8 @@ async def set_budget(
         ConfigurationError: a malformed unit, a negative or non-integer limit,
             an unknown period.
         BudgetExceeded: the new limit is below what is already spent and held.
-        TenantMismatch: no such tenant (or task in it).
+        NotFound: no such tenant (``entity`` ``"tenant"``).
+        TenantMismatch: no such task in the tenant.
     """
     if not isinstance(unit, str) or _UNIT.fullmatch(unit) is None:
         raise ConfigurationError(f"budget unit {unit!r} is not a lower-case identifier")
@@ -289,7 +290,7 @@ async def set_rate_limit(
 
     Raises:
         ConfigurationError: a malformed action, count or window.
-        TenantMismatch: no such tenant.
+        NotFound: no such tenant (``entity`` ``"tenant"``).
     """
     _check_limit(action, max_calls, per)
     row = await _db.fetch_one(

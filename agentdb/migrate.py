@@ -86,6 +86,17 @@ _YOYO_SCHEMA_VERSION = 2
 _NOW_UTC = sql.SQL("clock_timestamp() AT TIME ZONE 'UTC'")
 # What applying an unrecorded migration whose objects exist fails with.
 _DUPLICATE = {"42P07", "42710", "42723", "42P06"}
+# What the migrations create under a name of their own, read from the files so that a new
+# migration's objects are covered too. Relations (and types, which share their names) in one
+# group, routines in the other; triggers, policies and constraints live on our own tables.
+_CREATES = re.compile(
+    r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:UNIQUE\s+)?"
+    r"(TABLE|INDEX|SEQUENCE|VIEW|TYPE|FUNCTION|PROCEDURE)\s+(?:IF\s+NOT\s+EXISTS\s+)?"
+    r"([a-z_][a-z0-9_]*)",
+    re.M | re.I,
+)
+# How many clashing names a refusal spells out before it counts the rest.
+_CLASHES_SHOWN = 8
 
 Direction = Literal["apply", "rollback"]
 Notify = Callable[[str], None]
@@ -284,6 +295,56 @@ def _applied(s: _Session) -> dict[str, datetime]:
     return applied
 
 
+def _created() -> tuple[list[str], list[str]]:
+    """The relation (and type) names and the routine names the migrations create."""
+    relations: set[str] = set()
+    routines: set[str] = set()
+    for mid in migration_ids():
+        for kind, name in _CREATES.findall(migration_sql(mid)):
+            (routines if kind.upper() in ("FUNCTION", "PROCEDURE") else relations).add(name)
+    return sorted(relations), sorted(routines)
+
+
+def _clash_query(schema: sql.Composable) -> sql.Composed:
+    """One row (``kind name``) per object in ``schema`` named like one the migrations create."""
+    relations, routines = _created()
+    return sql.SQL(
+        "SELECT f.what FROM ("
+        " SELECT c.relname AS name, CASE WHEN c.relkind IN ('i', 'I') THEN 'index'"
+        " WHEN c.relkind = 'S' THEN 'sequence' WHEN c.relkind IN ('v', 'm') THEN 'view'"
+        " ELSE 'table' END || ' ' || c.relname AS what"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = {schema} AND c.relname = ANY({relations}::name[])"
+        # A free-standing type holds the name a table's row type would need.
+        " UNION ALL SELECT t.typname, 'type ' || t.typname"
+        " FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+        " WHERE n.nspname = {schema} AND t.typrelid = 0 AND t.typname = ANY({relations}::name[])"
+        # CREATE OR REPLACE would silently replace a user's routine of the same signature.
+        " UNION ALL SELECT p.proname, CASE WHEN p.prokind = 'p' THEN 'procedure '"
+        " ELSE 'function ' END || p.proname || '()'"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = {schema} AND p.proname = ANY({routines}::name[])"
+        ') f ORDER BY f.name COLLATE "C", f.what'
+    ).format(schema=schema, relations=sql.Literal(relations), routines=sql.Literal(routines))
+
+
+def _refuse_clashes(s: _Session) -> None:
+    """Refuse, before anything is written, a schema without agentdb's history that already
+    holds objects named like agentdb's: they are the user's own, not a half-applied agentdb,
+    and the first migration would fail on them after the ones before it stayed applied."""
+    found = [str(r[0]) for r in s.conn.execute(_clash_query(sql.Literal(s.schema))).fetchall()]
+    if not found:
+        return
+    shown = ", ".join(found[:_CLASHES_SHOWN])
+    if len(found) > _CLASHES_SHOWN:
+        shown += f" and {len(found) - _CLASHES_SHOWN} more"
+    raise MigrationError(
+        f"{s.where} has no agentdb migration history but already holds objects named like"
+        f" agentdb's ({shown}); nothing was applied: migrate into a schema of agentdb's own"
+        " (--schema NAME --create-schema), or move those objects out of the way"
+    )
+
+
 def _holder(s: _Session) -> str:
     row = s.conn.execute(
         "SELECT a.pid, a.usename, coalesce(nullif(a.application_name, ''), '?'),"
@@ -442,8 +503,9 @@ def migrate(
             or the schema is missing.
         DatabaseUnavailable: the server cannot be reached, refuses the login, or
             the connection is lost.
-        MigrationError: the database is ahead of this code, the lock was not
-            granted in time, or a migration failed (that one is rolled back;
+        MigrationError: the database is ahead of this code, the schema has no agentdb
+            history but holds objects named like agentdb's (nothing is applied), the lock
+            was not granted in time, or a migration failed (that one is rolled back;
             earlier ones stay applied); with ``citus``: no citus extension, or
             the distribution failed (the migrations stay, the tables as they were).
     """
@@ -455,6 +517,8 @@ def migrate(
                 f"--citus: the citus extension is not installed in {s.where} (CREATE "
                 "EXTENSION citus on every node, then citus_add_node each worker)"
             )
+        if not _applied(s):
+            _refuse_clashes(s)
         applied = _run(s, "apply", lambda done: [m for m in migration_ids() if m not in done])
         if citus:
             _call(s, "agentdb_distribute()")
@@ -549,6 +613,7 @@ def role_ddl() -> str:
 _PASTE_GUARD = """DO $agentdb$
 DECLARE
     recorded boolean := false;
+    clash text;
 BEGIN
     -- The lock `agentdb migrate` takes: a paste and a migrate never interleave.
     PERFORM pg_advisory_xact_lock({lock_class}, {lock_key});
@@ -559,6 +624,14 @@ BEGIN
     IF recorded THEN
         RAISE EXCEPTION 'agentdb: schema % already has migrations recorded', current_schema()
             USING ERRCODE = '55000', HINT = 'run agentdb migrate instead of this script';
+    END IF;
+    -- Objects named like ours with no history: the user's own (agentdb migrate refuses too).
+    SELECT string_agg(what, ', ') INTO clash FROM ({clashes}) found (what);
+    IF clash IS NOT NULL THEN
+        RAISE EXCEPTION 'agentdb: schema % already holds objects named like agentdb''s: %',
+            current_schema(), clash
+            USING ERRCODE = '42P07', HINT = 'pipe this script into a schema of its own:'
+                ' agentdb sql --schema NAME';
     END IF;
 END
 $agentdb$;"""
@@ -571,7 +644,8 @@ def ddl(*, schema: str | None = None) -> str:
     everything inside it. The script runs in one transaction and records each
     migration as :func:`migrate` does, so ``agentdb migrate`` (or yoyo)
     afterwards has nothing to apply; it refuses a schema that already has
-    migrations recorded.
+    migrations recorded, or objects named like agentdb's. It is for psql, which
+    it tells to stop at the first error (``\\set ON_ERROR_STOP on``).
 
     Raises:
         ConfigurationError: the schema name is not a plain lowercase identifier.
@@ -581,6 +655,9 @@ def ddl(*, schema: str | None = None) -> str:
     head = [
         "-- agentdb schema, generated by `agentdb sql`: every migration and its record in",
         "-- yoyo's bookkeeping tables (as `agentdb migrate` writes them), in one transaction.",
+        "-- psql carries on after an error (hundreds more, then exit status 0) unless told",
+        "-- to stop: stop at the first one, whose message says what is in the way.",
+        "\\set ON_ERROR_STOP on",
         "BEGIN;",
     ]
     if schema is not None:
@@ -589,7 +666,8 @@ def ddl(*, schema: str | None = None) -> str:
             sql.SQL("CREATE SCHEMA IF NOT EXISTS {};").format(name).as_string(None),
             sql.SQL("SET LOCAL search_path TO {};").format(name).as_string(None),
         ]
-    head.append(_PASTE_GUARD.format(lock_class=LOCK_CLASS, lock_key=_LOCK_KEY_SQL))
+    clashes = _clash_query(sql.SQL("current_schema()")).as_string(None)
+    head.append(_PASTE_GUARD.format(lock_class=LOCK_CLASS, lock_key=_LOCK_KEY_SQL, clashes=clashes))
     head.append(_create_yoyo_tables(None, list(_YOYO_TABLES), if_missing=True).as_string(None))
     parts = ["\n".join(head), ""]
     for mid in migration_ids():

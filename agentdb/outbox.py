@@ -59,7 +59,8 @@ async def enqueue(
     Raises:
         PayloadTooLarge: ``payload`` is over 64 KiB.
         DuplicateKey: ``message_id`` was already used in this tenant.
-        TenantMismatch: the tenant or task does not exist (in this tenant).
+        NotFound: the tenant does not exist (``entity`` ``"tenant"``).
+        TenantMismatch: the task does not exist in this tenant.
     """
     body = document(payload or {}, cap=OBJECT_CAP, what=f"outbox payload for {topic}")
     mid = message_id or uuid.uuid4()

@@ -97,7 +97,7 @@ async def create(
             ``params`` that are not plain JSON data (:mod:`agentdb.hashing`). Nothing
             was created.
         IdempotencyConflict: a schedule of that name has another definition.
-        TenantMismatch: ``tenant_id`` names no tenant.
+        NotFound: ``tenant_id`` names no tenant (``entity`` ``"tenant"``).
         InvariantViolation: a CHECK refused a value, such as an ``every`` with months or
             fractions of a second, or a cron expression agentdb does not read (named).
     """
@@ -161,7 +161,7 @@ async def get(db: _db.Executor, tenant_id: uuid.UUID, name: str) -> Schedule:
 
 
 def _missing(tenant_id: uuid.UUID, name: str) -> NotFound:
-    return NotFound(f"schedule {name!r} not found", entity="schedule", tenant_id=tenant_id,
+    return NotFound(f"agentdb: schedule {name!r} not found", entity="schedule", tenant_id=tenant_id,
                     id=uuid.UUID(int=0))  # fmt: skip
 
 

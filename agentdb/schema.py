@@ -105,8 +105,8 @@ async def check(db: _db.Executor) -> str:
     """Return the schema's version if it is at least :func:`required_version`.
 
     Raises:
-        MigrationError: the schema is older than this code (or not agentdb's):
-            run ``agentdb migrate``.
+        MigrationError: the schema is not migrated at all, or older than this code
+            (or not agentdb's): run ``agentdb migrate``.
     """
     need = required_version()
     try:
@@ -115,6 +115,11 @@ async def check(db: _db.Executor) -> str:
         # 42883 undefined_function: a schema not migrated to the end, or not agentdb's.
         if getattr(exc, "sqlstate", None) != "42883":
             raise
+        if not (await _db.fetch_one(db, _Q["schema_has_agentdb"]))["migrated"]:
+            raise MigrationError(
+                "the database schema is not migrated (no agentdb tables on the search_path): "
+                "run `agentdb migrate` first"
+            ) from None
         raise MigrationError(
             f"the database schema is older than this agentdb (it needs migration {need}): "
             "run `agentdb migrate` first"

@@ -127,7 +127,8 @@ async def create(
         PayloadTooLarge: ``params`` is over 64 KiB.
         ConfigurationError: ``params`` is not JSON data, ``deadline`` or ``wake_at`` has no
             time zone, or ``child_key`` comes without ``parent`` or with ``dedupe_key``.
-        TenantMismatch: ``tenant_id`` names no tenant, or ``parent`` no task of it.
+        NotFound: ``tenant_id`` names no tenant (``entity`` ``"tenant"``).
+        TenantMismatch: ``parent`` names no task of the tenant.
         TaskFinished: ``parent`` has finished; it takes no new child.
         DeadlineExceeded: ``parent`` passed its deadline; it takes no new child.
         InvariantViolation: another CHECK refused a value (named in the error), such as a

@@ -136,7 +136,7 @@ async def set_concurrency_limit(
     Raises:
         ConfigurationError: ``max_running`` is negative or not an integer, or
             ``task_type`` is empty or over 200 characters.
-        TenantMismatch: there is no such tenant.
+        NotFound: there is no such tenant (``entity`` ``"tenant"``).
     """
     if max_running is not None and (
         isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 0

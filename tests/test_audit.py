@@ -1434,3 +1434,34 @@ def test_G24_a_foreign_scheduler_without_a_tick_key_is_missing_and_the_fix_appli
     fixed = audit.audit(dsn).finding("G24")
     assert fixed.status == "enforced", fixed
     assert "unique key jobs_schedule_tick_key" in fixed.evidence
+
+
+def test_a_saas_schema_tenanted_by_org_id_is_not_called_single_tenant(
+    pg_server: _pg.Server, empty_db: str
+) -> None:
+    """No tenant_id, but org_id on the tables: the report names org_id and the --map line to
+    use, instead of calling the schema single-tenant; with that --map it is judged."""
+    _apply(
+        pg_server.url(empty_db),
+        """
+        CREATE TABLE orgs (id uuid PRIMARY KEY);
+        CREATE TABLE jobs (id uuid PRIMARY KEY, org_id uuid NOT NULL REFERENCES orgs,
+                           state text NOT NULL, run_at timestamptz NOT NULL DEFAULT now(),
+                           attempts int NOT NULL DEFAULT 0);
+        CREATE TABLE job_events (id bigserial PRIMARY KEY, org_id uuid NOT NULL,
+                                 job_id uuid NOT NULL REFERENCES jobs, event_type text);
+        """,
+    )
+    dsn = _as_auditor(pg_server, empty_db)
+    result = _cli("--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    assert "single-tenant" not in result.stdout, result.stdout
+    assert (
+        "note: no table has a tenant_id column, but 2 have org_id: if that is the tenant, "
+        "run again with --map tenant=org_id" in result.stdout
+    ), result.stdout
+    report = audit.audit(dsn)
+    for gid in ("G2", "G15", "G17", "G18"):
+        assert "--map tenant=org_id" in report.finding(gid).reason, report.finding(gid)
+    mapped = audit.audit(dsn, mapping={"tenant": "org_id"})
+    assert mapped.finding("G2").status != "not_applicable", mapped.render()

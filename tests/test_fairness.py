@@ -29,7 +29,7 @@ import pytest
 
 from agentdb import _db, leases, tasks, tenancy
 from agentdb._citus import routed
-from agentdb.errors import ConfigurationError, TenantMismatch, TransientError
+from agentdb.errors import ConfigurationError, NotFound, TransientError
 from agentdb.models import Task
 from agentdb.worker import Job, Worker
 from tests._procs import stop_workers, worker_processes
@@ -218,7 +218,7 @@ async def test_G18_set_concurrency_limit_refuses_bad_input(
     for kind in ("", "x" * 201):
         with pytest.raises(ConfigurationError):
             await tenancy.set_concurrency_limit(pool, tenants.a, 1, task_type=kind)
-    with pytest.raises(TenantMismatch):
+    with pytest.raises(NotFound):
         await tenancy.set_concurrency_limit(pool, uuid.uuid4(), 1)
     assert await tenancy.concurrency_limits(pool, tenants.a) == []
 

@@ -237,6 +237,46 @@ def test_a_pasted_schema_is_recorded_and_a_second_paste_is_refused(
     assert _relations(empty_db) == before
 
 
+def _users_own_tables(dsn: str) -> None:
+    """Schema myapp as a user's application made it: an agent_tasks of its own."""
+    with _pg.admin(dsn) as conn:
+        conn.execute("CREATE SCHEMA myapp")
+        conn.execute("CREATE TABLE myapp.agent_tasks (id bigint PRIMARY KEY, title text)")
+        conn.execute("INSERT INTO myapp.agent_tasks VALUES (1, 'mine')")
+
+
+def test_a_paste_into_a_schema_with_a_users_agent_tasks_stops_at_once(empty_db: str) -> None:
+    """psql without -v ON_ERROR_STOP=1, as a user pipes it: the script stops psql itself
+    (it used to print hundreds of errors and exit 0), saying what is in the way."""
+    _users_own_tables(empty_db)
+    script = _cli("sql", "--schema", "myapp")
+    assert script.returncode == 0, script.stderr
+    pasted = subprocess.run(
+        [_pg.pg_bin("psql"), "-X", "-q", "--dbname", empty_db],
+        input=script.stdout, text=True, capture_output=True, check=False,
+    )  # fmt: skip
+    assert pasted.returncode != 0, pasted.stderr
+    errors = [line for line in pasted.stderr.splitlines() if "ERROR:" in line]
+    assert len(errors) == 1, pasted.stderr
+    assert "already holds objects named like agentdb's: table agent_tasks" in errors[0]
+    assert _relations(empty_db) == ["myapp.agent_tasks", "myapp.agent_tasks_pkey"]
+
+
+def test_migrate_into_a_schema_with_a_users_agent_tasks_applies_nothing(empty_db: str) -> None:
+    """The clash is the user's own table, not a half-applied agentdb: refused before the
+    first migration, naming what is in the way (not advice to `yoyo mark` it)."""
+    _users_own_tables(empty_db)
+    with _pg.admin(empty_db) as conn:
+        conn.execute(
+            "CREATE FUNCTION myapp.agentdb_notify() RETURNS int LANGUAGE sql AS 'SELECT 1'"
+        )
+    refused = _cli("migrate", "--dsn", empty_db, "--schema", "myapp")
+    _one_line(refused, 1, "no agentdb migration history but already holds objects named like")
+    assert "(table agent_tasks, function agentdb_notify())" in refused.stderr
+    assert "yoyo mark" not in refused.stderr
+    assert _relations(empty_db) == ["myapp.agent_tasks", "myapp.agent_tasks_pkey"]
+
+
 def test_yoyo_sees_what_agentdb_applied_and_agentdb_sees_what_yoyo_rolled_back(
     empty_db: str,
 ) -> None:

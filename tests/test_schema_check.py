@@ -16,6 +16,7 @@ from agentdb import migrate, schema
 from agentdb.errors import MigrationError
 from agentdb.relay import Relay
 from agentdb.worker import Job, Worker
+from tests import _pg
 from tests.conftest import Database
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,3 +86,20 @@ def test_the_worker_command_says_so_in_one_line(db: Database) -> None:
     assert proc.stderr.startswith(
         f"agentdb: the database schema is at migration {older}, this agentdb needs {newest}"
     ), proc.stderr
+
+
+def test_an_empty_database_is_not_migrated_not_older(pg_server: _pg.Server) -> None:
+    """A first run before `agentdb migrate` is told so, not that its schema is "older"."""
+    with _pg.temp_database(pg_server) as name:
+        for command in (["worker", "tests.fixture_handlers:HANDLERS", "--no-listen"], ["status"]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "agentdb", *command, "--dsn", pg_server.url(name)],
+                cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert proc.returncode == 1, proc.stderr
+            assert proc.stderr.count("\n") == 1, proc.stderr
+            assert proc.stderr.startswith(
+                "agentdb: the database schema is not migrated (no agentdb tables on the"
+                " search_path): run `agentdb migrate` first"
+            ), proc.stderr

@@ -6,11 +6,12 @@ import json
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 
 from agentdb import budgets, leases, operations, outbox, tasks, tenancy
-from agentdb.status import snapshot
+from agentdb.status import Snapshot, TenantStatus, snapshot
 from agentdb.tools.status import to_json, to_table
 from tests import factories as F
 from tests.conftest import Database, Tenants
@@ -185,3 +186,21 @@ async def test_status_names_the_oldest_open_transaction_that_holds_back_cleanup(
         assert (await snapshot(admin_conn)).oldest_transaction is None
     finally:
         await holder.close()
+
+
+def test_the_docs_show_the_tables_status_prints() -> None:
+    """The docs' `agentdb status` example (Operating) has each table's title and head line
+    as to_table prints them (it once showed one wide table where three are printed)."""
+    page = Path(__file__).resolve().parent.parent / "docs" / "deploy" / "operating.md"
+    readme = page.read_text()
+    example = readme.split('$ agentdb status --dsn "$DATABASE_URL"\n', 1)[1].split("```", 1)[0]
+    total = TenantStatus(None, "ALL")
+    backlog = dict.fromkeys(("event_payloads", "events", "outbox_delivered", "inbox"), 0)
+    printed = to_table(Snapshot(datetime.now(UTC), [], total, backlog))
+    titles = [line for line in printed.splitlines() if line and line[0] != " " and "  " not in line]
+    heads = [line for line in printed.splitlines() if line.startswith("tenant ")]
+    assert titles[:3] == ["tasks", "delivery", "claiming (G18)"], printed
+    assert len(heads) == 3, printed
+    shown = [" ".join(line.split()) for line in example.splitlines()]  # widths follow the rows
+    for line in [*titles[:3], *heads]:
+        assert " ".join(line.split()) in shown, line

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from agentdb import leases, tasks
+from agentdb import leases, outbox, tasks
 from agentdb.errors import (
     IdempotencyConflict,
     InvalidTransition,
@@ -113,12 +113,38 @@ async def test_G3_concurrent_creates_with_one_dedupe_key_make_one_task(
     )
 
 
-async def test_G2_create_for_an_unknown_tenant_is_a_tenant_mismatch(
+async def test_G2_create_for_an_unknown_tenant_is_not_found(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:
-    with pytest.raises(TenantMismatch) as refused:
-        await tasks.create(pool, uuid.uuid4(), "t")
-    assert refused.value.constraint == "agent_tasks_tenant_fkey"
+    """A tenant that does not exist is NotFound for that tenant (it was TenantMismatch
+    carrying the raw foreign-key text); a parent in another tenant stays TenantMismatch."""
+    nobody = uuid.uuid4()
+    with pytest.raises(NotFound) as refused:
+        await tasks.create(pool, nobody, "t")
+    assert (refused.value.entity, refused.value.tenant_id, refused.value.id) == (
+        "tenant", nobody, nobody,
+    )  # fmt: skip
+    assert str(refused.value) == f"agentdb: tenant {nobody} not found"
+    with pytest.raises(NotFound, match=f"^agentdb: tenant {nobody} not found$"):
+        async with pool.acquire() as conn:
+            await outbox.enqueue(conn, nobody, "topic", {})
+    with pytest.raises(NotFound, match=r"^agentdb: task "):  # the prefix every error has
+        await tasks.get(pool, tenants.a, uuid.uuid4())
+    parent = await tasks.create(pool, tenants.a, "t")
+    with pytest.raises(TenantMismatch):
+        await tasks.create(pool, tenants.b, "t", parent=parent.id, child_key="c")
+
+
+async def test_every_tenant_fkey_is_the_foreign_key_to_agent_tenants(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """The error mapping reads a refused <table>_tenant_fkey as "no such tenant"."""
+    rows = await admin_conn.fetch(
+        "SELECT conname, confrelid::regclass::text AS target FROM pg_constraint"
+        " WHERE contype = 'f' AND conname LIKE '%\\_tenant\\_fkey'"
+    )
+    assert len(rows) >= 10
+    assert {r["target"] for r in rows} == {"agent_tenants"}
 
 
 async def test_get_unknown_task_raises_not_found(pool: asyncpg.Pool, tenants: Tenants) -> None:

@@ -577,6 +577,29 @@ def test_bad_handler_module_is_one_line(db: Database) -> None:
         assert fragment in err
 
 
+def test_a_handler_module_that_fails_at_import_names_its_file_and_line(
+    db: Database, tmp_path: Path
+) -> None:
+    """Where the user's module broke, in the one line: the SyntaxError's place, or the last
+    frame of the user's code (here in a module the handler module imports)."""
+    (tmp_path / "h_syntax.py").write_text("HANDLERS = {\n    'a': lambda job: None,\n  oops\n}\n")
+    (tmp_path / "h_helper.py").write_text("import json\n\n\nCONFIG = json.loads('{')\n")
+    (tmp_path / "h_runtime.py").write_text("import h_helper\n\nHANDLERS = {}\n")
+    for spec, where in [
+        ("h_syntax:HANDLERS", f"{tmp_path / 'h_syntax.py'}:3: SyntaxError: "),
+        ("h_runtime:HANDLERS", f"{tmp_path / 'h_helper.py'}:4: JSONDecodeError: "),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentdb", "worker", spec, "--dsn", db.admin_dsn],
+            env=dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}"), cwd=tmp_path,
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"agentdb: cannot import handler module {spec[:-9]!r}: ")
+        assert where in proc.stderr, proc.stderr
+
+
 async def test_unknown_task_type_is_reported_and_left_pending(
     db: Database, tenants: Tenants, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:

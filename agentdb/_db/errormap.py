@@ -8,6 +8,7 @@ classes it returns are :mod:`agentdb.errors`'s.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
@@ -20,6 +21,7 @@ from agentdb.errors import (
     ConfigurationError,
     DuplicateKey,
     InvariantViolation,
+    NotFound,
     PayloadTooLarge,
     PoolerMismatch,
     RateLimited,
@@ -60,12 +62,21 @@ _BAD_INPUT = {
 #: A unique violation on a partition of agent_events (events by month) names the partition's
 #: index (agent_events_p2026_12_pkey); the key it enforces is the partitioned table's.
 _EVENT_PARTITION_KEY = re.compile(r"agent_events_(?:legacy|default|p[0-9]{4}_[0-9]{2})_pkey")
+#: The foreign keys from a row's tenant_id to agent_tenants (named <table>_tenant_fkey;
+#: tests/test_tasks.py checks the convention): refused, they say the tenant does not exist.
+_TENANT_FKEYS: Final = frozenset(n for n in CONSTRAINTS if n.endswith("_tenant_fkey"))
 #: SQLSTATEs a transaction pooler causes when named prepared statements are in use.
 _POOLED = {"26000": "invalid_sql_statement_name", "42P05": "duplicate_prepared_statement"}
 
 
-def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBError | None:
+def error_for(
+    sqlstate: str, constraint: str | None, message: str, *, tenant_id: uuid.UUID | None = None
+) -> AgentDBError | None:
     """The agentdb error for a database error, from its SQLSTATE and constraint name.
+
+    ``tenant_id``: the tenant the statement was given, if one; a refusal by a
+    tenant foreign key is then :class:`NotFound` for that tenant (a missing
+    tenant, not a row pointing across tenants).
 
     Returns ``None`` for an error agentdb does not recognise: the caller
     re-raises the original, because agentdb never hides what it does not
@@ -91,6 +102,11 @@ def error_for(sqlstate: str, constraint: str | None, message: str) -> AgentDBErr
         constraint = "agent_events_pkey"
     if constraint is None or constraint not in CONSTRAINTS:
         return None
+    if sqlstate == "23503" and constraint in _TENANT_FKEYS and tenant_id is not None:
+        return NotFound(
+            f"agentdb: tenant {tenant_id} not found", entity="tenant", tenant_id=tenant_id,
+            id=tenant_id,
+        )  # fmt: skip
     if sqlstate == "23503":
         return TenantMismatch(message, sqlstate=sqlstate, constraint=constraint)
     if sqlstate == "23505":

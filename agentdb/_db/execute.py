@@ -11,6 +11,7 @@ message text).
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any, NoReturn, TypeAlias, TypeGuard
@@ -77,11 +78,12 @@ def parse_status(status: str) -> int:
     return int(m.group(1))
 
 
-def translate(exc: BaseException) -> BaseException:
+def translate(exc: BaseException, *, tenant_id: uuid.UUID | None = None) -> BaseException:
     """Map a database or connection error to agentdb's hierarchy.
 
-    Unknown database errors come back unchanged: agentdb never hides what it
-    does not understand.
+    ``tenant_id``: the tenant the statement was given (see
+    :func:`agentdb._db.errormap.error_for`). Unknown database errors come back
+    unchanged: agentdb never hides what it does not understand.
     """
     if isinstance(exc, AgentDBError):
         return exc
@@ -97,15 +99,20 @@ def translate(exc: BaseException) -> BaseException:
         if constraint is None and sqlstate.startswith("23"):
             found = _CITUS_CONSTRAINT.search(message)
             constraint = found.group(1) if found else None
-        mapped = error_for(sqlstate, constraint, message)
+        mapped = error_for(sqlstate, constraint, message, tenant_id=tenant_id)
         return exc if mapped is None else mapped
     if isinstance(exc, (asyncpg.ConnectionDoesNotExistError, ConnectionError, TimeoutError)):
         return TransientError(f"lost the database connection: {exc}")
     return exc
 
 
-def _reraise(exc: BaseException, db: Executor) -> NoReturn:
-    mapped = translate(exc)
+def _tenant_of(params: dict[str, Any]) -> uuid.UUID | None:
+    tenant = params.get("tenant_id")
+    return tenant if isinstance(tenant, uuid.UUID) else None
+
+
+def _reraise(exc: BaseException, db: Executor, tenant_id: uuid.UUID | None = None) -> NoReturn:
+    mapped = translate(exc, tenant_id=tenant_id)
     # asyncpg reports use of a connection it already saw die as a plain
     # InterfaceError - or, when the server's goodbye (pg_terminate_backend, a
     # failover) arrived while the connection sat idle, as an InternalClientError
@@ -133,7 +140,7 @@ async def _rows(db: Executor, q: Query, params: dict[str, Any]) -> list[Record]:
     try:
         return await db.fetch(q.sql, *args)
     except Exception as exc:
-        _reraise(exc, db)
+        _reraise(exc, db, _tenant_of(params))
 
 
 async def fetch_many(db: Executor, q: Query, /, **params: Any) -> list[Record]:
@@ -202,7 +209,7 @@ async def execute_rows(db: Executor, q: Query, /, **params: Any) -> int:
     try:
         status = await db.execute(q.sql, *args)
     except Exception as exc:
-        _reraise(exc, db)
+        _reraise(exc, db, _tenant_of(params))
     return parse_status(status)
 
 
@@ -224,7 +231,8 @@ async def execute_each(db: Executor, q: Query, rows: list[dict[str, Any]]) -> No
     try:
         await db.executemany(q.sql, args)
     except Exception as exc:
-        _reraise(exc, db)
+        tenants = {_tenant_of(r) for r in rows}
+        _reraise(exc, db, tenants.pop() if len(tenants) == 1 else None)
 
 
 def is_pool(db: Executor) -> TypeGuard[Pool]:

@@ -9,7 +9,9 @@ import json
 import logging
 import os
 import sys
+import sysconfig
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -134,6 +136,23 @@ def setup_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
 
 
+def _failed_at(exc: BaseException) -> str:
+    """``file:line: `` of the user's code the exception came from, or ``""``.
+
+    The last frame outside the import machinery and the installed packages: the
+    line of the user's module (or of a module of theirs it imports) that failed,
+    not the depths of a library it called.
+    """
+    installed = tuple(
+        os.path.realpath(p)
+        for p in {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    )
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    ours = [f for f in frames if not os.path.realpath(f.filename).startswith(installed)]
+    found = ours or frames
+    return f"{found[-1].filename}:{found[-1].lineno}: " if found else ""
+
+
 def load(spec: str, what: str) -> Any:
     """Import ``module:attribute`` (the current directory is importable).
 
@@ -147,9 +166,15 @@ def load(spec: str, what: str) -> Any:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}: " if exc.filename else ""
+        raise ConfigurationError(
+            f"cannot import {what} module {module_name!r}: {where}SyntaxError: {exc.msg}"
+        ) from exc
     except Exception as exc:
         raise ConfigurationError(
-            f"cannot import {what} module {module_name!r}: {type(exc).__name__}: {exc}"
+            f"cannot import {what} module {module_name!r}: "
+            f"{_failed_at(exc)}{type(exc).__name__}: {exc}"
         ) from exc
     try:
         return getattr(module, attr)

@@ -65,8 +65,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def one_line(message: object) -> str:
-    """``message`` on one line: a newline inside an argument or a driver's reason is a space."""
-    return _BREAKS.sub(" ", str(message)).strip()
+    """``message`` on one line: a newline inside an argument or a driver's reason is a space.
+
+    An error's own ``agentdb:`` prefix is dropped: the line already starts with one.
+    """
+    return _BREAKS.sub(" ", str(message)).strip().removeprefix("agentdb: ")
 
 
 def _adder(name: str) -> Adder:

@@ -166,7 +166,7 @@ def _reindex(t: Table, ctx: Context, i: Index, new: list[str | None]) -> list[st
 
 def check_g15(ctx: Context) -> Finding:
     """G15: forced row-level security on tenant-owned tables, and no role bypasses it."""
-    if (na := single_tenant("G15", ctx.single_tenant, ctx.tc)) is not None:
+    if (na := single_tenant("G15", ctx.single_tenant, ctx.tc, ctx.tenant_candidate)) is not None:
         return na
     f = Findings()
     owned = ctx.owned
@@ -294,7 +294,7 @@ def check_g16(ctx: Context) -> Finding:
 
 def check_g17(ctx: Context) -> Finding:
     """G17: tenant data is anchored by RESTRICT keys; credentials are references."""
-    if (na := single_tenant("G17", ctx.single_tenant, ctx.tc)) is not None:
+    if (na := single_tenant("G17", ctx.single_tenant, ctx.tc, ctx.tenant_candidate)) is not None:
         return na
     f = Findings()
     tc = ctx.tc

@@ -37,7 +37,7 @@ def check_g18(ctx: Context) -> Finding:
     t = ctx.tasks
     if t is None:
         return not_applicable("G18", "no task table: nothing is claimed")
-    alone = single_tenant("G18", ctx.single_tenant, ctx.tc)
+    alone = single_tenant("G18", ctx.single_tenant, ctx.tc, ctx.tenant_candidate)
     if alone is not None:
         return alone
     if ctx.tc not in t.columns:

@@ -135,7 +135,7 @@ def _reference(ctx: Context, child: Table, parent: Table, fk_name: str) -> str:
 
 def check_g2(ctx: Context) -> Finding:  # noqa: C901, PLR0912 - one branch per kind of key
     """G2: every key and foreign key of a tenant-owned table carries the tenant column."""
-    if (na := single_tenant("G2", ctx.single_tenant, ctx.tc)) is not None:
+    if (na := single_tenant("G2", ctx.single_tenant, ctx.tc, ctx.tenant_candidate)) is not None:
         return na
     f = Findings()
     tc = ctx.tc

@@ -22,7 +22,9 @@ A table is *tenant-owned* when it has that column and is one of the tables
 above, has row-level security, has the column in a key, or is linked by a
 foreign key to a task/operation/event/outbox table; a table that merely
 carries the column (a role -> tenant lookup keyed by role) is not. When no
-table has the tenant column the schema is single-tenant (said once, in a note).
+table has the tenant column the schema is single-tenant (said once, in a note),
+unless a column such as ``org_id`` may be the tenant: the note then names it
+and the ``--map tenant=`` to run again with.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ _TASK_NAME = re.compile(r"(^|_)(tasks?|jobs?|workflows?)($|_)")
 _OP_NAME = re.compile(r"operation|effect|action|call|step")
 _EVENT_NAME = re.compile(r"(^|_)(events?|audits?|audit_log|logs?|histor(y|ies)|journal)($|_)")
 _CREDENTIAL_NAME = re.compile(r"credential|secret")
+# What a SaaS schema calls its tenant when not tenant_id: named, not assumed (--map tenant=).
+_TENANT_LIKE = (
+    "org_id", "organization_id", "organisation_id", "account_id", "workspace_id", "team_id",
+    "company_id", "customer_id",
+)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -107,6 +114,8 @@ class Context:
         tenants_oid: the table the tenant column references, even outside the schema.
         owned: the tenant-owned tables.
         notes: what the report says about how roles were chosen.
+        single_tenant: no table has the tenant column (and none was mapped).
+        tenant_candidate: then, a column that may be the tenant under another name.
     """
 
     cat: Catalog
@@ -117,6 +126,7 @@ class Context:
     owned: list[Table]
     notes: list[str]
     single_tenant: bool = False
+    tenant_candidate: str | None = None
 
     @property
     def scope(self) -> tuple[str, ...]:
@@ -170,12 +180,34 @@ def detect(cat: Catalog, mapping: Mapping[str, str]) -> Context:
     # No table carries the tenant column at all: the schema serves one tenant.
     # Said once here; the tenancy guarantees are marked, not judged, per row.
     single = "tenant" not in mapping and not any(tc in t.columns for t in cat.tables.values())
-    if single:
+    candidate = _tenant_candidate(cat, kinds) if single else None
+    if candidate is not None:
+        carriers = sum(candidate in t.columns for t in cat.tables.values())
+        notes.append(
+            f"no table has a {tc} column, but {carriers} have {candidate}: if that is the "
+            f"tenant, run again with --map tenant={candidate}; until then tenancy guarantees "
+            "are not judged"
+        )
+    elif single:
         notes.append(
             f"single-tenant schema: no table has a {tc} column (--map tenant=COLUMN names "
             "one); tenancy guarantees are not applicable"
         )
-    return Context(cat, tc, kinds, refs, tenants_oid, owned, notes, single)
+    return Context(cat, tc, kinds, refs, tenants_oid, owned, notes, single, candidate)
+
+
+def _tenant_candidate(cat: Catalog, kinds: Mapping[str, Table | None]) -> str | None:
+    """A column that looks like a SaaS schema's tenant under another name (``org_id``...):
+    the task table's if it has one, else the one most tables carry."""
+    tasks = kinds.get("tasks")
+    if tasks is not None:
+        for name in _TENANT_LIKE:
+            if name in tasks.columns:
+                return name
+    counts = Counter(n for t in cat.tables.values() for n in _TENANT_LIKE if n in t.columns)
+    if not counts:
+        return None
+    return max(_TENANT_LIKE, key=lambda n: counts[n])
 
 
 def _roles(

@@ -90,17 +90,23 @@ def not_applicable(gid: str, reason: str) -> Finding:
     return Finding(gid, GUARANTEES[gid].title, "not_applicable", reason)
 
 
-def single_tenant(gid: str, single: bool, tc: str) -> Finding | None:
+def single_tenant(gid: str, single: bool, tc: str, candidate: str | None = None) -> Finding | None:
     """The finding of a tenancy guarantee on a single-tenant schema, else ``None``.
 
     The report's notes say once that the schema is single-tenant; each such
     finding points there instead of repeating that no table has a tenant.
+    With ``candidate`` (a column that may be the tenant) it names the
+    ``--map`` to judge the guarantee by instead.
 
     Raises:
         KeyError: ``gid`` is not a guarantee of the registry.
     """
     if not single:
         return None
+    if candidate is not None:
+        return not_applicable(
+            gid, f"no {tc} column; if {candidate} is the tenant: --map tenant={candidate}"
+        )
     return not_applicable(gid, f"single-tenant schema (no {tc} column; see the note)")
 
 
