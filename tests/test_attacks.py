@@ -634,9 +634,16 @@ def _late(move: str) -> Step:
     """A task of tenant a past its deadline (``PAST``), then one raw write to it: ``to_dead``
     / ``to_cancelled`` / ``claim`` from pending; ``finish`` / ``finish_dead`` from running
     (the deadline passed while it ran); ``extend`` of the passed deadline; ``extend_open`` of
-    one that has not passed."""
+    one that has not passed; ``retry`` (an operator's: dead back to pending) of a task past
+    its deadline, ``retry_open`` of one within it."""
 
     async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        if move.startswith("retry"):  # dead, then back to pending (0013.operator's edge)
+            task_id = await F.create_task(
+                conn, ctx.a, deadline_at=PAST if move == "retry" else FUTURE
+            )
+            await F.update_task(conn, ctx.a, task_id, state="dead", state_version=1)
+            return await F.update_task(conn, ctx.a, task_id, state="pending", state_version=2)
         if move == "extend_open":
             task_id = await F.create_task(conn, ctx.a, deadline_at=FUTURE)
             return await F.update_task(
@@ -1911,6 +1918,13 @@ CASES: list[Case] = [
         _late("to_cancelled"),
         _late("claim"),
         label="cancel",
+    ),
+    Case(
+        "agent_tasks_deadline_guard",
+        "AG013",
+        _late("retry_open"),
+        _late("retry"),
+        label="retry",
     ),
     Case(
         "agent_operations_for_open_task",

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from agentdb import _db, leases, operations, outbox, tasks, tenancy
+from agentdb import _db, leases, operations, outbox, overview, tasks, tenancy
 from agentdb.errors import (
     DeadlineExceeded,
     IdempotencyConflict,
@@ -184,6 +184,44 @@ async def test_G6_raw_sql_moves_back_to_pending_only_from_failed_or_dead(
             await _back_to_pending(admin_conn, task_id)
 
 
+async def test_G6_the_retry_statement_alone_refuses_a_live_task_or_a_stale_version(
+    agentdb_pool: _db.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """task_retry run on its own, as a client of the raw statements would: each of its
+    guards refuses while the other lets the write through (tasks.retry checks the state
+    first and reads the version it passes, so only the statement alone reaches them)."""
+    # A task asleep on a signal, at its current version: the version fits, the state does
+    # not (waiting -> pending is an edge, and no CHECK stands in the way as one does for a
+    # running task's lease).
+    live = await tasks.create(agentdb_pool, tenants.a, "live")
+    [claimed] = await leases.claim(agentdb_pool, "w1", task_types=["live"])
+    asleep = await tasks.transition(
+        agentdb_pool, tenants.a, live.id, expected_version=claimed.state_version,
+        to_state="waiting", wait_signal="approval", lease=claimed.lease,
+    )  # fmt: skip
+    assert asleep.state == "waiting"
+    before = await admin_conn.fetchrow("SELECT * FROM agent_tasks WHERE id = $1", live.id)
+    assert await tasks._retry(
+        agentdb_pool, tenants.a, live.id, asleep.state_version, "mallory", {}
+    ) is None  # fmt: skip
+    assert await admin_conn.fetchrow("SELECT * FROM agent_tasks WHERE id = $1", live.id) == before
+    # A failed task at a version it has moved on from: the state fits, the version does not.
+    failed = await _finished(agentdb_pool, tenants.a, "failed", max_attempts=1)
+    now = await tasks.get(agentdb_pool, tenants.a, failed)
+    assert await tasks._retry(
+        agentdb_pool, tenants.a, failed, now.state_version - 1, "mallory", {}
+    ) is None  # fmt: skip
+    assert (await tasks.get(agentdb_pool, tenants.a, failed)) == now
+    retried = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_events WHERE event_type = 'task.retried'"
+    )
+    assert retried == 0
+    # Control: both fit.
+    row = await tasks._retry(agentdb_pool, tenants.a, failed, now.state_version, "carol", {})
+    assert row is not None
+    assert (row["state"], row["attempts"]) == ("pending", 0)
+
+
 # ---- messages and effects -------------------------------------------------------------
 
 
@@ -223,6 +261,28 @@ async def _unknown_effect(pool: _db.Pool, tenant: uuid.UUID) -> uuid.UUID:
     await operations.mark_unknown(pool, reserved.operation, error="timeout", lease=claimed.lease)
     await tasks.cancel(pool, tenant, task.id, actor="ops")
     return reserved.operation.id
+
+
+async def test_G13_unsettled_lists_no_effect_of_a_task_under_a_live_lease(
+    agentdb_pool: _db.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """An unknown effect whose holder still runs is its holder's to settle: the operator is
+    offered it to reconcile only once the lease has run out."""
+    task = await tasks.create(agentdb_pool, tenants.a, "charge")
+    [claimed] = await leases.claim(agentdb_pool, "w1", task_types=["charge"])
+    reserved = await operations.reserve(
+        agentdb_pool, tenants.a, task.id, f"{task.id}/charge", "psp.charge", {"n": 1},
+        lease=claimed.lease,
+    )  # fmt: skip
+    await operations.mark_unknown(
+        agentdb_pool, reserved.operation, error="timeout", lease=claimed.lease
+    )
+    listed = await overview.unsettled(agentdb_pool, tenants.a)
+    assert str(reserved.operation.id) not in {r["id"] for r in listed}
+    # Control: the holder is gone (its lease ran out), so the effect is the operator's.
+    await F.expire_lease(admin_conn, task.id)
+    listed = await overview.unsettled(agentdb_pool, tenants.a)
+    assert str(reserved.operation.id) in {r["id"] for r in listed}
 
 
 # ---- the command line -----------------------------------------------------------------

@@ -74,6 +74,7 @@ def all_mutants() -> tuple[Mutant, ...]:
         mutants_budgets,
         mutants_cancel,
         mutants_code,
+        mutants_operator,
         mutants_production,
         mutants_routed,
         mutants_schedules,
@@ -94,4 +95,5 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_schedules.MUTANTS
         + mutants_routed.MUTANTS
         + mutants_steps.MUTANTS
+        + mutants_operator.MUTANTS
     )

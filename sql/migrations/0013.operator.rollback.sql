@@ -157,6 +157,13 @@ REVOKE EXECUTE ON PROCEDURE agentdb_grant_roles() FROM PUBLIC;
 DELETE FROM agent_transitions
 WHERE entity = 'task' AND to_state = 'pending' AND from_state IN ('failed', 'dead');
 
+-- 0006.control_flow's deadline guard, whole.
+DROP TRIGGER agent_tasks_deadline_guard ON agent_tasks;
+CREATE TRIGGER agent_tasks_deadline_guard
+    BEFORE UPDATE ON agent_tasks
+    FOR EACH ROW WHEN (OLD.deadline_at IS NOT NULL AND OLD.state IN ('pending', 'waiting', 'running'))
+    EXECUTE FUNCTION agentdb_guard_deadline();
+
 -- The names: on a plain schema the constraint, on a distributed one the
 -- reference table that holds them there (0012 has neither).
 ALTER TABLE agent_tenants DROP CONSTRAINT IF EXISTS agent_tenants_name_key;

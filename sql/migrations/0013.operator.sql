@@ -47,6 +47,17 @@ INSERT INTO agent_transitions (entity, from_state, to_state) VALUES
     ('task', 'failed', 'pending'),
     ('task', 'dead',   'pending');
 
+-- G21: past its deadline a task only ends - and a retry is no way round it.
+-- The guard is redefined whole to see the two edges above: it fired only for
+-- an unfinished task (OLD.state pending, waiting or running), so a failed or
+-- dead task past its deadline went back to pending unchecked.
+DROP TRIGGER agent_tasks_deadline_guard ON agent_tasks;
+CREATE TRIGGER agent_tasks_deadline_guard
+    BEFORE UPDATE ON agent_tasks
+    FOR EACH ROW WHEN (OLD.deadline_at IS NOT NULL
+                       AND (OLD.state IN ('pending', 'waiting', 'running') OR NEW.state = 'pending'))
+    EXECUTE FUNCTION agentdb_guard_deadline();
+
 -- G15: the roles, agentdb_operator with them. Idempotent, as in 0010.access.
 CREATE OR REPLACE PROCEDURE agentdb_grant_roles()
     LANGUAGE plpgsql
