@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(1200)
 
 
-
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
