@@ -198,6 +198,13 @@ def test_the_installed_wheel_migrates_and_runs_a_durable_handler(
     ran = _run(venv, ["python", str(script), fresh_database], tmp_path, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["succeeded", "1"]  # the effect called once
+    # The first-agent page's own handler, as the page runs it (examples/first_agent.py).
+    first = _run(
+        venv, ["python", str(ROOT / "examples" / "first_agent.py")], tmp_path, timeout=180,
+        DATABASE_URL=fresh_database,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("refund succeeded, steps recorded: ["), first.stdout
 
 
 def test_the_installed_wheel_has_the_demo_and_the_operator_commands(
