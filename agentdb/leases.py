@@ -226,7 +226,7 @@ async def expire_deadlines(
     Returns the (tenant_id, task_id) pairs moved (at most ``batch``).
 
     Raises:
-        mapped database errors.
+        AgentDBError: a mapped database error.
     """
     return [(r["tenant_id"], r["id"]) for r in await _expire(db, actor, batch)]
 

@@ -222,7 +222,7 @@ async def fire_due(db: _db.Executor, *, batch: int = 100) -> list[Fired]:
     logged and skipped, so it cannot hold up the others.
 
     Raises:
-        mapped database errors other than those.
+        AgentDBError: a mapped database error other than those.
     """
     fired: list[Fired] = []
     for due in await _db.fetch_many(db, _Q["schedule_due"], batch=batch):

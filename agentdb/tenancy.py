@@ -166,7 +166,7 @@ async def tenant_scope(db: _db.Executor, tenant_id: uuid.UUID) -> AsyncIterator[
     """Open a transaction scoped to ``tenant_id`` and yield its connection.
 
     Raises:
-        whatever the block raises (the transaction is rolled back).
+        Exception: whatever the block raises (the transaction is rolled back).
     """
     async with _db.transaction(db) as conn:
         await _db.fetch_one(conn, _Q["tenant_scope_set"], tenant_id=tenant_id)
