@@ -166,8 +166,18 @@ CREATE TRIGGER agent_tasks_deadline_guard
 
 -- The names: on a plain schema the constraint, on a distributed one the
 -- reference table that holds them there (0012 has neither).
-ALTER TABLE agent_tenants DROP CONSTRAINT IF EXISTS agent_tenants_name_key;
-DROP TABLE IF EXISTS agent_tenant_names;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_constraint c
+               WHERE c.conrelid = 'agent_tenants'::regclass
+                 AND c.conname = 'agent_tenants_name_key') THEN
+        ALTER TABLE agent_tenants DROP CONSTRAINT agent_tenants_name_key;
+    END IF;
+    IF to_regclass('agent_tenant_names') IS NOT NULL THEN
+        DROP TABLE agent_tenant_names;
+    END IF;
+END
+$$;
 
 -- 0012.citus's agentdb_distribute(), whole.
 -- Distribute the schema (see 0012.citus's header). Owner only.

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agentdb import leases, migrate, operations, outbox, retention, tasks, tenancy
+from agentdb import _db, leases, migrate, operations, outbox, retention, tasks, tenancy
 from agentdb.errors import (
     DuplicateKey,
     InvalidTransition,
@@ -31,6 +31,7 @@ from agentdb.models import Message, Reservation
 from agentdb.tools.audit import api as audit
 from tests import _pg
 from tests.citus.conftest import Cluster, Three, fresh_database
+from tests.test_statements import CITUS_ONLY
 
 T = TypeVar("T")
 NIL = uuid.UUID(int=0)
@@ -421,6 +422,18 @@ async def test_G2_tenant_names_are_unique_on_citus_in_agent_tenant_names(
     taken = await tenancy.create_tenant(conn, other)
     assert await conn.fetchval(claim, other) == taken
     assert await tenancy.create_tenant(conn, other) == taken
+
+
+@pytest.mark.parametrize("name", sorted(CITUS_ONLY))
+async def test_the_citus_only_statements_prepare_on_the_cluster(
+    name: str, conn: asyncpg.Connection
+) -> None:
+    """What tests/test_statements.py checks of every statement, for those of a table only a
+    distributed schema has."""
+    q = _db.QUERIES[name]
+    stmt = await conn.prepare(q.sql)
+    actual = [t.name for t in stmt.get_parameters()]
+    assert actual == [p.type for p in q.params], name
 
 
 async def test_tenant_scope_reaches_the_workers(citus: Cluster, three: Three) -> None:
