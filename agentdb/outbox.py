@@ -320,6 +320,20 @@ class Delivery:
     delivered_at: datetime | None
     last_error: str | None
 
+    @classmethod
+    def from_record(cls, r: _db.Record) -> Delivery:
+        return cls(
+            id=r["id"],
+            tenant_id=r["tenant_id"],
+            topic=r["topic"],
+            state=r["state"],
+            attempts=r["attempts"],
+            max_attempts=r["max_attempts"],
+            next_attempt_at=r["next_attempt_at"],
+            delivered_at=r["delivered_at"],
+            last_error=r["last_error"],
+        )
+
 
 async def get(db: _db.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID) -> Delivery:
     """Return a message's delivery state.
@@ -331,17 +345,7 @@ async def get(db: _db.Executor, tenant_id: uuid.UUID, message_id: uuid.UUID) -> 
     r = await _db.fetch_optional(db, _Q["outbox_get"], tenant_id=tenant_id, id=message_id)
     if r is None:
         raise _explain.not_found("outbox", tenant_id, message_id)
-    return Delivery(
-        id=r["id"],
-        tenant_id=r["tenant_id"],
-        topic=r["topic"],
-        state=r["state"],
-        attempts=r["attempts"],
-        max_attempts=r["max_attempts"],
-        next_attempt_at=r["next_attempt_at"],
-        delivered_at=r["delivered_at"],
-        last_error=r["last_error"],
-    )
+    return Delivery.from_record(r)
 
 
 async def retry(
@@ -358,17 +362,7 @@ async def retry(
     if r is None:
         now = await get(db, tenant_id, message_id)  # NotFound when it is not there
         raise InvalidTransition(f"message {message_id} is {now.state}: only a dead one is retried")
-    return Delivery(
-        id=r["id"],
-        tenant_id=r["tenant_id"],
-        topic=r["topic"],
-        state=r["state"],
-        attempts=r["attempts"],
-        max_attempts=r["max_attempts"],
-        next_attempt_at=r["next_attempt_at"],
-        delivered_at=r["delivered_at"],
-        last_error=r["last_error"],
-    )
+    return Delivery.from_record(r)
 
 
 @twin(routed.outbox_retry)

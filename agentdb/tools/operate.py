@@ -28,6 +28,7 @@ from agentdb import _db, operations, outbox, overview, signals, tasks, tenancy
 from agentdb.errors import AgentDBError, ConfigurationError
 from agentdb.models import Operation, Signal, Task
 from agentdb.tools._common import add_target, dsn_from, run_with_pool
+from agentdb.tools.console.pages import age
 
 __all__ = [
     "add_approve",
@@ -168,19 +169,6 @@ def _emit(args: argparse.Namespace, value: Any, lines: list[str]) -> int:
         for line in lines:
             print(line)
     return 0
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m"
-    if s < 172800:
-        return f"{s // 3600}h"
-    return f"{s // 86400}d"
 
 
 # ---- tenants --------------------------------------------------------------------------
@@ -339,7 +327,7 @@ def _task_list(args: argparse.Namespace) -> int:
 
     rows = _run(args, body)
     lines = [
-        f"{r['id']} {r['task_type']} {r['state']} age={_age(r['age_s'])}"
+        f"{r['id']} {r['task_type']} {r['state']} age={age(r['age_s'])}"
         + (f" error={r['last_error']!r}" if r["last_error"] else "")
         for r in rows
     ]
@@ -516,7 +504,7 @@ def _effects_list(args: argparse.Namespace) -> int:
 
     rows = _run(args, body)
     lines = [
-        f"{r['id']} {r['action']} {r['state']} task={r['task_id']} age={_age(r['age_s'])}"
+        f"{r['id']} {r['action']} {r['state']} task={r['task_id']} age={age(r['age_s'])}"
         for r in rows
     ]
     return _emit(args, rows, lines)
