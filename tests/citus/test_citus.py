@@ -160,6 +160,8 @@ def test_migrate_citus_distributes_a_database_that_already_holds_rows(citus: Clu
         plain = _cli("migrate", "--dsn", fresh.dsn)
         assert plain.returncode == 0, plain.stderr
         _demo(fresh.dsn)  # tasks, events, operations, holds, outbox and inbox rows
+        with _pg.admin(fresh.dsn) as conn:  # a schema migrated already: the demo leaves it plain
+            assert conn.execute("SELECT count(*) FROM pg_dist_partition").fetchone() == (0,)
         with _pg.admin(fresh.dsn) as conn:
             before = conn.execute(_COUNTS).fetchone()
         assert before is not None
@@ -229,6 +231,30 @@ def _bodies(cluster: Cluster) -> list[tuple[list[tuple[str, str, str]], bool]]:
                 ([tuple(r) for r in conn.execute(_BODIES).fetchall()], bool(late and late[0]))
             )
     return out
+
+
+def test_the_demo_on_a_fresh_citus_database_distributes_what_it_migrates(
+    citus: Cluster,
+) -> None:
+    """`agentdb demo --dsn <coordinator>` as a user would run it: not on coordinator-local
+    tables, but distributed by tenant, as `agentdb migrate --citus` makes them."""
+    with fresh_database(citus.dsn, "agentdb_demo") as fresh:
+        run = _cli(
+            "demo", "--dsn", fresh.dsn, "--tasks", "12", "--tenants", "2", "--workers", "1",
+            "--relays", "1", "--kill-every", "0", "--seed", "3",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert "a Citus coordinator: agentdb's tables are distributed by tenant" in run.stderr
+        with _pg.admin(fresh.dsn) as conn:
+            distributed = conn.execute(
+                "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'agent_%'"
+            ).fetchone()
+            tasks_done = conn.execute(
+                "SELECT count(*) FILTER (WHERE state = 'succeeded') FROM agent_tasks"
+            ).fetchone()
+        assert distributed == (19,)
+        assert tasks_done is not None
+        assert tasks_done[0] > 0
 
 
 def test_migrations_applied_after_distribution_reach_every_worker(citus: Cluster) -> None:

@@ -446,6 +446,30 @@ async def run_workload(
     return result
 
 
+def _fresh_on_citus(dsn: str) -> bool:
+    """Whether ``dsn``'s database has the citus extension and no agentdb schema yet.
+
+    The demo then distributes what it migrates, as ``agentdb migrate --citus``
+    would: run on coordinator-local tables it would pass and show nothing of
+    Citus. A schema migrated already is left as it is (distributing it is the
+    operator's step: ``agentdb migrate --citus``). A server it cannot reach is
+    for the migration to report, in its own words.
+    """
+    import psycopg
+
+    from agentdb._citus.migrate import HAS_CITUS
+    from agentdb.migrate import libpq_dsn
+
+    try:
+        with psycopg.connect(libpq_dsn(dsn), autocommit=True, connect_timeout=10) as conn:
+            if conn.execute(HAS_CITUS).fetchone() is None:
+                return False
+            row = conn.execute("SELECT to_regclass('agent_tenants') IS NULL").fetchone()
+    except psycopg.Error:
+        return False
+    return bool(row and row[0])
+
+
 def with_database(
     dsn: str | None, body: Callable[[str, IO[bytes], Path], int], limits: Limits | None = None
 ) -> int:
@@ -474,7 +498,14 @@ def with_database(
     with ExitStack() as stack:
         if dsn:
             with step("migrating the database"):
-                migrate(dsn)
+                citus = _fresh_on_citus(dsn)
+                if citus:
+                    print(
+                        "a Citus coordinator: agentdb's tables are distributed by tenant"
+                        " (as agentdb migrate --citus does)",
+                        file=sys.stderr,
+                    )
+                migrate(dsn, citus=citus)
         else:
             print("starting an embedded Postgres (no server to install)...", file=sys.stderr)
             with step("starting an embedded Postgres"):
