@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from agentdb import _db, budgets
+from agentdb._citus import routing
 from agentdb.budgets import Budget, RateLimit
 from agentdb.retention import DEFAULT_AGES
 
-__all__ = ["TASK_STATES", "OpenTransaction", "Snapshot", "TenantStatus", "snapshot"]
+__all__ = ["TASK_STATES", "OpenTransaction", "Process", "Snapshot", "TenantStatus", "snapshot"]
 
 #: The task states, in the order a report lists them (agent_tasks_state_valid).
 TASK_STATES = ("pending", "waiting", "running", "succeeded", "failed", "dead", "cancelled")
@@ -82,6 +83,16 @@ class OpenTransaction:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Process:
+    """A worker or relay connected now, and the database node its sessions are on."""
+
+    kind: str  # 'worker' or 'relay'
+    owner: str  # its lease owner name (worker_id, relay_id)
+    node: str  # host:port of the server (on Citus: the coordinator or a worker node)
+    sessions: int
+
+
 @dataclass
 class Snapshot:
     at: datetime
@@ -92,6 +103,18 @@ class Snapshot:
     global_rate_limits: list[RateLimit] = field(default_factory=list)
     #: None when no other session (that this role may see) has a transaction open.
     oldest_transaction: OpenTransaction | None = None
+    #: The workers and relays connected now (that this role may see), by name.
+    processes: list[Process] = field(default_factory=list)
+
+
+async def _processes(db: _db.Executor) -> list[Process]:
+    """The workers and relays connected now; on Citus, to any node of the cluster."""
+    query = "status_processes_citus" if await routing.distributed(db) else "status_processes"
+    out = []
+    for r in await _db.fetch_many(db, _Q[query]):
+        _, kind, owner = str(r["application_name"]).split(" ", 2)
+        out.append(Process(kind, owner, f"{r['node_host']}:{r['node_port']}", r["sessions"]))
+    return out
 
 
 async def snapshot(db: _db.Executor) -> Snapshot:
@@ -139,6 +162,7 @@ async def snapshot(db: _db.Executor) -> Snapshot:
         inbox=DEFAULT_AGES["inbox"],
     )
     old = await _db.fetch_optional(db, _Q["status_oldest_transaction"])
+    processes = await _processes(db)
     total = TenantStatus(None, "ALL")
     tenants = sorted(per.values(), key=lambda t: (t.name, str(t.tenant_id)))
     for t in tenants:
@@ -154,4 +178,5 @@ async def snapshot(db: _db.Executor) -> Snapshot:
         else OpenTransaction(
             old["pid"], old["login"], old["application_name"], old["state"], float(old["seconds"])
         ),
+        processes,
     )

@@ -10,7 +10,7 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0013.operator (13).
+-- Migrations: 0001.foundation ... 0014.citus_scale (14).
 
 -- ==== sequences ====================================================================
 
@@ -1279,6 +1279,26 @@ BEGIN
     -- part-way leaves nothing distributed; triggers stay on the tables.
     PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
     PERFORM set_config('citus.enable_unsafe_triggers', 'on', true);
+
+    -- Issue 40: the per-tenant statements on tenant-leading indexes. On one
+    -- node the claim and the relay find expired leases and due messages
+    -- across tenants (lease_claim, outbox_claim), by time alone; on Citus each
+    -- shard holds many tenants and every statement names one (routed_claim,
+    -- routed_outbox_claim, and the discovery's probe per tenant), so the
+    -- time-only index read the other tenants' rows of the shard. Redefined
+    -- here under the same names, before the tables are distributed (their
+    -- shards copy the definition) or on the distributed tables (Citus carries
+    -- the DDL to every shard).
+    IF pg_get_indexdef('agent_tasks_lease_expiry_idx'::regclass) NOT LIKE '%(tenant_id, lease_expires_at)%' THEN
+        DROP INDEX agent_tasks_lease_expiry_idx;
+        CREATE INDEX agent_tasks_lease_expiry_idx ON agent_tasks (tenant_id, lease_expires_at)
+            WHERE state = 'running';
+    END IF;
+    IF pg_get_indexdef('agent_outbox_pending_idx'::regclass) NOT LIKE '%(tenant_id, next_attempt_at)%' THEN
+        DROP INDEX agent_outbox_pending_idx;
+        CREATE INDEX agent_outbox_pending_idx ON agent_outbox (tenant_id, next_attempt_at)
+            WHERE state = 'pending';
+    END IF;
 
     IF EXISTS (SELECT 1 FROM pg_trigger g
                WHERE g.tgrelid = 'agent_tasks'::regclass AND g.tgname = 'agent_tasks_notify') THEN
@@ -3142,7 +3162,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0013.operator'::text $function$;
+AS $function$ SELECT '0014.citus_scale'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

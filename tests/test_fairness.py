@@ -469,3 +469,132 @@ async def test_G18_the_pick_takes_only_due_tasks_with_attempts_left(
     got = await leases.claim(admin_conn, "w", batch=10, lease_ttl=timedelta(minutes=5))
     assert len(got) == 2  # positive control: both due tasks with attempts left
     assert {later.id, exhausted}.isdisjoint(t.id for t in got)
+
+
+# ---- the Citus claim's discovery, amortised (issue 40) ----------------------------------------
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[dict[str, Any]]:
+    """Every run of statement ``name`` through _db.fetch_many, with its parameters."""
+    seen: list[dict[str, Any]] = []
+    real = _db.fetch_many
+
+    async def fetch_many(conn: Any, q: Any, /, **params: Any) -> list[Any]:
+        if q.name == name:
+            seen.append(params)
+        return await real(conn, q, **params)
+
+    monkeypatch.setattr(_db, "fetch_many", fetch_many)
+    return seen
+
+
+async def _rotation(db: Database, claims: int, *, outbox: bool = False) -> list[uuid.UUID]:
+    """The tenant of each of ``claims`` routed claims of batch 1 on one runtime connection,
+    each after the last one's tenant (as a worker walks)."""
+    conn = await db.connect(RUNTIME)
+    got: list[uuid.UUID] = []
+    after: uuid.UUID | None = None
+    try:
+        for _ in range(claims):
+            if outbox:
+                rows = await routed.outbox_claim(
+                    conn, "r", batch=1, visibility=timedelta(minutes=5), after_tenant=after
+                )
+            else:
+                rows = await routed.claim(
+                    conn, "w", batch=1, lease_ttl=timedelta(minutes=5), task_types=None,
+                    after_tenant=after,
+                )  # fmt: skip
+            if not rows:
+                break
+            after = rows[-1]["tenant_id"]
+            got.append(after)
+    finally:
+        await conn.close()
+    return got
+
+
+async def _tenants_with_work(conn: asyncpg.Connection, n: int, each: int) -> list[uuid.UUID]:
+    ids = sorted(uuid.uuid4() for _ in range(n))
+    for i, tid in enumerate(ids):
+        await conn.execute("INSERT INTO agent_tenants (id, name) VALUES ($1, $2)", tid, f"r{i}")
+        await _seed(conn, tid, each)
+    return ids
+
+
+async def test_G18_the_citus_claim_discovers_once_and_walks_the_ring_round_robin(
+    db: Database, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Citus a discovery (routed_due_tenants) reads every shard and a tenant's claim one:
+    twenty claims of batch 1 over five tenants must walk what one discovery found, round
+    robin, wrapping round it - not ask every shard again each claim (36 and 68 remote
+    commands a claim, measured). Fails on a ring used only when enough tenants follow the
+    last one (the old rule), on a ring never wrapped, and on a walk that is not fair."""
+    ids = await _tenants_with_work(admin_conn, 5, 4)
+    discoveries = _counting(monkeypatch, "routed_due_tenants")
+    got = await _rotation(db, 20)
+    assert got == ids * 4
+    assert len(discoveries) == 1, discoveries
+
+
+async def test_G18_an_arc_of_the_walk_is_walked_on_past_its_end_by_one_more_discovery(
+    db: Database, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More tenants with work than one discovery asks for: the ring holds an arc of the walk,
+    and the walk past its end asks again from there (never wraps inside the arc, which
+    would starve the tenants beyond it). Fails on wrapping an incomplete ring."""
+    monkeypatch.setattr(routed, "_RING_SIZE", 3)
+    monkeypatch.setattr(routed, "_PROBE", 1)
+    ids = await _tenants_with_work(admin_conn, 7, 2)
+    discoveries = _counting(monkeypatch, "routed_due_tenants")
+    got = await _rotation(db, 14)
+    assert got == ids * 2
+    # One discovery per arc of three, each from where the walk stood; not one per claim.
+    assert len(discoveries) <= 14 // 3 + 2, len(discoveries)
+    assert [d["after_tenant"] for d in discoveries][:3] == [None, ids[2], ids[5]]
+
+
+async def test_G18_a_ring_is_read_again_when_its_tenants_run_dry_or_it_ages(
+    db: Database, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant drained is passed over; work that arrives later for a tenant the ring does
+    not hold is found once the ring ages (or every tenant in it ran dry)."""
+    ids = await _tenants_with_work(admin_conn, 2, 1)
+    conn = await db.connect(RUNTIME)
+    try:
+        first = await routed.claim(
+            conn, "w", batch=4, lease_ttl=timedelta(minutes=5), task_types=None, after_tenant=None
+        )
+        assert sorted(r["tenant_id"] for r in first) == ids
+        late = await _tenant(admin_conn, "late")
+        await _seed(admin_conn, late, 1)
+        discoveries = _counting(monkeypatch, "routed_due_tenants")
+        # Both tenants of the ring are dry now: the next claim asks again and finds the new one.
+        again = await routed.claim(
+            conn, "w", batch=4, lease_ttl=timedelta(minutes=5), task_types=None,
+            after_tenant=ids[-1],
+        )  # fmt: skip
+        assert [r["tenant_id"] for r in again] == [late]
+        assert len(discoveries) == 1
+    finally:
+        await conn.close()
+
+
+async def test_G10_the_citus_relay_claim_discovers_once_and_walks_the_ring(
+    db: Database, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's claim on Citus (routed.outbox_claim) keeps its discovery as the task
+    claim does: ten claims of batch 1 over five tenants, one discovery, round robin."""
+    ids = sorted(uuid.uuid4() for _ in range(5))
+    for i, tid in enumerate(ids):
+        await admin_conn.execute(
+            "INSERT INTO agent_tenants (id, name) VALUES ($1, $2)", tid, f"o{i}"
+        )
+        for _ in range(2):
+            await admin_conn.execute(
+                "INSERT INTO agent_outbox (tenant_id, topic, payload) VALUES ($1, 't', '{}')", tid
+            )
+    discoveries = _counting(monkeypatch, "routed_outbox_due_tenants")
+    got = await _rotation(db, 10, outbox=True)
+    assert got == ids * 2
+    assert len(discoveries) == 1, discoveries

@@ -253,7 +253,7 @@ TWINS: tuple[Twin, ...] = (
             "state = 'pending' AND next_attempt_at <= now()",
             "attempts >= max_attempts",
             "FOR UPDATE SKIP LOCKED",
-            "lease_token = lease_token + 1",
+            "lease_token = CASE WHEN exhausted THEN lease_token ELSE lease_token + 1 END",
         ),
         "sets",
         "agent_outbox",

@@ -13,8 +13,12 @@ from agentdb.models import Operation, OutboxMessage, Task
 # Statements of a table only a distributed schema has (agent_tenant_names: 0013.operator's
 # agentdb_distribute); tests/citus prepares them on the cluster.
 CITUS_ONLY = frozenset(
-    {"routed_tenant_name_claim", "routed_tenant_name_holder", "routed_tenant_name_take"}
-)
+    {
+        "routed_tenant_name_claim", "routed_tenant_name_holder", "routed_tenant_name_take",
+        # citus_stat_activity and pg_dist_node: the citus extension's own views.
+        "status_processes_citus",
+    }
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(set(_db.QUERIES) - CITUS_ONLY))

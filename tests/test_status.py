@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
-from agentdb import budgets, leases, operations, outbox, tasks, tenancy
+from agentdb import _db, budgets, leases, operations, outbox, tasks, tenancy
 from agentdb.status import Snapshot, TenantStatus, snapshot
 from agentdb.tools.status import to_json, to_table
 from tests import factories as F
-from tests.conftest import Database, Tenants
+from tests._procs import stop_workers, worker_processes
+from tests.conftest import RUNTIME, Database, Tenants
 
 
 def _status(db: Database, *args: str) -> subprocess.CompletedProcess[str]:
@@ -204,3 +207,52 @@ def test_the_docs_show_the_tables_status_prints() -> None:
     shown = [" ".join(line.split()) for line in example.splitlines()]  # widths follow the rows
     for line in [*titles[:3], *heads]:
         assert " ".join(line.split()) in shown, line
+
+
+async def test_status_lists_the_workers_and_relays_connected_with_their_node(
+    db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """A worker's and a relay's sessions are named ('agentdb worker <id>', 'agentdb relay
+    <id>': the CLI names its pools so) and status lists each with the server they are on
+    and how many sessions it holds; other sessions are not listed. On Citus the node is
+    the one each was pointed at (tests/citus/test_citus_nodes.py)."""
+    pool = await _db.create_pool(
+        db.url(RUNTIME), min_size=2, max_size=2, application_name="agentdb worker w-status"
+    )
+    relay = await db.connect()
+    other = await db.connect()
+    try:
+        await relay.execute("SET application_name = 'agentdb relay r-status'")
+        await other.execute("SET application_name = 'agentdb-ish report'")
+        s = await snapshot(admin_conn)
+        port = await admin_conn.fetchval("SELECT current_setting('port')::int")
+        mine = {(p.kind, p.owner, p.sessions) for p in s.processes}
+        assert mine == {("worker", "w-status", 2), ("relay", "r-status", 1)}, s.processes
+        assert all(p.node.endswith(f":{port}") for p in s.processes)
+        assert {p["owner"] for p in to_json(s)["processes"]} == {"w-status", "r-status"}
+        table = to_table(s)
+        assert "workers and relays" in table
+        assert "w-status" in table
+    finally:
+        await pool.close()
+        await relay.close()
+        await other.close()
+
+
+async def test_status_lists_an_agentdb_worker_process_by_its_id(
+    db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """`agentdb worker` names its pool's sessions, so a running worker process is listed
+    under its own id (host:pid:random) with this server as its node."""
+    procs = worker_processes(db.url(RUNTIME), "tests.fixture_handlers:RATED", 1, 1)
+    try:
+        found: list[Any] = []
+        for _ in range(300):
+            found = [p for p in (await snapshot(admin_conn)).processes if p.kind == "worker"]
+            if found:
+                break
+            await asyncio.sleep(0.1)
+        assert len(found) == 1, found
+        assert f":{procs[0].pid}:" in found[0].owner
+    finally:
+        stop_workers(procs)

@@ -14,10 +14,12 @@ read and then taken tenant by tenant.
 
 from __future__ import annotations
 
+import bisect
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -72,69 +74,114 @@ def _claim_event(row: _db.Record) -> dict[str, Any]:
 async def due_tenants(
     db: _db.Executor, after: uuid.UUID | None, limit: int, task_types: list[str] | None
 ) -> list[uuid.UUID]:
-    """Up to ``limit`` tenants with work a worker may take, after ``after`` and then wrapping.
+    """Up to ``limit`` tenants with work a worker may take, in walk order: the ones after
+    ``after``, then from the first (one statement; it reads every shard).
 
     Raises:
         mapped database errors.
     """
-    return await _walk(db, "routed_due_tenants", after, limit, task_types=task_types)
+    rows = await _db.fetch_many(
+        db, _Q["routed_due_tenants"], after_tenant=after, max_tenants=limit,
+        task_types=task_types,
+    )  # fmt: skip
+    return [r["tenant_id"] for r in rows]
 
 
-async def _walk(
-    db: _db.Executor, query: str, after: uuid.UUID | None, limit: int, **extra: Any
-) -> list[uuid.UUID]:
-    """Up to ``limit`` tenants a discovery ``query`` finds after ``after``, then from the start."""
-    rows = await _db.fetch_many(db, _Q[query], after_tenant=after, max_tenants=limit, **extra)
-    found = [r["tenant_id"] for r in rows]
-    if len(found) < limit and after is not None:
-        again = await _db.fetch_many(
-            db, _Q[query], after_tenant=None, max_tenants=limit - len(found), **extra
-        )
-        found += [r["tenant_id"] for r in again if r["tenant_id"] not in found]
-    return found
+@dataclass(slots=True)
+class _Ring:
+    """The tenants one discovery found, for the claims that follow it.
+
+    A discovery reads every shard (32 by default: 32 remote commands through
+    the coordinator) and a tenant's claim reads one, so successive claims walk
+    on through what the last discovery found instead of asking again. Fair as
+    the walk itself (G18): the ring is in the walk's order, and the claims
+    take its tenants in turn from the one after the caller's last.
+
+    ``complete``: the discovery found fewer than it asked for, so the ring held
+    every tenant with work then, and a walk that reaches its end wraps round it.
+    Otherwise it holds an arc of the walk, and the walk past its end asks
+    again from there. A tenant whose claim gave nothing is ``dry``: passed
+    over until the ring is read again; a ring with none left is read again at
+    once. A tenant whose work arrived after the discovery waits at most
+    :data:`_RING_AGE` seconds.
+    """
+
+    owner: object  # the pool or connection: its id is not reused while the ring lives
+    born: float
+    tenants: list[uuid.UUID]
+    complete: bool
+    dry: set[uuid.UUID] = field(default_factory=set)
+
+    def next(self, after: uuid.UUID | None, want: int) -> list[uuid.UUID] | None:
+        """Up to ``want`` tenants after ``after``; ``None``: this ring cannot tell."""
+        live = [t for t in self.tenants if t not in self.dry]
+        if not live:
+            return None
+        if self.complete:
+            order = sorted(live)
+            start = bisect.bisect_right(order, after) if after is not None else 0
+            return (order[start:] + order[:start])[:want]
+        if after is None or after not in self.tenants:
+            return None
+        rest = [t for t in self.tenants[self.tenants.index(after) + 1 :] if t not in self.dry]
+        return rest[:want] if len(rest) >= want else None
 
 
-# The tenants the last discovery found, per pool or connection, in walk order:
-# successive claims walk on through them before looking again, because a
-# discovery reads every shard and a claim reads one. A tenant whose claim
-# came back empty leaves the ring; the ring is read again after _RING_AGE
-# seconds, so a tenant whose work just arrived waits at most that long.
-_RING_SIZE = 64
-_RING_AGE = 1.0
-_RINGS: OrderedDict[int, tuple[object, tuple[str, ...] | None, float, list[uuid.UUID]]] = (
-    OrderedDict()
-)
+# Per pool or connection, per discovery statement and task types; the oldest go.
+_RING_SIZE = 64  # tenants one discovery asks for
+_RING_AGE = 1.0  # seconds a ring is walked before it is read again
+_RINGS_KEPT = 64
+_RINGS: OrderedDict[tuple[int, str, tuple[str, ...] | None], _Ring] = OrderedDict()
 
 
-def _ring_key(db: _db.Executor) -> object:
-    return db if _db.is_pool(db) else _db.raw_connection(cast("_db.Conn", db))
+def _ring_key(
+    db: _db.Executor, query: str, task_types: list[str] | None
+) -> tuple[object, tuple[int, str, tuple[str, ...] | None]]:
+    owner = db if _db.is_pool(db) else _db.raw_connection(cast("_db.Conn", db))
+    return owner, (id(owner), query, tuple(task_types) if task_types is not None else None)
 
 
 async def _next_tenants(
-    db: _db.Executor, after: uuid.UUID | None, want: int, task_types: list[str] | None
-) -> list[uuid.UUID]:
-    """Up to ``want`` tenants with work after ``after``: from the ring, else discovered."""
-    key = _ring_key(db)
-    types = tuple(task_types) if task_types is not None else None
-    kept = _RINGS.get(id(key))
-    if kept is not None and kept[0] is key and kept[1] == types:
-        ring = kept[3]
-        if time.monotonic() - kept[2] < _RING_AGE and after in ring:
-            rest = ring[ring.index(after) + 1 :]
-            if len(rest) >= want:
-                return rest[:want]
-    ring = await due_tenants(db, after, max(want, _RING_SIZE), task_types)
-    _RINGS[id(key)] = (key, types, time.monotonic(), ring)
-    _RINGS.move_to_end(id(key))
-    while len(_RINGS) > _RING_SIZE:
+    db: _db.Executor,
+    query: str,
+    after: uuid.UUID | None,
+    want: int,
+    task_types: list[str] | None = None,
+    *,
+    discover: bool = False,
+) -> tuple[list[uuid.UUID], bool]:
+    """Up to ``want`` tenants with work after ``after`` (discovery ``query``): from the
+    ring when it can tell, else (or with ``discover``) from one discovery that fills the
+    ring again; and whether they were discovered just now."""
+    owner, key = _ring_key(db, query, task_types)
+    ring = _RINGS.get(key)
+    if (
+        not discover
+        and ring is not None
+        and ring.owner is owner
+        and time.monotonic() - ring.born < _RING_AGE
+    ):
+        found = ring.next(after, want)
+        if found is not None:
+            return found, False
+    limit = max(want, _RING_SIZE)
+    extra = {"task_types": task_types} if query == "routed_due_tenants" else {}
+    rows = await _db.fetch_many(db, _Q[query], after_tenant=after, max_tenants=limit, **extra)
+    tenants = [r["tenant_id"] for r in rows]
+    _RINGS[key] = _Ring(owner, time.monotonic(), tenants, complete=len(tenants) < limit)
+    _RINGS.move_to_end(key)
+    while len(_RINGS) > _RINGS_KEPT:
         _RINGS.popitem(last=False)
-    return ring[:want]
+    return tenants[:want], True
 
 
-def _forget(db: _db.Executor, tenant: uuid.UUID) -> None:
-    kept = _RINGS.get(id(_ring_key(db)))
-    if kept is not None and tenant in kept[3]:
-        kept[3].remove(tenant)
+def _dry(db: _db.Executor, query: str, task_types: list[str] | None, tenant: uuid.UUID) -> None:
+    """``tenant`` gave less than its claim asked for: pass it over until the ring is read
+    again."""
+    owner, key = _ring_key(db, query, task_types)
+    ring = _RINGS.get(key)
+    if ring is not None and ring.owner is owner:
+        ring.dry.add(tenant)
 
 
 async def claim(
@@ -161,7 +208,26 @@ async def claim(
     """
     # A few tenants more than the batch needs: one that is paused, full or
     # already drained by another worker gives its share to the next.
-    tenants = await _next_tenants(db, after_tenant, max(batch, _PROBE), task_types)
+    query, want = "routed_due_tenants", max(batch, _PROBE)
+    tenants, fresh = await _next_tenants(db, query, after_tenant, want, task_types)
+    out = await _claim_walk(db, owner, tenants, batch, lease_ttl, task_types)
+    if not out and not fresh:
+        # Every tenant the ring offered gave nothing (drained, full, taken by
+        # other workers): the ring is behind; one discovery, and walk that.
+        tenants, _ = await _next_tenants(db, query, after_tenant, want, task_types, discover=True)
+        out = await _claim_walk(db, owner, tenants, batch, lease_ttl, task_types)
+    return out
+
+
+async def _claim_walk(
+    db: _db.Executor,
+    owner: str,
+    tenants: list[uuid.UUID],
+    batch: int,
+    lease_ttl: timedelta | None,
+    task_types: list[str] | None,
+) -> list[_db.Record]:
+    """The claim of :func:`claim` over ``tenants``, in their order."""
     if not tenants:
         return []
     share = -(-batch // min(batch, len(tenants)))
@@ -175,8 +241,8 @@ async def claim(
             rows = await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
             if rows:
                 gave[tenant] = len(rows)
-            else:
-                _forget(db, tenant)
+            if len(rows) < want:  # drained (or full, or held by other claimers)
+                _dry(db, "routed_due_tenants", task_types, tenant)
             out += rows
         # As the one-statement claim shares the batch between the tenants that have
         # claimable work, the tenants that gave nothing (paused, full, drained)
@@ -443,15 +509,30 @@ async def outbox_claim(
     Raises:
         mapped database errors.
     """
-    tenants = await _walk(db, "routed_outbox_due_tenants", after_tenant, batch)
+    query = "routed_outbox_due_tenants"
+    tenants, fresh = await _next_tenants(db, query, after_tenant, batch)
+    out = await _outbox_walk(db, owner, tenants, batch, visibility)
+    if not out and not fresh:  # the ring is behind: as in claim
+        tenants, _ = await _next_tenants(db, query, after_tenant, batch, discover=True)
+        out = await _outbox_walk(db, owner, tenants, batch, visibility)
+    return out
+
+
+async def _outbox_walk(
+    db: _db.Executor, owner: str, tenants: list[uuid.UUID], batch: int, visibility: timedelta
+) -> list[_db.Record]:
     out: list[_db.Record] = []
     for tenant in tenants:
-        if len(out) >= batch:
+        want = batch - len(out)
+        if want <= 0:
             break
-        out += await _db.fetch_many(
+        rows = await _db.fetch_many(
             db, _Q["routed_outbox_claim"], tenant_id=tenant, lease_owner=owner,
-            batch=batch - len(out), visibility=visibility,
+            batch=want, visibility=visibility,
         )  # fmt: skip
+        if len(rows) < want:
+            _dry(db, "routed_outbox_due_tenants", None, tenant)
+        out += rows
     return out
 
 

@@ -85,11 +85,14 @@ async def create_pool(
     schema: str | None = None,
     pooler: str | None = None,
     connect_timeout: float = 10.0,
+    application_name: str | None = None,
 ) -> Pool:
     """Open an asyncpg pool on ``dsn`` (its sessions in ``schema`` when given).
 
     ``pooler``: ``"transaction"`` behind a transaction-pooling proxy, ``"none"``
-    otherwise; default ``$AGENTDB_POOLER``, else ``"none"``.
+    otherwise; default ``$AGENTDB_POOLER``, else ``"none"``. ``application_name``
+    names the sessions (``agentdb status`` lists workers and relays by it) unless
+    ``dsn`` names them itself.
 
     Raises:
         ConfigurationError: ``dsn`` is not a postgresql:// URL, an unknown ``pooler``,
@@ -99,6 +102,11 @@ async def create_pool(
     url = _dsn.libpq(dsn)
     mode = pooler_mode(pooler)
     extra = _options(schema, mode)
+    if application_name is not None and "application_name=" not in url:
+        extra["server_settings"] = {
+            **(extra.get("server_settings") or {}),
+            "application_name": application_name,
+        }
     try:
         pool: Pool = await asyncpg.create_pool(
             url,

@@ -10,42 +10,43 @@
 -- A due message that already used its attempts - its last claim never came
 -- back as delivered or failed: the relay stopped mid-publish, again and
 -- again (a poison message) - is not claimed again but buried as 'dead', as
--- outbox_mark_failed buries the last failure. Rows with buried = true are
--- those (only id, tenant_id, topic, attempts and max_attempts are set); the
--- others are the claimed messages.
+-- outbox_mark_failed buries the last failure: the same UPDATE, by its CASEs
+-- (one write per row, and the form Citus routes: routed_outbox_claim). Rows
+-- with buried = true are those (only id, tenant_id, topic, attempts and
+-- max_attempts are set); the others are the claimed messages.
 -- guarantee: G10
 -- zero rows: nothing is due.
 -- params: $1 lease_owner text, $2 batch int8, $3 visibility interval
-WITH due AS (
-    SELECT tenant_id, id, attempts >= max_attempts AS exhausted
+WITH due AS MATERIALIZED (
+    -- The instant here, as the routed form must (Citus refuses now() inside a CASE).
+    SELECT tenant_id, id, attempts >= max_attempts AS exhausted, now() + $3 AS visible_until
     FROM agent_outbox
     WHERE state = 'pending' AND next_attempt_at <= now()
     ORDER BY next_attempt_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
-), buried AS (
-    UPDATE agent_outbox o
-    SET state = 'dead', last_error = 'no outcome recorded for attempt ' || o.attempts
-            || ' of ' || o.max_attempts || ': its relay stopped or lost the claim mid-publish'
-    FROM due
-    WHERE o.tenant_id = due.tenant_id AND o.id = due.id AND due.exhausted
-    RETURNING o.id, o.tenant_id, o.topic, o.attempts, o.max_attempts
-), claimed AS (
-    UPDATE agent_outbox o
-    SET lease_owner = $1, lease_token = o.lease_token + 1, attempts = o.attempts + 1,
-        next_attempt_at = now() + $3
-    FROM due
-    WHERE o.tenant_id = due.tenant_id AND o.id = due.id AND NOT due.exhausted
-    RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
-              o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at
 )
-SELECT false AS buried, id, tenant_id, task_id, topic, payload, attempts, max_attempts,
-       lease_owner, lease_token, trace_id, span_id, created_at
-FROM claimed
-UNION ALL
-SELECT true, id, tenant_id, NULL, topic, NULL, attempts, max_attempts, NULL, NULL, NULL, NULL,
-       NULL
-FROM buried;
+UPDATE agent_outbox o
+SET state = CASE WHEN d.exhausted THEN 'dead' ELSE o.state END,
+    last_error = CASE WHEN d.exhausted
+                      THEN 'no outcome recorded for attempt ' || o.attempts || ' of '
+                           || o.max_attempts || ': its relay stopped or lost the claim mid-publish'
+                      ELSE o.last_error END,
+    lease_owner = CASE WHEN d.exhausted THEN o.lease_owner ELSE $1 END,
+    lease_token = CASE WHEN d.exhausted THEN o.lease_token ELSE o.lease_token + 1 END,
+    attempts = CASE WHEN d.exhausted THEN o.attempts ELSE o.attempts + 1 END,
+    next_attempt_at = CASE WHEN d.exhausted THEN o.next_attempt_at ELSE d.visible_until END
+FROM due d
+WHERE o.tenant_id = d.tenant_id AND o.id = d.id
+RETURNING d.exhausted AS buried, o.id, o.tenant_id,
+          CASE WHEN d.exhausted THEN NULL ELSE o.task_id END AS task_id, o.topic,
+          CASE WHEN d.exhausted THEN NULL ELSE o.payload END AS payload,
+          o.attempts, o.max_attempts,
+          CASE WHEN d.exhausted THEN NULL ELSE o.lease_owner END AS lease_owner,
+          CASE WHEN d.exhausted THEN NULL ELSE o.lease_token END AS lease_token,
+          CASE WHEN d.exhausted THEN NULL ELSE o.trace_id END AS trace_id,
+          CASE WHEN d.exhausted THEN NULL ELSE o.span_id END AS span_id,
+          CASE WHEN d.exhausted THEN NULL ELSE o.created_at END AS created_at;
 
 -- name: outbox_deliver_and_claim :many
 -- outbox_mark_delivered and outbox_claim in one statement (one round trip,
@@ -68,8 +69,9 @@ WITH marked AS (
       -- "Held snapshots" in leases.sql
       AND o.lease_token = m.lease_token AND o.state NOT IN ('delivered', 'dead')
     RETURNING o.tenant_id, o.id
-), due AS (
-    SELECT q.tenant_id, q.id, q.attempts >= q.max_attempts AS exhausted
+), due AS MATERIALIZED (
+    SELECT q.tenant_id, q.id, q.attempts >= q.max_attempts AS exhausted,
+           now() + $3 AS visible_until
     FROM agent_outbox q
     WHERE q.state = 'pending' AND q.next_attempt_at <= now()
       -- NOT IN, not NOT EXISTS: a hashed subplan, built once (the arrays hold no NULLs).
@@ -78,33 +80,37 @@ WITH marked AS (
     ORDER BY q.next_attempt_at
     LIMIT $2
     FOR UPDATE OF q SKIP LOCKED
-), buried AS (
-    -- As in outbox_claim.
-    UPDATE agent_outbox o
-    SET state = 'dead', last_error = 'no outcome recorded for attempt ' || o.attempts
-            || ' of ' || o.max_attempts || ': its relay stopped or lost the claim mid-publish'
-    FROM due
-    WHERE o.tenant_id = due.tenant_id AND o.id = due.id AND due.exhausted
-    RETURNING o.id, o.tenant_id, o.topic, o.attempts, o.max_attempts
 ), claimed AS (
+    -- As in outbox_claim: the claim, or the bury of an exhausted message.
     UPDATE agent_outbox o
-    SET lease_owner = $1, attempts = o.attempts + 1, lease_token = o.lease_token + 1,
-        next_attempt_at = now() + $3
-    FROM due
-    WHERE o.tenant_id = due.tenant_id AND o.id = due.id AND NOT due.exhausted
-    RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
-              o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at
+    SET state = CASE WHEN d.exhausted THEN 'dead' ELSE o.state END,
+        last_error = CASE WHEN d.exhausted
+                          THEN 'no outcome recorded for attempt ' || o.attempts || ' of '
+                               || o.max_attempts
+                               || ': its relay stopped or lost the claim mid-publish'
+                          ELSE o.last_error END,
+        lease_owner = CASE WHEN d.exhausted THEN o.lease_owner ELSE $1 END,
+        lease_token = CASE WHEN d.exhausted THEN o.lease_token ELSE o.lease_token + 1 END,
+        attempts = CASE WHEN d.exhausted THEN o.attempts ELSE o.attempts + 1 END,
+        next_attempt_at = CASE WHEN d.exhausted THEN o.next_attempt_at ELSE d.visible_until END
+    FROM due d
+    WHERE o.tenant_id = d.tenant_id AND o.id = d.id
+    RETURNING d.exhausted AS buried, o.id, o.tenant_id, o.task_id, o.topic, o.payload,
+              o.attempts, o.max_attempts, o.lease_owner, o.lease_token, o.trace_id, o.span_id,
+              o.created_at
 )
-SELECT false AS delivered, false AS buried, id, tenant_id, task_id, topic, payload, attempts,
-       max_attempts, lease_owner, lease_token, trace_id, span_id, created_at
+SELECT false AS delivered, buried, id, tenant_id,
+       CASE WHEN buried THEN NULL ELSE task_id END AS task_id, topic,
+       CASE WHEN buried THEN NULL ELSE payload END AS payload, attempts, max_attempts,
+       CASE WHEN buried THEN NULL ELSE lease_owner END AS lease_owner,
+       CASE WHEN buried THEN NULL ELSE lease_token END AS lease_token,
+       CASE WHEN buried THEN NULL ELSE trace_id END AS trace_id,
+       CASE WHEN buried THEN NULL ELSE span_id END AS span_id,
+       CASE WHEN buried THEN NULL ELSE created_at END AS created_at
 FROM claimed
 UNION ALL
 SELECT true, false, id, tenant_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM marked
-UNION ALL
-SELECT false, true, id, tenant_id, NULL, topic, NULL, attempts, max_attempts, NULL, NULL, NULL,
-       NULL, NULL
-FROM buried;
+FROM marked;
 
 -- name: outbox_enqueue :one
 -- Add a message in the caller's transaction, so it commits (or not) with the

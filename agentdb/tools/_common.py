@@ -74,7 +74,12 @@ def add_target(p: argparse.ArgumentParser) -> None:
 
 
 def run_with_pool(
-    dsn: str, size: int, body: Callable[[_db.Pool], Awaitable[T]], *, schema: str | None = None
+    dsn: str,
+    size: int,
+    body: Callable[[_db.Pool], Awaitable[T]],
+    *,
+    schema: str | None = None,
+    application_name: str | None = None,
 ) -> T:
     """Open a pool, check the schema, run ``body(pool)`` on a fresh event loop, close the pool.
 
@@ -85,7 +90,9 @@ def run_with_pool(
     """
 
     async def main() -> T:
-        pool = await _db.create_pool(dsn, min_size=1, max_size=size, schema=schema)
+        pool = await _db.create_pool(
+            dsn, min_size=1, max_size=size, schema=schema, application_name=application_name
+        )
         try:
             await agentdb_schema.check(pool)
             return await body(pool)

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from agentdb import _db
-from agentdb._runtime import is_async_callable
+from agentdb._runtime import is_async_callable, owner_id
 from agentdb.errors import ConfigurationError
 from agentdb.tools._common import (
     add_dsn,
@@ -118,6 +118,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise ConfigurationError("--retry-cap must be more than 0 seconds")
     handlers, reconcilers, definite = _handlers(load(args.handlers, "handler"), args.handlers)
     setup_logging(args)
+    worker_id = args.worker_id or owner_id()
 
     async def body(pool: _db.Pool) -> None:
         worker = Worker(
@@ -125,7 +126,7 @@ def _worker(args: argparse.Namespace) -> int:
             handlers,
             reconcilers=reconcilers,
             definite=definite,
-            worker_id=args.worker_id,
+            worker_id=worker_id,
             concurrency=args.concurrency,
             lease_ttl=timedelta(seconds=args.lease_ttl) if args.lease_ttl else None,
             poll_interval=args.poll_interval,
@@ -146,7 +147,10 @@ def _worker(args: argparse.Namespace) -> int:
             exit_now(0)
 
     # One connection per running job plus heartbeats and claims.
-    run_with_pool(dsn, args.pool_size or args.concurrency + 2, body, schema=args.schema)
+    run_with_pool(
+        dsn, args.pool_size or args.concurrency + 2, body, schema=args.schema,
+        application_name=f"agentdb worker {worker_id}",
+    )  # fmt: skip
     return 0
 
 
@@ -173,12 +177,13 @@ def _relay(args: argparse.Namespace) -> int:
             f"{args.publisher} is not an async callable (an async def publish(message))"
         )
     setup_logging(args)
+    relay_id = args.relay_id or owner_id("relay")
 
     async def body(pool: _db.Pool) -> None:
         relay = Relay(
             pool,
             publisher,
-            relay_id=args.relay_id,
+            relay_id=relay_id,
             batch=args.batch,
             visibility=timedelta(seconds=args.visibility),
             poll_interval=args.poll_interval,
@@ -188,5 +193,5 @@ def _relay(args: argparse.Namespace) -> int:
         )
         await relay.run()
 
-    run_with_pool(dsn, 4, body, schema=args.schema)
+    run_with_pool(dsn, 4, body, schema=args.schema, application_name=f"agentdb relay {relay_id}")
     return 0

@@ -165,7 +165,13 @@ def to_table(s: Snapshot, *, header: str = "") -> str:
             f"oldest open transaction: {_age(o.seconds)} (pid {o.pid}, {o.login or '?'}, "
             f"{o.application_name or '-'}, {o.state or '?'}) - nothing it may see is cleaned up"
         )
+    if s.processes:
+        rows = [[p.kind, p.owner, p.node, str(p.sessions)] for p in s.processes]
+        lines += ["", "workers and relays", *_grid(_PROCESS_HEAD, rows)]
     return "\n".join(lines)
+
+
+_PROCESS_HEAD = ("kind", "id", "node", "sessions")
 
 
 _BUDGET_HEAD = ("tenant", "budget", "window", "spent", "held", "limit", "left")
@@ -242,6 +248,7 @@ def to_json(s: Snapshot, *, migrations: dict[str, int] | None = None) -> dict[st
         "oldest_transaction": None
         if s.oldest_transaction is None
         else dataclasses.asdict(s.oldest_transaction),
+        "processes": [dataclasses.asdict(p) for p in s.processes],
     }
     if migrations is not None:
         doc["migrations"] = migrations

@@ -200,25 +200,28 @@ ORDER BY t.tenant_id
 LIMIT $1;
 
 -- name: routed_due_tenants :many
--- Tenants after $1 (in id order) with a task a worker may take now: due,
--- or running under an expired lease, and not past its deadline (G21). A
--- lock-free read that Citus runs on
--- every worker at once, one index probe per tenant; the claim per tenant
--- (routed_claim) locks. The worker walks on from the last tenant it was
--- given, so successive claims rotate through the tenants (G18).
+-- Up to $2 tenants with a task a worker may take now (due, or running under
+-- an expired lease, and not past its deadline: G21), in walk order: the
+-- tenants after $1 by id, then from the first - the wrap in the same
+-- statement. A lock-free read that Citus runs on every shard at once, one
+-- index probe per tenant; the claim per tenant (routed_claim) locks. The
+-- worker walks on from the last tenant it was given, so successive claims
+-- rotate through the tenants (G18), and it keeps what this found for the
+-- claims of the next second (agentdb._citus.routed._Ring): on Citus this
+-- is the one multi-shard statement of the claim.
 -- guarantee: G18
+-- zero rows: no tenant has work this worker may take.
 -- params: $1 after_tenant uuid, $2 max_tenants int8, $3 task_types text[]
 SELECT t.id AS tenant_id
 FROM agent_tenants t
-WHERE t.id > coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid)
-  AND EXISTS (
+WHERE EXISTS (
       SELECT 1 FROM agent_tasks k
       WHERE k.tenant_id = t.id AND k.attempts < k.max_attempts
         AND ((k.state IN ('pending', 'waiting') AND k.wake_at <= now())
              OR (k.state = 'running' AND k.lease_expires_at <= now()))
         AND (k.deadline_at IS NULL OR k.deadline_at > now())
         AND ($3::text[] IS NULL OR k.task_type = ANY ($3)))
-ORDER BY t.id
+ORDER BY t.id <= coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid), t.id
 LIMIT $2;
 
 -- name: routed_exhausted_tenants :many
@@ -342,41 +345,44 @@ RETURNING o.id, o.tenant_id, o.task_id, o.idempotency_key, o.action, o.input_has
 -- name: routed_outbox_claim :many
 -- outbox_claim (outbox.sql) for tenant $1 alone: lease up to $3 of its due
 -- pending messages to relay $2 for $4. SKIP LOCKED keeps relays disjoint. A
--- due message that used its attempts is buried as 'dead', and returned with
--- buried = true, as outbox_claim does.
+-- due message that used its attempts is buried as 'dead' instead, and
+-- returned with buried = true, as outbox_claim does: one UPDATE whose CASEs
+-- do both, which Citus routes whole to the tenant's shard (data-modifying
+-- CTEs under a UNION ALL it planned recursively: subplans, intermediate
+-- results, a final step on the coordinator).
 -- guarantee: G10
 -- zero rows: nothing of the tenant's is due.
 -- params: $1 tenant_id uuid, $2 lease_owner text, $3 batch int8, $4 visibility interval
 WITH due AS MATERIALIZED (
-    SELECT id, attempts >= max_attempts AS exhausted
+    -- The instant here: Citus refuses now() inside a CASE.
+    SELECT id, attempts >= max_attempts AS exhausted, now() + $4 AS visible_until
     FROM agent_outbox
     WHERE tenant_id = $1 AND state = 'pending' AND next_attempt_at <= now()
     ORDER BY next_attempt_at
     LIMIT $3
     FOR UPDATE SKIP LOCKED
-), buried AS (
-    UPDATE agent_outbox o
-    SET state = 'dead', last_error = 'no outcome recorded for attempt ' || o.attempts
-            || ' of ' || o.max_attempts || ': its relay stopped or lost the claim mid-publish'
-    FROM due
-    WHERE o.tenant_id = $1 AND o.id = due.id AND due.exhausted
-    RETURNING o.id, o.tenant_id, o.topic, o.attempts, o.max_attempts
-), claimed AS (
-    UPDATE agent_outbox o
-    SET lease_owner = $2, lease_token = o.lease_token + 1, attempts = o.attempts + 1,
-        next_attempt_at = now() + $4
-    FROM due
-    WHERE o.tenant_id = $1 AND o.id = due.id AND NOT due.exhausted
-    RETURNING o.id, o.tenant_id, o.task_id, o.topic, o.payload, o.attempts, o.max_attempts,
-              o.lease_owner, o.lease_token, o.trace_id, o.span_id, o.created_at
 )
-SELECT false AS buried, id, tenant_id, task_id, topic, payload, attempts, max_attempts,
-       lease_owner, lease_token, trace_id, span_id, created_at
-FROM claimed
-UNION ALL
-SELECT true, id, tenant_id, NULL, topic, NULL, attempts, max_attempts, NULL, NULL, NULL, NULL,
-       NULL
-FROM buried;
+UPDATE agent_outbox o
+SET state = CASE WHEN d.exhausted THEN 'dead' ELSE o.state END,
+    last_error = CASE WHEN d.exhausted
+                      THEN 'no outcome recorded for attempt ' || o.attempts || ' of '
+                           || o.max_attempts || ': its relay stopped or lost the claim mid-publish'
+                      ELSE o.last_error END,
+    lease_owner = CASE WHEN d.exhausted THEN o.lease_owner ELSE $2 END,
+    lease_token = CASE WHEN d.exhausted THEN o.lease_token ELSE o.lease_token + 1 END,
+    attempts = CASE WHEN d.exhausted THEN o.attempts ELSE o.attempts + 1 END,
+    next_attempt_at = CASE WHEN d.exhausted THEN o.next_attempt_at ELSE d.visible_until END
+FROM due d
+WHERE o.tenant_id = $1 AND o.id = d.id
+RETURNING d.exhausted AS buried, o.id, o.tenant_id,
+          CASE WHEN d.exhausted THEN NULL ELSE o.task_id END AS task_id, o.topic,
+          CASE WHEN d.exhausted THEN NULL ELSE o.payload END AS payload,
+          o.attempts, o.max_attempts,
+          CASE WHEN d.exhausted THEN NULL ELSE o.lease_owner END AS lease_owner,
+          CASE WHEN d.exhausted THEN NULL ELSE o.lease_token END AS lease_token,
+          CASE WHEN d.exhausted THEN NULL ELSE o.trace_id END AS trace_id,
+          CASE WHEN d.exhausted THEN NULL ELSE o.span_id END AS span_id,
+          CASE WHEN d.exhausted THEN NULL ELSE o.created_at END AS created_at;
 
 -- name: routed_outbox_delivered :many
 -- outbox_mark_delivered (outbox.sql) for tenant $1's messages alone, each
@@ -391,16 +397,18 @@ WHERE o.tenant_id = $1 AND o.id = m.id AND o.lease_token = m.lease_token
 RETURNING o.tenant_id, o.id;
 
 -- name: routed_outbox_due_tenants :many
--- Tenants after $1 (in id order) with a pending message due now: where a
--- relay's per-tenant claim (routed_outbox_claim) has work. A lock-free read.
+-- Up to $2 tenants with a pending message due now, in walk order: the
+-- tenants after $1 by id, then from the first. Where a relay's per-tenant
+-- claim (routed_outbox_claim) has work; a lock-free read of every shard,
+-- kept for the claims of the next second as routed_due_tenants is.
 -- guarantee: G10
+-- zero rows: nothing is due.
 -- params: $1 after_tenant uuid, $2 max_tenants int8
 SELECT t.id AS tenant_id
 FROM agent_tenants t
-WHERE t.id > coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid)
-  AND EXISTS (SELECT 1 FROM agent_outbox o
+WHERE EXISTS (SELECT 1 FROM agent_outbox o
               WHERE o.tenant_id = t.id AND o.state = 'pending' AND o.next_attempt_at <= now())
-ORDER BY t.id
+ORDER BY t.id <= coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid), t.id
 LIMIT $2;
 
 -- name: routed_outbox_message :execrows

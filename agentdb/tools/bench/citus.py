@@ -17,6 +17,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -90,8 +91,35 @@ def citus_database(dbs: Databases, workers: list[tuple[str, int]]) -> Iterator[s
                 )
 
 
-async def _cycle(url: str, n_tasks: int, workers: int) -> float:
-    """Seed ``n_tasks`` over the tenants, drain them with ``workers`` loops; tasks per second."""
+@dataclass
+class _Remote:
+    """What the coordinator sent the workers during a counted cycle (citus.log_remote_commands):
+    each command is one NOTICE to the session that caused it."""
+
+    claim: int = 0  # commands sent while leases.claim ran
+    finish: int = 0  # ... while tasks.transition ran
+    prepared: int = 0  # PREPARE TRANSACTION among them (two-phase commits)
+    phase: str = "claim"
+
+    def heard(self, _conn: object, message: Any) -> None:
+        text = str(getattr(message, "message", message))
+        if not text.startswith("issuing "):
+            return
+        if "PREPARE TRANSACTION" in text:
+            self.prepared += 1
+        if self.phase == "claim":
+            self.claim += 1
+        else:
+            self.finish += 1
+
+
+async def _cycle(url: str, n_tasks: int, workers: int, remote: _Remote | None = None) -> float:
+    """Seed ``n_tasks`` over the tenants, drain them with ``workers`` loops; tasks per second.
+
+    With ``remote``, each loop's connection logs the commands Citus sends the workers
+    (``citus.log_remote_commands``) and ``remote`` counts them by phase: a counted run,
+    slower than a timed one (every command is a message to the client).
+    """
     setup = await _db.connect(url)
     try:
         tenants = [
@@ -108,18 +136,30 @@ async def _cycle(url: str, n_tasks: int, workers: int) -> float:
     async def loop(conn: _db.Conn, me: str) -> None:
         nonlocal done
         after: uuid.UUID | None = None
+        counted = _Remote() if remote is not None else None
+        if counted is not None:
+            await conn.execute("SET citus.log_remote_commands = on")
+            conn.add_log_listener(counted.heard)
         while True:
+            if counted is not None:
+                counted.phase = "claim"
             got = await leases.claim(conn, me, lease_ttl=HOUR, task_types=["cycle"],
                                      after_tenant=after)  # fmt: skip
             if not got:
-                return
+                break
             t = got[0]
             after = t.tenant_id
+            if counted is not None:
+                counted.phase = "finish"
             await tasks.transition(
                 conn, t.tenant_id, t.id, expected_version=t.state_version,
                 to_state="succeeded", lease=t.lease,
             )  # fmt: skip
             done += 1
+        if counted is not None and remote is not None:
+            remote.claim += counted.claim
+            remote.finish += counted.finish
+            remote.prepared += counted.prepared
 
     try:
         t0 = time.perf_counter()
@@ -145,4 +185,18 @@ async def bench_citus(citus_url: str, plain_url: str, n_tasks: int, reps: int) -
         for w in WORKERS:
             for kind, url in (("plain", plain_url), ("citus", citus_url)):
                 out[kind].setdefault(str(w), []).append(await _cycle(url, n_tasks, w))
-    return {"workers": list(WORKERS), "tasks": n_tasks, "tasks_per_s": out}
+    # The remote commands of the cycle under load (the most loops), counted in a
+    # run of their own: counting slows the session down.
+    remote = _Remote()
+    await _cycle(citus_url, n_tasks, WORKERS[-1], remote)
+    return {
+        "workers": list(WORKERS),
+        "tasks": n_tasks,
+        "tasks_per_s": out,
+        "remote_commands": {
+            "loops": WORKERS[-1],
+            "claim_per_task": remote.claim / n_tasks,
+            "finish_per_task": remote.finish / n_tasks,
+            "prepare_transaction": remote.prepared,
+        },
+    }

@@ -357,7 +357,25 @@ def _citus_section(r: dict[str, Any]) -> list[str]:
         "",
         *_table(head, rows),
         "",
+        *_remote_lines(c, tps),
     ]
+
+
+def _remote_lines(c: dict[str, Any], tps: dict[str, dict[str, list[float]]]) -> list[str]:
+    """The scaling ratio and the remote commands per task, when the run counted them."""
+    first, last = (str(w) for w in (c["workers"][0], c["workers"][-1]))
+    scale = ratios(tps["citus"][last], tps["citus"][first])
+    lines = [f"Citus with {last} loops against {first}: {_fmt_range(scale, 2)}x."]
+    rc = c.get("remote_commands")
+    if rc:
+        lines += [
+            "",
+            f"Remote commands the coordinator sent the workers per finished task, with "
+            f"{rc['loops']} loops (`citus.log_remote_commands`, a run of its own): "
+            f"{rc['claim_per_task']:.1f} for the claim, {rc['finish_per_task']:.1f} for the "
+            f"finish; PREPARE TRANSACTION: {rc['prepare_transaction']}.",
+        ]
+    return [*lines, ""]
 
 
 def _scaling_section(r: dict[str, Any]) -> list[str]:
