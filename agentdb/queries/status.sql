@@ -64,6 +64,40 @@ FROM agent_outbox WHERE state = 'pending' GROUP BY tenant_id
 UNION ALL
 SELECT tenant_id, 0, NULL, count(*) FROM agent_outbox WHERE state = 'dead' GROUP BY tenant_id;
 
+-- name: status_processes :many
+-- The agentdb workers and relays connected to this database now, found by
+-- their sessions' application_name ('agentdb worker <id>', 'agentdb relay
+-- <id>'), on this server: how many sessions each holds. Other roles' sessions show
+-- only to a role with pg_read_all_stats (or a superuser).
+-- guarantee: none
+-- zero rows: no worker or relay is connected (that this role may see).
+-- params: none
+SELECT a.application_name, count(*) AS sessions,
+       coalesce(host(inet_server_addr()), 'local') AS node_host,
+       current_setting('port')::int4 AS node_port
+FROM pg_stat_activity a
+WHERE a.datname = current_database()
+  AND (a.application_name LIKE 'agentdb worker %' OR a.application_name LIKE 'agentdb relay %')
+GROUP BY a.application_name
+ORDER BY a.application_name;
+
+-- name: status_processes_citus :many
+-- status_processes on a Citus cluster: the workers and relays connected to
+-- any node of it - the coordinator or a worker node they were pointed at
+-- (metadata is synced to every node) - each with the node it runs its
+-- statements on. citus_stat_activity asks every node.
+-- guarantee: none
+-- zero rows: no worker or relay is connected (that this role may see).
+-- params: none
+SELECT a.application_name, count(*) AS sessions, n.nodename AS node_host,
+       n.nodeport AS node_port
+FROM citus_stat_activity a
+JOIN pg_dist_node n ON n.nodeid = a.nodeid
+WHERE a.datname = current_database() AND NOT a.is_worker_query
+  AND (a.application_name LIKE 'agentdb worker %' OR a.application_name LIKE 'agentdb relay %')
+GROUP BY a.application_name, n.nodename, n.nodeport
+ORDER BY a.application_name, n.nodename, n.nodeport;
+
 -- name: status_purge_backlog :one
 -- What `agentdb purge` would remove now, per retention class.
 -- guarantee: none
@@ -97,37 +131,3 @@ SELECT tenant_id, state, count(*) AS n
 FROM agent_operations
 WHERE state IN ('reserved', 'in_flight', 'unknown')
 GROUP BY tenant_id, state;
-
--- name: status_processes :many
--- The agentdb workers and relays connected to this database now, by the
--- name their sessions carry ('agentdb worker <id>', 'agentdb relay <id>'),
--- on this server: how many sessions each holds. Other roles' sessions show
--- only to a role with pg_read_all_stats (or a superuser).
--- guarantee: none
--- zero rows: no worker or relay is connected (that this role may see).
--- params: none
-SELECT a.application_name, count(*) AS sessions,
-       coalesce(host(inet_server_addr()), 'local') AS node_host,
-       current_setting('port')::int4 AS node_port
-FROM pg_stat_activity a
-WHERE a.datname = current_database()
-  AND (a.application_name LIKE 'agentdb worker %' OR a.application_name LIKE 'agentdb relay %')
-GROUP BY a.application_name
-ORDER BY a.application_name;
-
--- name: status_processes_citus :many
--- status_processes on a Citus cluster: the workers and relays connected to
--- any node of it - the coordinator or a worker node they were pointed at
--- (metadata is synced to every node) - each with the node it runs its
--- statements on. citus_stat_activity asks every node.
--- guarantee: none
--- zero rows: no worker or relay is connected (that this role may see).
--- params: none
-SELECT a.application_name, count(*) AS sessions, n.nodename AS node_host,
-       n.nodeport AS node_port
-FROM citus_stat_activity a
-JOIN pg_dist_node n ON n.nodeid = a.nodeid
-WHERE a.datname = current_database() AND NOT a.is_worker_query
-  AND (a.application_name LIKE 'agentdb worker %' OR a.application_name LIKE 'agentdb relay %')
-GROUP BY a.application_name, n.nodename, n.nodeport
-ORDER BY a.application_name, n.nodename, n.nodeport;

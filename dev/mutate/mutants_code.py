@@ -318,8 +318,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "outbox-deliver-and-claim-same-token",
         OUTBOX_SQL,
-        "attempts = o.attempts + 1, lease_token = o.lease_token + 1,",
-        "attempts = o.attempts + 1, lease_token = o.lease_token,",
+        "\n        lease_token = CASE WHEN d.exhausted THEN o.lease_token ELSE o.lease_token + 1 END,",
+        "\n        lease_token = CASE WHEN d.exhausted THEN o.lease_token ELSE o.lease_token END,",
         (T + "test_outbox.py",),
         "outbox_deliver_and_claim: a new claim keeps the old token",
     ),

@@ -139,8 +139,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "routed-outbox-claim-hands-out-an-exhausted-message",
         ROUTED_SQL,
-        "FROM (SELECT p.id, p.attempts >= p.max_attempts AS exhausted\n",
-        "FROM (SELECT p.id, false AS exhausted\n",
+        "    SELECT id, attempts >= max_attempts AS exhausted, now() + $4 AS visible_until\n",
+        "    SELECT id, false AS exhausted, now() + $4 AS visible_until\n",
         (OUTBOX,),
         "routed_outbox_claim: a message whose relay stops mid-publish every time is claimed"
         " for ever",

@@ -28,11 +28,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
 from agentdb.errors import ConfigurationError
 from agentdb.tools._signals import run_async
+from agentdb.tools.demo.command import CITUS_KILL_EVERY, KILL_EVERY
 from agentdb.tools.demo.fleet import Workload
 from agentdb.tools.demo.limits import DemoStopped, Limits
 from agentdb.tools.demo.workload import Result, run_workload, with_database
@@ -124,6 +126,17 @@ def report(w: Workload, r: Result) -> int:
     return 0 if ok else 1
 
 
+def _distributed(dsn: str) -> bool:
+    """Whether ``dsn``'s (migrated) schema is distributed by Citus."""
+    import psycopg
+
+    from agentdb.migrate import libpq_dsn
+
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute("SELECT agentdb_distributed()").fetchone()
+    return bool(row and row[0])
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the demo (``agentdb demo``); return the exit status.
 
@@ -139,13 +152,19 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigurationError("--timeout must be a number of seconds more than 0")
     w = Workload(
         tasks=args.tasks, tenants=args.tenants, workers=args.workers, relays=args.relays,
-        kill_every=args.kill_every, timeout=args.timeout, seed=args.seed,
+        kill_every=KILL_EVERY if args.kill_every is None else args.kill_every,
+        timeout=args.timeout, seed=args.seed,
     )  # fmt: skip
     # From here: the migrations count against the timeout too.
     limits = Limits(w.timeout)
 
     def body(dsn: str, log: IO[bytes], log_path: Path) -> int:
-        status = report(w, run_async(lambda: run_workload(dsn, w, log, log_path, limits)))
+        run = w
+        if args.kill_every is None and _distributed(dsn):
+            run = replace(w, kill_every=CITUS_KILL_EVERY)
+            print(f"killing a process every {CITUS_KILL_EVERY:g}s on average (on Citus)",
+                  file=sys.stderr)  # fmt: skip
+        status = report(run, run_async(lambda: run_workload(dsn, run, log, log_path, limits)))
         if getattr(args, "console", False):
             from agentdb.tools.demo.console import serve_console
 
