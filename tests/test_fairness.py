@@ -569,15 +569,47 @@ async def test_G18_a_ring_is_read_again_when_its_tenants_run_dry_or_it_ages(
         late = await _tenant(admin_conn, "late")
         await _seed(admin_conn, late, 1)
         discoveries = _counting(monkeypatch, "routed_due_tenants")
-        # Both tenants of the ring are dry now: the next claim asks again and finds the new one.
+        claims = _counting(monkeypatch, "routed_claim")
+        # Both tenants gave less than they were asked for: dry. The next claim asks no
+        # claim of them, asks every shard again, and finds the new one.
         again = await routed.claim(
             conn, "w", batch=4, lease_ttl=timedelta(minutes=5), task_types=None,
             after_tenant=ids[-1],
         )  # fmt: skip
         assert [r["tenant_id"] for r in again] == [late]
         assert len(discoveries) == 1
+        assert {c["tenant_id"] for c in claims} == {late}  # none of the dry ones
     finally:
         await conn.close()
+
+
+async def test_G18_a_ring_drained_by_another_worker_is_read_again_at_once(
+    db: Database, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker drained the tenants this worker's ring holds (they are not dry in
+    its ring: it never saw them run out): the claim that finds nothing there must ask
+    every shard again at once and take the work that is there, not return nothing while
+    a tenant waits for the ring to age."""
+    x, y = await _tenants_with_work(admin_conn, 2, 2)
+    mine, other = await db.connect(RUNTIME), await db.connect(RUNTIME)
+    try:
+        ttl = timedelta(minutes=5)
+        first = await routed.claim(
+            mine, "w1", batch=1, lease_ttl=ttl, task_types=None, after_tenant=None
+        )
+        assert [r["tenant_id"] for r in first] == [x]
+        rest = await routed.claim(
+            other, "w2", batch=10, lease_ttl=ttl, task_types=None, after_tenant=None
+        )
+        assert sorted(r["tenant_id"] for r in rest) == sorted([x, y, y])
+        late = await _tenant(admin_conn, "late")
+        await _seed(admin_conn, late, 1)
+        got = await routed.claim(mine, "w1", batch=1, lease_ttl=ttl, task_types=None,
+                                 after_tenant=x)  # fmt: skip
+        assert [r["tenant_id"] for r in got] == [late]
+    finally:
+        await mine.close()
+        await other.close()
 
 
 async def test_G10_the_citus_relay_claim_discovers_once_and_walks_the_ring(

@@ -14,7 +14,66 @@ TASKS = T + "test_tasks.py"
 OPERATIONS = T + "test_operations.py"
 OUTBOX = T + "test_outbox.py"
 
+ROUTED = "agentdb/_citus/routed.py"
+FAIRNESS = T + "test_fairness.py::"
+M_SCALE = "sql/migrations/0014.citus_scale.sql"
+
 MUTANTS: tuple[Mutant, ...] = (
+    # ---- the claim's discovery, kept as a ring (issue 40); plain: its tests drive the
+    # routed walk directly on plain Postgres ----------------------------------------------
+    m(
+        "routed-ring-never-wraps",
+        ROUTED,
+        "        if self.complete:\n",
+        "        if False:\n",
+        (FAIRNESS + "test_G18_the_citus_claim_discovers_once_and_walks_the_ring_round_robin",),
+        "the ring: a walk that reaches the end of a complete ring asks every shard again",
+    ),
+    m(
+        "routed-ring-wraps-an-arc",
+        ROUTED,
+        "        return rest[:want] if len(rest) >= want else None",
+        "        return (rest + [t for t in self.tenants if t not in self.dry])[:want]",
+        (FAIRNESS + "test_G18_an_arc_of_the_walk_is_walked_on_past_its_end_by_one_more_discovery",),
+        "the ring: a partial ring is wrapped, starving the tenants beyond it",
+    ),
+    m(
+        "routed-ring-keeps-dry-tenants",
+        ROUTED,
+        "        live = [t for t in self.tenants if t not in self.dry]\n",
+        "        live = list(self.tenants)\n",
+        (FAIRNESS + "test_G18_a_ring_is_read_again_when_its_tenants_run_dry_or_it_ages",),
+        "the ring: a drained tenant is offered again until the ring ages",
+    ),
+    m(
+        "routed-ring-no-second-look",
+        ROUTED,
+        "    if not out and not fresh:\n        # Every tenant the ring offered",
+        "    if False:\n        # Every tenant the ring offered",
+        (FAIRNESS + "test_G18_a_ring_drained_by_another_worker_is_read_again_at_once",),
+        "the ring: a claim whose kept tenants all gave nothing returns nothing, work waiting",
+    ),
+    m(
+        "routed-due-tenants-no-wrap",
+        ROUTED_SQL,
+        "WHERE EXISTS (\n      SELECT 1 FROM agent_tasks k\n",
+        "WHERE t.id > coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid) AND EXISTS (\n"
+        "      SELECT 1 FROM agent_tasks k\n",
+        (FAIRNESS + "test_G18_an_arc_of_the_walk_is_walked_on_past_its_end_by_one_more_discovery",),
+        "routed_due_tenants: the discovery no longer wraps past the last tenant",
+    ),
+    m(
+        "citus-scale-time-only-indexes",
+        M_SCALE,
+        "    IF pg_get_indexdef('agent_outbox_pending_idx'::regclass) NOT LIKE",
+        "    IF false AND pg_get_indexdef('agent_outbox_pending_idx'::regclass) NOT LIKE",
+        (
+            T + "citus/test_citus_plans.py::"
+            "test_the_claims_read_their_tenant_by_a_tenant_leading_index",
+        ),
+        "agentdb_distribute: the relay's due messages by time across the shard's tenants",
+        citus=True,
+    ),
     # Plain: its test drives the Citus claim's walk directly on plain Postgres.
     m(
         "routed-claim-refusal-loses-the-walk",

@@ -227,3 +227,36 @@ async def test_a_claim_under_load_costs_few_remote_commands(citus: Cluster) -> N
     print(f"remote commands per claimed task: {per_task:.2f}")
     assert per_task <= 6, (per_task, counted)
     assert min(counted) >= 3  # the commands were heard at all
+
+
+def test_the_citus_bench_runs_through_the_coordinator_and_on_the_nodes(citus: Cluster) -> None:
+    """`agentdb bench`'s Citus section at a small size: every worker count on plain
+    Postgres, on Citus through the coordinator and on the worker nodes, the remote
+    commands counted (none of them PREPARE TRANSACTION) and the section rendered."""
+    from agentdb.tools._signals import run_async
+    from agentdb.tools.bench.citus import bench_citus, citus_database, citus_workers, node_urls
+    from agentdb.tools.bench.harness import Databases, migrate_locked
+    from agentdb.tools.bench.report import _citus_section
+
+    dbs = Databases(citus.dsn, uuid.uuid4().hex[:8])
+    try:
+        plain = dbs.create(dbs.name("plain"))
+        migrate_locked(citus.dsn, plain.url)
+        workers = citus_workers(citus.dsn)
+        with citus_database(dbs, workers) as url:
+            nodes = node_urls(url, workers)
+            found = run_async(lambda: bench_citus(url, plain.url, 40, 1, nodes))
+    finally:
+        dbs.drop_all()
+    found["nodes"] = len(workers) + 1
+    assert set(found["tasks_per_s"]) == {"plain", "citus", "citus_nodes"}
+    for kind in found["tasks_per_s"].values():
+        assert set(kind) == {"1", "2", "4"}
+        assert all(v[0] > 0 for v in kind.values())
+    rc = found["remote_commands"]
+    assert rc["prepare_transaction"] == 0
+    assert 3 <= rc["claim_per_task"] <= 40  # counted at all; small runs pay the discovery
+    assert rc["finish_per_task"] >= 3
+    text = "\n".join(_citus_section({"citus": found}))
+    assert "on the worker nodes, tasks/s" in text
+    assert "Remote commands the coordinator sent the workers per finished task" in text

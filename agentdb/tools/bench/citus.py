@@ -26,7 +26,7 @@ from psycopg import sql
 from agentdb import _db, leases, tasks, tenancy
 from agentdb.tools.bench.harness import HOUR, Databases, _admin
 
-__all__ = ["WORKERS", "bench_citus", "citus_workers"]
+__all__ = ["WORKERS", "bench_citus", "citus_workers", "node_urls"]
 
 WORKERS = (1, 2, 4)
 _TENANTS = 8
@@ -51,6 +51,11 @@ def _on(url: str, host: str, port: int) -> str:
     parts = urlsplit(url)
     creds = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
     return urlunsplit(parts._replace(netloc=f"{creds}{host}:{port}"))
+
+
+def node_urls(url: str, workers: list[tuple[str, int]]) -> list[str]:
+    """``url``'s database on each of ``workers`` (host, port)."""
+    return [_on(url, h, p) for h, p in workers]
 
 
 @contextlib.contextmanager
@@ -113,7 +118,13 @@ class _Remote:
             self.finish += 1
 
 
-async def _cycle(url: str, n_tasks: int, workers: int, remote: _Remote | None = None) -> float:
+async def _cycle(
+    url: str,
+    n_tasks: int,
+    workers: int,
+    remote: _Remote | None = None,
+    nodes: list[str] | None = None,
+) -> float:
     """Seed ``n_tasks`` over the tenants, drain them with ``workers`` loops; tasks per second.
 
     With ``remote``, each loop's connection logs the commands Citus sends the workers
@@ -130,7 +141,8 @@ async def _cycle(url: str, n_tasks: int, workers: int, remote: _Remote | None = 
             await tasks.create(setup, tenants[i % _TENANTS], "cycle")
     finally:
         await setup.close()
-    conns = [await _db.connect(url) for _ in range(workers)]
+    # With ``nodes``, the loops connect to the worker nodes in turn instead of ``url``.
+    conns = [await _db.connect(nodes[i % len(nodes)] if nodes else url) for i in range(workers)]
     done = 0
 
     async def loop(conn: _db.Conn, me: str) -> None:
@@ -173,18 +185,28 @@ async def _cycle(url: str, n_tasks: int, workers: int, remote: _Remote | None = 
     return done / seconds
 
 
-async def bench_citus(citus_url: str, plain_url: str, n_tasks: int, reps: int) -> dict[str, Any]:
-    """Tasks per second of the full cycle on Citus and on plain Postgres, per worker count.
+async def bench_citus(
+    citus_url: str, plain_url: str, n_tasks: int, reps: int, nodes: list[str] | None = None
+) -> dict[str, Any]:
+    """Tasks per second of the full cycle on Citus and on plain Postgres, per worker count;
+    with ``nodes`` (the database on each worker node), also with the loops connected to
+    the worker nodes in turn instead of the coordinator ("citus_nodes").
 
     Raises:
         RuntimeError: a run did not finish every task.
         mapped database errors.
     """
     out: dict[str, dict[str, list[float]]] = {"citus": {}, "plain": {}}
+    kinds: list[tuple[str, str, list[str] | None]] = [
+        ("plain", plain_url, None), ("citus", citus_url, None),
+    ]  # fmt: skip
+    if nodes:
+        out["citus_nodes"] = {}
+        kinds.append(("citus_nodes", citus_url, nodes))
     for _ in range(reps):
         for w in WORKERS:
-            for kind, url in (("plain", plain_url), ("citus", citus_url)):
-                out[kind].setdefault(str(w), []).append(await _cycle(url, n_tasks, w))
+            for kind, url, on in kinds:
+                out[kind].setdefault(str(w), []).append(await _cycle(url, n_tasks, w, nodes=on))
     # The remote commands of the cycle under load (the most loops), counted in a
     # run of their own: counting slows the session down.
     remote = _Remote()

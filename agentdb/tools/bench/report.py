@@ -340,10 +340,16 @@ def _citus_section(r: dict[str, Any]) -> list[str]:
         return []
     tps = c["tasks_per_s"]
     head = [("workers", ">"), ("plain, tasks/s", ">"), ("Citus, tasks/s", ">"), ("ratio", ">")]
+    nodes = "citus_nodes" in tps
+    if nodes:
+        head += [("on the worker nodes, tasks/s", ">"), ("ratio", ">")]
     rows = [
         (
             str(w), _fmt_range(tps["plain"][str(w)], 0), _fmt_range(tps["citus"][str(w)], 0),
             _fmt_range(ratios(tps["citus"][str(w)], tps["plain"][str(w)]), 2),
+            *((_fmt_range(tps["citus_nodes"][str(w)], 0),
+               _fmt_range(ratios(tps["citus_nodes"][str(w)], tps["plain"][str(w)]), 2))
+              if nodes else ()),
         )
         for w in c["workers"]
     ]  # fmt: skip
@@ -353,7 +359,9 @@ def _citus_section(r: dict[str, Any]) -> list[str]:
         f"{c['tasks']:,} tasks over 8 tenants per run: claim one, finish it under its lease "
         f"(`tasks.transition`), until none is left; a Citus cluster of {c['nodes']} nodes on "
         "this machine against a plain database on the coordinator's server. Every node shares "
-        "the same cores, so this is the per-statement cost of distribution, not scale-out.",
+        "the same cores, so this is the per-statement cost of distribution, not scale-out. "
+        "On the worker nodes: the loops connected to the worker nodes in turn, not the "
+        "coordinator.",
         "",
         *_table(head, rows),
         "",
@@ -365,7 +373,11 @@ def _remote_lines(c: dict[str, Any], tps: dict[str, dict[str, list[float]]]) -> 
     """The scaling ratio and the remote commands per task, when the run counted them."""
     first, last = (str(w) for w in (c["workers"][0], c["workers"][-1]))
     scale = ratios(tps["citus"][last], tps["citus"][first])
-    lines = [f"Citus with {last} loops against {first}: {_fmt_range(scale, 2)}x."]
+    lines = [f"Citus with {last} loops against {first}: {_fmt_range(scale, 2)}x"]
+    if "citus_nodes" in tps:
+        on = ratios(tps["citus_nodes"][last], tps["citus_nodes"][first])
+        lines[0] += f" ({_fmt_range(on, 2)}x on the worker nodes)"
+    lines[0] += "."
     rc = c.get("remote_commands")
     if rc:
         lines += [

@@ -29,7 +29,7 @@ from agentdb import _db, _dsn, tenancy
 from agentdb.errors import ConfigurationError
 from agentdb.tools._signals import run_async, sigterm_raises
 from agentdb.tools.bench.budget import bench_budget
-from agentdb.tools.bench.citus import bench_citus, citus_database, citus_workers
+from agentdb.tools.bench.citus import bench_citus, citus_database, citus_workers, node_urls
 from agentdb.tools.bench.cycle import AGENTDB_RUNS
 from agentdb.tools.bench.harness import (
     ANALYZE,
@@ -579,7 +579,8 @@ def _citus(
     plain = dbs.create(dbs.name("plain"))
     migrate_locked(admin, plain.url)
     with citus_database(dbs, workers) as citus_url:
-        found = run_async(lambda: bench_citus(citus_url, plain.url, sizes.citus_tasks, reps))
+        nodes = node_urls(citus_url, workers)
+        found = run_async(lambda: bench_citus(citus_url, plain.url, sizes.citus_tasks, reps, nodes))
     found["nodes"] = len(workers) + 1
     return found
 
