@@ -9,7 +9,8 @@ Every function here works on one tenant inside one transaction: an UPDATE
 that names the tenant, then its events and messages as single-row inserts
 sent together, so the transaction touches one worker and commits there
 without two-phase commit. Work across tenants is discovered by a lock-free
-read and then taken tenant by tenant.
+read of every shard, kept for the claims of the next second (:class:`_Ring`),
+and taken tenant by tenant.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ __all__ = [
     "bury",
     "claim",
     "create_task",
-    "due_tenants",
     "expire_deadlines",
     "hold",
     "hold_retry",
@@ -71,22 +71,6 @@ def _claim_event(row: _db.Record) -> dict[str, Any]:
     }
 
 
-async def due_tenants(
-    db: _db.Executor, after: uuid.UUID | None, limit: int, task_types: list[str] | None
-) -> list[uuid.UUID]:
-    """Up to ``limit`` tenants with work a worker may take, in walk order: the ones after
-    ``after``, then from the first (one statement; it reads every shard).
-
-    Raises:
-        mapped database errors.
-    """
-    rows = await _db.fetch_many(
-        db, _Q["routed_due_tenants"], after_tenant=after, max_tenants=limit,
-        task_types=task_types,
-    )  # fmt: skip
-    return [r["tenant_id"] for r in rows]
-
-
 @dataclass(slots=True)
 class _Ring:
     """The tenants one discovery found, for the claims that follow it.
@@ -100,9 +84,9 @@ class _Ring:
     ``complete``: the discovery found fewer than it asked for, so the ring held
     every tenant with work then, and a walk that reaches its end wraps round it.
     Otherwise it holds an arc of the walk, and the walk past its end asks
-    again from there. A tenant whose claim gave nothing is ``dry``: passed
-    over until the ring is read again; a ring with none left is read again at
-    once. A tenant whose work arrived after the discovery waits at most
+    again from there. A tenant that gave less than its claim asked for is
+    ``dry``: passed over until the ring is read again; a ring with none left is
+    read again at once. A tenant whose work arrived after the discovery waits at most
     :data:`_RING_AGE` seconds.
     """
 
