@@ -476,6 +476,9 @@ FIXED = uuid.UUID("00000000-0000-4000-8000-000000000001")
 H2 = "b" * 64
 BIG = '{"blob": "' + "y" * 70000 + '"}'
 BIG_EVENT = '{"blob": "' + "y" * 9000 + '"}'
+# jsonb prints {"blob": "..."}: 12 bytes around the blob.
+AT_LIMIT = '{"blob": "' + "y" * (65536 - 12) + '"}'
+OVER_LIMIT = '{"blob": "' + "y" * (65537 - 12) + '"}'
 H = F.HASH
 LEASE: dict[str, Any] = {"lease_owner": "w", "lease_token": 1, "lease_acquired_at": NOW}
 
@@ -1076,6 +1079,15 @@ CASES: list[Case] = [
         task(params='{"n": 1}'),
         task(params=BIG),
         label="too-large",
+    ),
+    # The bound itself: 65,536 bytes as jsonb prints them pass, one more is refused (a
+    # generated mutant moving the bound by one survived the cases above).
+    Case(
+        "agent_tasks_params_valid",
+        "23514",
+        task(params=AT_LIMIT),
+        task(params=OVER_LIMIT),
+        label="at-the-limit",
     ),
     Case(
         "agent_tasks_lease_complete",

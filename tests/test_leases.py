@@ -158,6 +158,28 @@ async def test_G12_release_makes_the_task_due_again_and_refund_keeps_attempts(
     assert (again.id, again.attempts, again.lease_token) == (task.id, 1, 2)
 
 
+async def test_G12_a_release_gives_back_only_the_task_it_names(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """One worker holds two tasks of one tenant, each under its first lease token (1): the
+    release of one must leave the other running under its lease. Fails on a release that
+    matches the tenant, owner and token without the task's id (a generated mutant,
+    leases-lease_release-and-3, survived every test before this one)."""
+    first = await tasks.create(pool, tenants.a, "t")
+    second = await tasks.create(pool, tenants.a, "t")
+    held = await leases.claim(pool, "w1", batch=2)
+    assert sorted(t.id for t in held) == sorted([first.id, second.id])
+    assert {t.lease_token for t in held} == {1}
+    mine = next(t for t in held if t.id == first.id)
+    assert mine.lease is not None
+    await leases.release(pool, mine.lease)
+    rows = await admin_conn.fetch(
+        "SELECT id, state, lease_owner FROM agent_tasks WHERE tenant_id = $1", tenants.a
+    )
+    by_id = {r["id"]: (r["state"], r["lease_owner"]) for r in rows}
+    assert by_id == {first.id: ("pending", None), second.id: ("running", "w1")}
+
+
 async def test_G12_release_after_the_last_attempt_is_dead_and_exhausted_expired_tasks_are_buried(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

@@ -37,6 +37,10 @@ async def test_status_counts_match_the_database(
     await F.expire_lease(admin_conn, held.id)  # a worker died holding it
     res = await operations.reserve(pool, tenants.a, held.id, "k", "a", {})
     await operations.mark_unknown(pool, res.operation, error="timeout")
+    # Two more reserved and left so: a worker that died before its call. (Counted too: a
+    # generated mutant dropping 'reserved' from the statement survived without this.)
+    for key in ("r1", "r2"):
+        await operations.reserve(pool, tenants.a, held.id, key, "a", {})
     async with pool.acquire() as conn:
         await outbox.enqueue(conn, tenants.a, "x", {})
         await outbox.enqueue(conn, tenants.b, "x", {})
@@ -53,6 +57,7 @@ async def test_status_counts_match_the_database(
     b = next(t for t in doc["tenants"] if t["tenant_id"] == str(tenants.b))
     assert (a["tasks"]["pending"], a["tasks"]["running"], a["expired_leases"]) == (2, 1, 1)
     assert a["operations_unsettled"]["unknown"] == 1
+    assert a["operations_unsettled"]["reserved"] == 2
     assert (a["outbox"]["pending"], a["outbox"]["dead"]) == (1, 0)
     assert a["outbox"]["oldest_pending_seconds"] >= 0
     assert (b["tasks"]["pending"], b["outbox"]["pending"], b["outbox"]["dead"]) == (1, 0, 1)

@@ -12,6 +12,7 @@ import pytest
 
 from agentdb import leases, outbox, tasks
 from agentdb.errors import (
+    DeadlineExceeded,
     IdempotencyConflict,
     InvalidTransition,
     LeaseLost,
@@ -299,3 +300,26 @@ async def test_create_waiting_for_a_signal(pool: asyncpg.Pool, tenants: Tenants)
     assert task.state == "waiting"
     assert task.wake_at is not None
     assert task.wake_at.year > 9000  # 'infinity'
+
+
+async def test_G21_finish_many_ends_a_late_task_only_as_dead_or_cancelled(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Past its deadline a held task may not succeed through finish_many, but its holder
+    may still end it as dead (G21). Fails on a finish_many that refuses 'dead' too (a
+    generated mutant, tasks-task_finish_many-list-1, survived every test before this)."""
+    task = await tasks.create(
+        pool, tenants.a, "late-many", deadline=datetime.now(UTC) + timedelta(milliseconds=600)
+    )
+    [held] = await leases.claim(pool, "holder", task_types=["late-many"])
+    for _ in range(600):
+        if await admin_conn.fetchval(
+            "SELECT deadline_at < clock_timestamp() FROM agent_tasks WHERE id = $1", task.id
+        ):
+            break
+        await asyncio.sleep(0.01)
+    [refused] = await tasks.finish_many(pool, [held])
+    assert isinstance(refused, DeadlineExceeded), refused
+    [ended] = await tasks.finish_many(pool, [held], to_state="dead", error="late")
+    assert not isinstance(ended, Exception), ended
+    assert (ended.id, ended.state) == (task.id, "dead")
