@@ -3,7 +3,7 @@
     python -m dev.mutate [--jobs 2] [--only ID,ID] [--dsn URL] [--list]
     python -m dev.mutate --generated [--sample N] [--seed S] [--jobs 1] [--list]
 
-Needs a checkout (it copies ``agentdb/``, ``dev/``, ``sql/``, ``tests/``, ``examples/``
+Needs a checkout (it copies ``agentdb/``, ``dev/``, ``docs/``, ``sql/``, ``tests/``, ``examples/``
 and ``pyproject.toml`` into scratch directories) and a Postgres the tests can
 create databases on: ``--dsn`` / ``AGENTDB_TEST_DSN``, else an embedded one
 started for the run. Each mutant is one exact edit of one file; the targeted
@@ -42,7 +42,8 @@ from dev.mutate.generate import generated_mutants, sample
 
 __all__ = ["Outcome", "check_catalogue", "main"]
 
-_COPIED = ("agentdb", "dev", "sql", "tests", "examples", "pyproject.toml", "README.md")
+# docs/: some suites a mutant's tests name read it (test_status checks the Operating page).
+_COPIED = ("agentdb", "dev", "docs", "sql", "tests", "examples", "pyproject.toml", "README.md")
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
 _SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors)")
 
