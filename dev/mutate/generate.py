@@ -131,6 +131,7 @@ _ROUTINE_TESTS: dict[str, tuple[str, ...]] = {
     "agentdb_event_records_once": ("tests/test_events_by_month.py",),
     "agentdb_signal_access": ("tests/test_access.py", "tests/test_signals.py"),
     "agentdb_keep_parent": ("tests/test_children.py", "tests/test_tenant_deletion.py"),
+    "agentdb_delete_tenant": ("tests/test_tenant_deletion.py", "tests/test_tenancy.py"),
     "agentdb_grant_roles": ("tests/test_access.py", "tests/test_tenant_isolation.py"),
     "agentdb_request_task": ("tests/test_access.py",),
     "agentdb_current_tenant": ("tests/test_access.py", "tests/test_tenant_isolation.py"),
