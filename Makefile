@@ -8,6 +8,9 @@ DEMO_ARGS ?=
 CHAOS_ARGS ?=
 BENCH_ARGS ?=
 MUTATE_ARGS ?=
+# make mutate-sample: how many generated mutants, and the seed that picks them.
+N ?= 100
+SEED ?= 1
 
 .DEFAULT_GOAL := help
 
@@ -89,6 +92,12 @@ mutate: $(VENV)/.dev ## Mutation check: >= 80 mutants of the guards, each must f
 mutate-citus: $(VENV)/.dev ## The mutants of the Citus statements, their tests run on AGENTDB_CITUS_DSN
 	$(BIN)/python -m dev.mutate --citus $(MUTATE_ARGS)
 
+mutate-generated: $(VENV)/.dev ## Every mechanical SQL mutant from the parse tree (dev/mutate/generate.py; long: use mutate-sample)
+	$(BIN)/python -m dev.mutate --generated $(MUTATE_ARGS)
+
+mutate-sample: $(VENV)/.dev ## A seeded sample of the generated SQL mutants (N=100, SEED=1; MUTATE_ARGS=--jobs 1 ...)
+	$(BIN)/python -m dev.mutate --generated --sample $(N) --seed $(SEED) $(MUTATE_ARGS)
+
 readme: $(VENV)/.dev ## Regenerate the guarantee tables, the CLI and errors pages (dev/docs.py)
 	$(BIN)/python -m dev.docs --write
 
@@ -132,4 +141,4 @@ ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGEN
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis build dist mutation-results site
 
-.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate readme docs docs-build fmt example schema sql migrate rollback status audit purge ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate mutate-citus mutate-generated mutate-sample readme docs docs-build fmt example schema sql migrate rollback status audit purge ci clean

@@ -1,8 +1,9 @@
 """``make mutate``: apply each mutant to a scratch copy and run the tests that must kill it.
 
     python -m dev.mutate [--jobs 2] [--only ID,ID] [--dsn URL] [--list]
+    python -m dev.mutate --generated [--sample N] [--seed S] [--jobs 1] [--list]
 
-Needs a checkout (it copies ``agentdb/``, ``dev/``, ``sql/``, ``tests/``, ``examples/``
+Needs a checkout (it copies ``agentdb/``, ``dev/``, ``docs/``, ``sql/``, ``tests/``, ``examples/``
 and ``pyproject.toml`` into scratch directories) and a Postgres the tests can
 create databases on: ``--dsn`` / ``AGENTDB_TEST_DSN``, else an embedded one
 started for the run. Each mutant is one exact edit of one file; the targeted
@@ -11,6 +12,10 @@ migrations and Python alike come from the copy). A mutant is killed when its
 tests fail; it survives when they pass. Declared equivalent mutants are run
 too, so the report shows the claim holds. Exit status 0 when every
 non-equivalent mutant was killed and the unmutated baseline passed.
+
+``--generated`` runs the mechanical SQL mutants of generate.py instead of the
+hand catalogue (all of them, or a seeded sample of ``--sample N``: the same
+seed picks the same mutants); its report goes to ``mutation-results/generated``.
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ from pathlib import Path
 
 from agentdb.tools._common import CITUS_ENV, ON_CITUS_ENV
 from dev.mutate.catalogue import Mutant, all_mutants
+from dev.mutate.generate import generated_mutants, sample
 
 __all__ = ["Outcome", "check_catalogue", "main"]
 
-_COPIED = ("agentdb", "dev", "sql", "tests", "examples", "pyproject.toml", "README.md")
+# docs/: some suites a mutant's tests name read it (test_status checks the Operating page).
+_COPIED = ("agentdb", "dev", "docs", "sql", "tests", "examples", "pyproject.toml", "README.md")
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
 _SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors)")
 
@@ -188,26 +195,9 @@ def _report(outcomes: list[Outcome], mutants: Sequence[Mutant], wall: float, out
     return text
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the CLI, flag by flag
-    parser = argparse.ArgumentParser(prog="python -m dev.mutate", description=__doc__)
-    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
-    parser.add_argument("--only", help="comma-separated mutant ids")
-    parser.add_argument("--dsn", help="Postgres for the tests (default: $AGENTDB_TEST_DSN)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant")
-    parser.add_argument("--out", type=Path, default=Path("mutation-results"))
-    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
-    parser.add_argument(
-        "--citus",
-        action="store_true",
-        help=f"the mutants of the Citus statements, their tests on ${CITUS_ENV}",
-    )
-    args = parser.parse_args(argv)
-    root = _root()
-    if args.citus and not os.environ.get(CITUS_ENV):
-        print(f"agentdb mutate --citus: set {CITUS_ENV} to a Citus coordinator database")
-        return 2
-    every = list(all_mutants())
+def _select(args: argparse.Namespace) -> tuple[list[Mutant], int] | int:
+    """The mutants this run runs and how many it leaves to the other kind (or an exit code)."""
+    every = list(generated_mutants() if args.generated else all_mutants())
     mutants = [m for m in every if m.citus == args.citus]
     elsewhere = len(every) - len(mutants)
     if args.only:
@@ -226,6 +216,43 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901, PLR0915 - the
             print(f"agentdb mutate: Citus mutants need {CITUS_ENV}")
             return 2
         elsewhere = 0
+    if args.sample is not None:
+        mutants = sample(mutants, args.sample, args.seed)
+    return mutants, elsewhere
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the CLI, flag by flag
+    parser = argparse.ArgumentParser(prog="python -m dev.mutate", description=__doc__)
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--only", help="comma-separated mutant ids")
+    parser.add_argument("--dsn", help="Postgres for the tests (default: $AGENTDB_TEST_DSN)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant")
+    parser.add_argument("--out", type=Path, help="report folder (default: mutation-results)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument(
+        "--citus",
+        action="store_true",
+        help=f"the mutants of the Citus statements, their tests on ${CITUS_ENV}",
+    )
+    parser.add_argument(
+        "--generated",
+        action="store_true",
+        help="the mechanical SQL mutants (dev/mutate/generate.py), not the hand catalogue",
+    )
+    parser.add_argument("--sample", type=int, help="run a seeded sample of this many mutants")
+    parser.add_argument("--seed", type=int, default=1, help="the sample's seed (default 1)")
+    args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = Path("mutation-results") / ("generated" if args.generated else "")
+    root = _root()
+    if args.citus and not os.environ.get(CITUS_ENV):
+        print(f"agentdb mutate --citus: set {CITUS_ENV} to a Citus coordinator database")
+        return 2
+    selected = _select(args)
+    if isinstance(selected, int):
+        return selected
+    mutants, elsewhere = selected
     problems = check_catalogue(root, mutants)
     if problems:
         print("agentdb mutate: the catalogue is broken:\n  " + "\n  ".join(problems))
