@@ -51,7 +51,8 @@ The tests of a mutant (``tests``), by a fixed, explicit heuristic:
 * a statement of ``agentdb/queries/<x>.sql``: its users are the modules of
   ``agentdb/`` (not agentdb/tools) that name it (``_Q["name"]``, or the name in
   quotes); each user ``agentdb/<m>.py`` maps to ``tests/test_<m>.py`` when it
-  exists, else to the files ``_MODULE_TESTS`` names for it;
+  exists, else to the files ``_MODULE_TESTS`` names for it; ``_STATEMENT_TESTS``
+  adds the files that prove what a statement's module tests miss;
 * a statement of ``agentdb/_citus/queries``: a Citus mutant (``citus=True``,
   run by ``--generated --citus`` on ``AGENTDB_CITUS_DSN``), tested by the plain
   twin's module tests (``_ROUTED_TESTS``, by the word after ``routed_``) and
@@ -109,6 +110,16 @@ _MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "inbox": ("tests/test_outbox.py",),
     "schema": ("tests/test_schema_check.py",),
     "steps": ("tests/test_durable.py",),
+}
+# Statements whose module's own tests miss what other files prove (the first seeded
+# sample: these mutants survived tests/test_<module>.py and were killed by these).
+_STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
+    "lease_claim": ("tests/test_fairness.py",),
+    "operation_complete_many": ("tests/test_complete_many.py",),
+    "operation_reserve_many": ("tests/test_complete_many.py", "tests/test_tenant_isolation.py"),
+    "task_finish_many": ("tests/test_complete_many.py",),
+    "operation_get": (FENCES, "tests/test_tenant_isolation.py", "tests/test_complete_many.py"),
+    "outbox_deliver_and_claim": ("tests/test_relay.py", FENCES),
 }
 # routed_<word>_...: the plain statements' module whose twin it is.
 _ROUTED_TESTS: dict[str, str] = {
@@ -853,6 +864,7 @@ class _Tests:
                 for t in self._module_tests(path.stem):
                     if t not in found:
                         found.append(t)
+        found += [t for t in _STATEMENT_TESTS.get(name, ()) if t not in found]
         return tuple(found)
 
     @staticmethod
