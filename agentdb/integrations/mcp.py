@@ -276,9 +276,16 @@ def _tool_span(tool: str, call_id: str, traceparent: str | None) -> Iterator[_Sp
     if _trace is None or isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
         yield span  # no SDK: the caller's ids still go on the rows
         return
-    parent = TraceContextTextMapPropagator().extract(
-        {"traceparent": traceparent} if traceparent else {}
-    )
+    current = _trace.get_current_span().get_span_context()
+    same_trace = span.trace_id is None or format(current.trace_id, "032x") == span.trace_id
+    if current.is_valid and same_trace:
+        # The server framework's own span of this request (SDK 2.3 and FastMCP open
+        # `tools/call <name>`, itself a child of the caller's traceparent): ours nests in it.
+        parent = None
+    else:
+        parent = TraceContextTextMapPropagator().extract(
+            {"traceparent": traceparent} if traceparent else {}
+        )
     attributes = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": tool,
@@ -435,7 +442,9 @@ class ExactlyOnce(Extension):
 
         return register
 
-    async def _identity(self, ctx: ServerRequestContext[Any, Any]) -> Identity | None:
+    async def _identity(self, ctx: ServerRequestContext[Any, Any] | None) -> Identity | None:
+        if ctx is None:  # called from inside the server, not by a client: no one to scope it to
+            return None
         found = self.identity(ctx)
         if inspect.isawaitable(found):
             found = await found
@@ -463,9 +472,31 @@ class ExactlyOnce(Extension):
         ctx: ServerRequestContext[Any, Any],
         call_next: CallNext,
     ) -> HandlerResult:
-        spec = self._effects.get(params.name)
-        if spec is None:  # a read, or a tool the kit was not asked to guard
+        if params.name not in self._effects:  # a read, or a tool the kit was not asked to guard
             return await call_next(ctx)
+        return await self.guard(params, ctx, lambda: call_next(ctx))
+
+    def guards(self, tool: str) -> bool:
+        """Whether ``tool`` was declared with :meth:`effect`."""
+        return tool in self._effects
+
+    async def guard(
+        self,
+        params: CallToolRequestParams,
+        ctx: ServerRequestContext[Any, Any] | None,
+        call: Callable[[], Awaitable[HandlerResult]],
+        *,
+        definite: tuple[type[BaseException], ...] = (),
+    ) -> HandlerResult:
+        """Run the effect tool call ``params`` once per key: ``call()`` runs its body.
+
+        The SDK's interceptor and the FastMCP middleware
+        (:class:`agentdb.integrations.fastmcp.ExactlyOnceMiddleware`) both come
+        here; ``call`` answers what the SDK makes of the body (a ``CallToolResult``,
+        or an ``InputRequiredResult``), and ``definite`` adds the server
+        framework's own "refused before doing anything" exceptions.
+        """
+        spec = self._effects[params.name]
         identity = await self._identity(ctx)
         if identity is None:
             return tool_error(
@@ -489,7 +520,7 @@ class ExactlyOnce(Extension):
         hashed = {k: v for k, v in arguments.items() if k != spec.key_argument}
         with _tool_span(spec.name, key, _traceparent(params.meta)) as span:
             try:
-                result = await self._call(spec, identity, key, hashed, params, ctx, call_next, span)
+                result = await self._call(spec, identity, key, hashed, params, call, definite, span)
             except AgentDBError as exc:  # refused by the database: a typed error, never a result
                 result = _refusal(exc)
             if isinstance(result, CallToolResult) and result.is_error:
@@ -504,8 +535,8 @@ class ExactlyOnce(Extension):
         key: str,
         arguments: dict[str, Any],
         params: CallToolRequestParams,
-        ctx: ServerRequestContext[Any, Any],
-        call_next: CallNext,
+        call: Callable[[], Awaitable[HandlerResult]],
+        definite: tuple[type[BaseException], ...],
         span: _Span,
     ) -> HandlerResult:
         pool = await self.pool()
@@ -523,7 +554,7 @@ class ExactlyOnce(Extension):
                 )
             try:
                 return await self._locked(
-                    spec, identity, ledger, op_key, arguments, params, ctx, call_next, span
+                    spec, identity, ledger, op_key, arguments, params, call, definite, span
                 )
             finally:
                 await _mcp_calls.release(guard, lock)
@@ -536,8 +567,8 @@ class ExactlyOnce(Extension):
         op_key: str,
         arguments: dict[str, Any],
         params: CallToolRequestParams,
-        ctx: ServerRequestContext[Any, Any],
-        call_next: CallNext,
+        call: Callable[[], Awaitable[HandlerResult]],
+        definite: tuple[type[BaseException], ...],
         span: _Span,
     ) -> HandlerResult:
         pool = await self.pool()
@@ -576,27 +607,37 @@ class ExactlyOnce(Extension):
             res = settled
         if not res.fresh:
             return _replay(res.operation)
-        return await self._run(spec, res.operation, ctx, call_next)
+        return await self._run(spec, res.operation, call, definite)
 
     async def _run(
-        self, spec: _Effect, op: Operation, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+        self,
+        spec: _Effect,
+        op: Operation,
+        call: Callable[[], Awaitable[HandlerResult]],
+        definite: tuple[type[BaseException], ...],
     ) -> HandlerResult:
         pool = await self.pool()
         outcome = _Outcome()
+        refused = (NotPerformed, ToolError, MCPError, *definite, *spec.definite)
         key_token, outcome_token = _KEY.set(op.idempotency_key), _OUTCOME.set(outcome)
         try:
-            result = await call_next(ctx)
-        except MCPError as exc:  # raised through the SDK: a protocol error, nothing performed
-            await operations.fail(pool, op, f"MCPError: {exc}")
-            raise
+            result = await call()
+        except Exception as exc:
+            if outcome.raised is None or isinstance(outcome.raised, refused):
+                # Raised before the body ran (the arguments did not validate, a protocol
+                # error) or by a body that refused: nothing was performed.
+                await operations.fail(pool, op, f"{type(exc).__name__}: {exc}")
+                raise
+            # Raised through the server framework by a body that may have performed it.
+            result = None
         finally:
             _KEY.reset(key_token)
             _OUTCOME.reset(outcome_token)
         raised = outcome.raised
         if raised is not None:
-            if isinstance(raised, (NotPerformed, ToolError, MCPError, *spec.definite)):
+            if isinstance(raised, refused) and result is not None:
                 await operations.fail(pool, op, f"{type(raised).__name__}: {raised}")
-                return result  # the SDK's error result; the next attempt calls again
+                return result  # the framework's error result; the next attempt calls again
             # It may have happened: the next attempt reconciles it, never calls blindly.
             await operations.mark_unknown(pool, op, error=f"{type(raised).__name__}: {raised}")
             return tool_error(

@@ -7,7 +7,16 @@ does not collect the files of a framework it lacks.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from importlib.util import find_spec
+
+import asyncpg
+import pytest
+
+from agentdb import create_pool
+from agentdb.testing import recording
+from agentdb.testing.provider import install
+from tests.conftest import Database
 
 collect_ignore_glob = [
     pattern
@@ -15,6 +24,17 @@ collect_ignore_glob = [
         ("pydantic_ai", "test_pydantic_ai*.py"),
         ("agents", "test_openai_agents*.py"),
         ("mcp", "test_mcp*.py"),
+        ("fastmcp", "test_fastmcp*.py"),
+        ("fastmcp", "test_mcp_spans.py"),
     )
     if find_spec(module) is None
 ]
+
+
+@pytest.fixture
+async def recorded(db: Database) -> AsyncIterator[asyncpg.Pool]:
+    """The test database as its owner, where the fake provider records what it did."""
+    async with await create_pool(db.dsn) as pool:
+        await install(pool)
+        with recording(pool):
+            yield pool

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,10 +18,10 @@ from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
-from mcp_types import CallToolResult, Request, Result
+from mcp_types import CallToolResult, ElicitResult, InputRequiredResult, Request, Result
 from pydantic import ConfigDict
 
-from agentdb.integrations.mcp import TASKS_EXTENSION, TaskParams, UpdateTaskParams
+from agentdb.integrations.mcp import ERROR_META, TASKS_EXTENSION, TaskParams, UpdateTaskParams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,6 +106,42 @@ async def update_task(client: Client, task_id: str, responses: dict[str, Any]) -
     return await _send(client, UpdateTask(params=params))
 
 
+async def ask_approval(client: Client, key: str, amount: int = 7) -> InputRequiredResult:
+    """Call ``pay_approved`` without an approval: the kit asks for one."""
+    asked = await client.session.call_tool(
+        "pay_approved", {"to": "bob", "amount": amount}, meta=_meta(key),
+        allow_input_required=True,
+    )  # fmt: skip
+    assert isinstance(asked, InputRequiredResult), asked
+    return asked
+
+
+async def present_approval(
+    client: Client, key: str, asked: InputRequiredResult, amount: int = 7
+) -> CallToolResult:
+    """Call ``pay_approved`` again with the approval ``asked`` for, accepted."""
+    yes = ElicitResult(action="accept", content={"approve": True})
+    result = await client.session.call_tool(
+        "pay_approved", {"to": "bob", "amount": amount}, meta=_meta(key),
+        input_responses={"agentdb.approval": yes}, request_state=asked.request_state,
+    )  # fmt: skip
+    assert isinstance(result, CallToolResult), result
+    return result
+
+
+def _meta(key: str) -> Any:
+    """A request's ``_meta`` with the caller's idempotency key (what Pydantic AI sends)."""
+    return {"idempotency_key": key}
+
+
+def typed_error(result: CallToolResult) -> dict[str, Any]:
+    """The agentdb error a tool error result names (``_meta[ERROR_META]``)."""
+    assert result.is_error, result
+    found = (result.meta or {}).get(ERROR_META)
+    assert isinstance(found, dict), result
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,10 +149,23 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m tests.integrations.mcp_server`` on a fixed port: start, wait, SIGKILL, again."""
+    """``python -m tests.integrations.<module>`` on a fixed port: start, wait, SIGKILL, again.
 
-    def __init__(self, dsn: str, *, bare: bool = False, port: int | None = None) -> None:
+    ``module``: ``mcp_server`` (the SDK's ``MCPServer``) or ``fastmcp_server``
+    (FastMCP with the kit's middleware); ``env``: what the process adds to ours.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        bare: bool = False,
+        port: int | None = None,
+        module: str = "mcp_server",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.dsn, self.bare, self.port = dsn, bare, port or free_port()
+        self.module, self.env = module, dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.kills = 0
 
@@ -125,8 +174,8 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}/mcp"
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "tests.integrations.mcp_server", str(self.port), self.dsn]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), AGENTDB_TESTING_DSN=self.dsn)
+        argv = [sys.executable, "-m", f"tests.integrations.{self.module}", str(self.port), self.dsn]
+        env = dict(os.environ, PYTHONPATH=str(ROOT), AGENTDB_TESTING_DSN=self.dsn, **self.env)
         self.proc = subprocess.Popen(
             [*argv, *(["--bare"] if self.bare else [])], env=env, cwd=ROOT,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -144,6 +193,16 @@ class ServerProcess:
                 return
             time.sleep(0.05)
         raise TimeoutError(f"the MCP server on {self.port} did not come up")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[ServerProcess]:
+        """Started and up for the block; stopped (SIGKILL) after it."""
+        self.start()
+        try:
+            self.wait_up()
+            yield self
+        finally:
+            self.stop()
 
     def kill(self) -> None:
         """SIGKILL: nothing runs, the database drops its sessions (and their locks)."""

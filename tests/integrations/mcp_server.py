@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.request_state import RequestStateSecurity
 
 from agentdb.integrations.mcp import (
     DurableTasks,
@@ -57,8 +59,14 @@ def build(dsn: str, *, bare: bool = False) -> MCPServer[Any]:
             await running
             await kit.close()
 
+    state_key = os.environ.get("MCP_STATE_KEY")  # shared by instances: approvals survive them
     server: MCPServer[Any] = MCPServer(
-        "payments", extensions=[] if bare else [kit, durable], lifespan=lifespan
+        "payments",
+        extensions=[] if bare else [kit, durable],
+        lifespan=lifespan,
+        request_state_security=(
+            None if state_key is None else RequestStateSecurity(keys=[state_key])
+        ),
     )
     guard: Callable[[Any], Any] = (lambda fn: fn) if bare else kit.effect(reconcile=payments.lookup)
 

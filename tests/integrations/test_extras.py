@@ -15,6 +15,7 @@ EXTRAS = {
     "pydantic-ai": ("pydantic-ai-slim", "agentdb.integrations.pydantic_ai"),
     "openai-agents": ("openai-agents", "agentdb.integrations.openai_agents"),
     "mcp": ("mcp", "agentdb.integrations.mcp"),
+    "fastmcp": ("fastmcp", "agentdb.integrations.fastmcp"),
 }
 
 

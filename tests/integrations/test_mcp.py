@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, ElicitResult, InputRequiredResult
+from mcp_types import CallToolResult, ElicitResult
 
-from agentdb import create_pool, tasks
-from agentdb.integrations.mcp import ERROR_META, LEDGER_TYPE
-from agentdb.testing import recording
-from agentdb.testing.provider import install
+from agentdb import tasks
+from agentdb.integrations.mcp import LEDGER_TYPE
 from tests.conftest import Database, Tenants
 from tests.integrations.mcp_client import (
     ServerProcess,
+    ask_approval,
     cancel_task,
     connect,
     get_task,
+    present_approval,
     start_task,
+    typed_error,
     update_task,
 )
 from tests.integrations.mcp_server import payments
@@ -36,29 +37,8 @@ from tests.integrations.mcp_server import payments
 
 @pytest.fixture
 def server(db: Database) -> Iterator[ServerProcess]:
-    proc = ServerProcess(db.dsn)
-    proc.start()
-    try:
-        proc.wait_up()
+    with ServerProcess(db.dsn).running() as proc:
         yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-async def recorded(db: Database) -> AsyncIterator[asyncpg.Pool]:
-    """The test database as its owner, where the fake provider records what it did."""
-    async with await create_pool(db.dsn) as pool:
-        await install(pool)
-        with recording(pool):
-            yield pool
-
-
-def _error(result: CallToolResult) -> dict[str, Any]:
-    assert result.is_error, result
-    found = (result.meta or {}).get(ERROR_META)
-    assert isinstance(found, dict), result
-    return found
 
 
 async def _pay(client: Client, key: str | None, to: str = "bob", amount: int = 5) -> CallToolResult:
@@ -94,8 +74,8 @@ async def test_the_same_key_with_other_arguments_is_a_typed_error(
         attack = await _pay(client, "order-2", amount=500)
     assert not control.is_error
     assert control.structured_content == first.structured_content
-    assert _error(attack)["type"] == "IdempotencyConflict"
-    assert _error(attack)["guarantee"] == "G4"
+    assert typed_error(attack)["type"] == "IdempotencyConflict"
+    assert typed_error(attack)["guarantee"] == "G4"
     assert "reference" not in attack.model_dump_json()
     assert len(await payments.effects(recorded)) == 1
 
@@ -107,8 +87,8 @@ async def test_a_call_without_a_tenant_or_a_key_is_refused(
         refused = await _pay(anonymous, "order-3")
     async with connect(server.url, tenants.a) as client:
         keyless = await _pay(client, None)
-    assert _error(refused)["type"] == "TenantMissing"
-    assert _error(keyless)["type"] == "IdempotencyKeyMissing"
+    assert typed_error(refused)["type"] == "TenantMissing"
+    assert typed_error(keyless)["type"] == "IdempotencyKeyMissing"
     assert await payments.calls(recorded) == []
 
 
@@ -187,39 +167,19 @@ async def test_an_input_request_is_answered_once_and_not_for_a_cancelled_task(
     assert rows == 0
 
 
-async def _approve(client: Client, key: str, amount: int) -> tuple[InputRequiredResult, Any]:
-    asked = await client.session.call_tool(
-        "pay_approved", {"to": "bob", "amount": amount}, meta=_key(key),
-        allow_input_required=True,
-    )  # fmt: skip
-    assert isinstance(asked, InputRequiredResult), asked
-    return asked, ElicitResult(action="accept", content={"approve": True})
-
-
-async def _present(
-    client: Client, key: str, amount: int, asked: InputRequiredResult, answer: ElicitResult
-) -> CallToolResult:
-    result = await client.session.call_tool(
-        "pay_approved", {"to": "bob", "amount": amount}, meta=_key(key),
-        input_responses={"agentdb.approval": answer}, request_state=asked.request_state,
-    )  # fmt: skip
-    assert isinstance(result, CallToolResult), result
-    return result
-
-
 async def test_an_approval_unlocks_one_call_once(
     server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
 ) -> None:
     async with connect(server.url, tenants.a) as client:
-        asked, yes = await _approve(client, "approved-1", 7)
-        control = await _present(client, "approved-1", 7, asked, yes)
-        again = await _present(client, "approved-1", 7, asked, yes)  # the same call: its answer
-        other = await _present(client, "approved-2", 7, asked, yes)  # attack: another call
+        asked = await ask_approval(client, "approved-1", 7)
+        control = await present_approval(client, "approved-1", asked, 7)
+        again = await present_approval(client, "approved-1", asked, 7)  # the same call: its answer
+        other = await present_approval(client, "approved-2", asked, 7)  # attack: another call
         with pytest.raises(MCPError, match="requestState"):  # the SDK binds the arguments
-            await _present(client, "approved-1", 700, asked, yes)
+            await present_approval(client, "approved-1", asked, 700)
     assert not control.is_error, control
     assert again.model_dump_json(by_alias=True) == control.model_dump_json(by_alias=True)
-    assert _error(other)["type"] == "ApprovalRefused"
+    assert typed_error(other)["type"] == "ApprovalRefused"
     assert len(await payments.effects(recorded)) == 1
     approvals = await recorded.fetchval(
         "SELECT count(*) FROM agent_signals WHERE kind = 'approval'"
@@ -231,13 +191,13 @@ async def test_an_approval_for_a_cancelled_ledger_is_refused(
     server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
 ) -> None:
     async with connect(server.url, tenants.a) as client:
-        asked, yes = await _approve(client, "approved-3", 9)
+        asked = await ask_approval(client, "approved-3", 9)
         ledger = await recorded.fetchval(
             "SELECT id FROM agent_tasks WHERE task_type = $1", LEDGER_TYPE
         )
         await tasks.cancel(recorded, tenants.a, ledger, reason="principal suspended")
-        refused = await _present(client, "approved-3", 9, asked, yes)
-    assert _error(refused)["type"] == "TaskFinished"
+        refused = await present_approval(client, "approved-3", asked, 9)
+    assert typed_error(refused)["type"] == "TaskFinished"
     assert await payments.calls(recorded) == []
     assert await recorded.fetchval("SELECT count(*) FROM agent_signals") == 0
 

@@ -1,12 +1,13 @@
 """MCP servers SIGKILLed at random moments while the SDK's client retries as the spec says.
 
-A broken stream is retried as a new request (a new connection, a new request id)
-with the same idempotency key in ``_meta``. With the kit each payment is performed
-once per key (counted at the fake provider, whose ledger is in Postgres), and a
-replay answers the identical result; without it (the control, the same server
-killed the same way) a retried payment is performed twice. A long-running task
-is answered and finished by a second server after the first dies, and a cancel
-stops it.
+A broken stream is retried as a new request (a new connection, a new request
+id) with the same idempotency key in ``_meta``. The payment servers are the
+SDK's ``MCPServer`` (``mcp_server.py``) and FastMCP (``fastmcp_server.py``).
+With the kit each payment is performed once per key (counted at the fake
+provider, whose ledger is in Postgres), and a replay answers the identical
+result; without it (the control, the same server killed the same way) a
+retried payment is performed twice. A long-running task is answered and
+finished by a second server after the first dies, and a cancel stops it.
 """
 
 from __future__ import annotations
@@ -16,16 +17,12 @@ import contextlib
 import random
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 from mcp_types import CallToolResult
 
-from agentdb import create_pool
 from agentdb.integrations.mcp import ERROR_META
-from agentdb.testing import recording
-from agentdb.testing.provider import install
 from tests.conftest import Database, Tenants
 from tests.integrations.mcp_client import (
     ServerProcess,
@@ -38,14 +35,6 @@ from tests.integrations.mcp_server import payments
 
 pytestmark = pytest.mark.timeout(240)
 PAYMENTS = 6
-
-
-@pytest.fixture
-async def recorded(db: Database) -> AsyncIterator[asyncpg.Pool]:
-    async with await create_pool(db.dsn) as pool:
-        await install(pool)
-        with recording(pool):
-            yield pool
 
 
 async def _pay_until_answered(server: ServerProcess, tenant: uuid.UUID, key: str) -> CallToolResult:
@@ -81,9 +70,9 @@ async def _killer(server: ServerProcess, stop: asyncio.Event, rng: random.Random
 
 
 async def _drive(
-    db: Database, tenant: uuid.UUID, *, bare: bool, seed: int
+    db: Database, tenant: uuid.UUID, *, bare: bool, seed: int, module: str = "mcp_server"
 ) -> tuple[ServerProcess, dict[str, CallToolResult]]:
-    server = ServerProcess(db.dsn, bare=bare)
+    server = ServerProcess(db.dsn, bare=bare, module=module)
     server.start()
     stop = asyncio.Event()
     killer = asyncio.create_task(_killer(server, stop, random.Random(seed)))
@@ -98,10 +87,12 @@ async def _drive(
     return server, answers
 
 
+@pytest.mark.parametrize("module", ["mcp_server", "fastmcp_server"])
 async def test_each_payment_is_performed_once_per_key_across_sigkills(
-    db: Database, tenants: Tenants, recorded: asyncpg.Pool
+    db: Database, tenants: Tenants, recorded: asyncpg.Pool, module: str
 ) -> None:
-    server, answers = await _drive(db, tenants.a, bare=False, seed=7)
+    """The SDK's ``MCPServer`` with the kit as an extension, and FastMCP with its middleware."""
+    server, answers = await _drive(db, tenants.a, bare=False, seed=7, module=module)
     try:
         assert server.kills >= 2, "the servers were not killed often enough to tell"
         calls = await payments.calls(recorded)
