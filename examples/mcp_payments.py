@@ -18,15 +18,15 @@ def payments_server(kit: ExactlyOnce) -> MCPServer:
     @server.tool()
     @kit.effect()  # added: once per (tenant, principal, tool, idempotency key)
     async def pay(to: str, amount: int) -> str:
-        return f"paid {amount} to {to}, provider key {idempotency_key()[-12:]}"
+        receipt = uuid.uuid4().hex[:6]  # yours: psp.charge(to, amount, idempotency_key())
+        return f"{amount} paid to {to}: receipt {receipt}, key {idempotency_key()[-6:]}"
 
     return server
 
 
 async def main(dsn: str) -> None:
-    async with await create_pool(dsn) as pool:
-        tenant = await tenancy.create_tenant(pool, "acme")
-    who = Identity(tenant, "alice")  # yours: read from the caller's OAuth token
+    async with await create_pool(dsn) as pool:  # yours: who calls, from the OAuth token
+        who = Identity(await tenancy.create_tenant(pool, "acme"), "alice")
     kit = ExactlyOnce(dsn, identity=lambda ctx: who)
     async with Client(payments_server(kit)) as client:  # in-process; or over HTTP
         key: Any = {"idempotency_key": f"order-17/{uuid.uuid4()}"}  # the caller's key

@@ -96,22 +96,29 @@ from typing import Any, Final, TypeVar, cast
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver import MCPServer, require_client_extension
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     CallToolRequestParams,
     CallToolResult,
+    CreateMessageRequest,
+    CreateMessageResult,
+    CreateMessageResultWithTools,
     ElicitRequest,
     ElicitRequestFormParams,
+    ElicitRequestURLParams,
     ElicitResult,
+    InputRequest,
     InputRequiredResult,
+    InputResponse,
+    ListRootsRequest,
+    ListRootsResult,
     RequestParams,
     TextContent,
 )
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from agentdb import _db, _mcp_calls, operations, signals, steps, tasks, telemetry
 from agentdb._db.pool import create_pool
@@ -139,6 +146,7 @@ __all__ = [
     "TaskParams",
     "UpdateTaskParams",
     "ask",
+    "ask_input",
     "from_headers",
     "idempotency_key",
     "tool_error",
@@ -794,14 +802,16 @@ _STATUS: Final = {
     "running": "working",
     "waiting": "working",
     "succeeded": "completed",
-    "failed": "failed",
-    "dead": "failed",
+    "failed": "completed",  # a tool error is a result (isError), not a JSON-RPC failure
+    "dead": "completed",
     "cancelled": "cancelled",
 }
 _TASK_PREFIX: Final = "mcp.tool/"
 _RESULT_STEP: Final = "mcp/result"
 _REQUEST_STEP: Final = "mcp/request/"
 _INPUT_STEP: Final = "mcp/input/"
+#: How a recorded result names a JSON-RPC error the tool raised.
+_JSONRPC_ERROR: Final = "$agentdb.jsonrpc_error"
 
 
 class TaskParams(RequestParams):
@@ -819,13 +829,46 @@ class UpdateTaskParams(RequestParams):
     input_responses: dict[str, Any]
 
 
-async def ask(key: str, message: str, requested_schema: Mapping[str, Any]) -> ElicitResult:
+async def ask(
+    key: str,
+    message: str,
+    requested_schema: Mapping[str, Any] | None = None,
+    *,
+    url: str | None = None,
+) -> ElicitResult:
     """Inside a long-running tool: ask the caller for input and wait for the answer (durably).
 
-    The request is recorded (``tasks/get`` shows the task ``input_required`` with it
-    under ``key``), the task sleeps holding no worker until ``tasks/update`` answers
-    it - once: the answer is an agentdb signal (G22) taken by this step, a second
-    answer for the key is refused, and a cancelled or late task takes none.
+    A form elicitation (``requested_schema``), or a URL-mode one (``url``: the page
+    the user is sent to, for what must not pass through the client - a payment, a
+    sign-in). See :func:`ask_input` for what happens then.
+
+    Raises:
+        ConfigurationError: not inside a long-running tool run by a worker, or not
+            exactly one of ``requested_schema`` and ``url``.
+    """
+    if (requested_schema is None) == (url is None):
+        raise ConfigurationError("ask() takes a requested_schema (a form) or a url, not both")
+    params: ElicitRequestFormParams | ElicitRequestURLParams = (
+        ElicitRequestURLParams(message=message, url=url)
+        if url is not None
+        else ElicitRequestFormParams(message=message, requested_schema=dict(requested_schema or {}))
+    )
+    answer = await ask_input(key, ElicitRequest(params=params))
+    assert isinstance(answer, ElicitResult)
+    return answer
+
+
+async def ask_input(key: str, request: InputRequest) -> InputResponse:
+    """Inside a long-running tool: send the caller any input request and wait for its answer.
+
+    ``request`` is what the 2026-07-28 protocol embeds as an input request: an
+    elicitation (form or URL mode), a sampling request (``CreateMessageRequest``:
+    the caller's model answers) or a roots request. It is recorded (``tasks/get``
+    shows the task ``input_required`` with it under ``key``), and the task sleeps
+    holding no worker until ``tasks/update`` answers it - once: the answer is an
+    agentdb signal (G22) taken by this step, a second answer for the key is
+    refused, and a cancelled or late task takes none. Keys are the task's: one
+    key is one request for the task's whole life (the extension's rule).
 
     Raises:
         ConfigurationError: not inside a long-running tool run by a worker.
@@ -833,11 +876,20 @@ async def ask(key: str, message: str, requested_schema: Mapping[str, Any]) -> El
     job = running_job()
     if job is None:
         raise ConfigurationError("ask() is for the body of a @tasks.long_running() tool")
-    form = ElicitRequestFormParams(message=message, requested_schema=dict(requested_schema))
-    request = ElicitRequest(params=form).model_dump(by_alias=True, mode="json", exclude_none=True)
-    await job.step(f"{_REQUEST_STEP}{key}", lambda: request)
+    shown = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    await job.step(f"{_REQUEST_STEP}{key}", lambda: shown)
     answer = await job.wait_for_signal(f"{_INPUT_STEP}{key}", f"mcp.input/{key}")
-    return ElicitResult.model_validate(answer.payload["response"], by_name=False)
+    response = answer.payload["response"]
+    if isinstance(request, CreateMessageRequest):
+        return _SAMPLED.validate_python(response, by_name=False)
+    if isinstance(request, ListRootsRequest):
+        return ListRootsResult.model_validate(response, by_name=False)
+    return ElicitResult.model_validate(response, by_name=False)
+
+
+_SAMPLED: TypeAdapter[CreateMessageResult | CreateMessageResultWithTools] = TypeAdapter(
+    CreateMessageResult | CreateMessageResultWithTools
+)
 
 
 class DurableTasks(Extension):
@@ -864,8 +916,27 @@ class DurableTasks(Extension):
     caller's tenant and principal: another tenant's id is "not found". A worker
     runs the tool (:meth:`handlers`, in the server process or in ``agentdb
     worker``), so a server that dies leaves the task to the next worker once its
-    lease expires. Not built: ``notifications/tasks`` (clients poll), a task
-    ``ttlMs`` (agentdb's retention applies), URL-mode and sampling input requests.
+    lease expires.
+
+    What the extension says, and how it is met:
+
+    * Only a client that declared the extension on its request gets a task; one
+      that did not is answered ``-32021`` (missing required client capability),
+      as are its ``tasks/*`` requests.
+    * A tool's own error is a result: the task is ``completed`` with an
+      ``isError`` result - for a ``ToolError`` at once, for any other exception
+      once the task's retries are spent (``statusMessage`` says why). ``failed``
+      is kept for a JSON-RPC error the tool raised (``MCPError``), with it.
+    * ``ttlMs`` is ``ttl``: how long a task is kept after it was created. agentdb
+      keeps it until ``agentdb purge`` deletes it, so set ``ttl`` to your purge
+      retention (``None``, unlimited, only if you never purge tasks).
+    * Input requests (:func:`ask`, :func:`ask_input`): form and URL-mode
+      elicitations, sampling and roots requests, each under a key used once.
+
+    Not built: ``notifications/tasks``. The extension lets a server push them on
+    a ``subscriptions/listen`` stream (a MAY); SDK 2.3.0's listen handler knows
+    only list-changed and resource events, with no task-id filter, so clients
+    poll ``tasks/get`` (``pollIntervalMs`` says how often).
     """
 
     identifier = TASKS_EXTENSION
@@ -876,10 +947,14 @@ class DurableTasks(Extension):
         *,
         lease_ttl: timedelta = timedelta(seconds=30),
         poll_interval_ms: int = 500,
+        ttl: timedelta | None = None,
+        max_attempts: int = tasks.DEFAULT_MAX_ATTEMPTS,
     ) -> None:
         self.kit = kit
+        self.max_attempts = max_attempts
         self.lease_ttl = lease_ttl
         self.poll_interval_ms = poll_interval_ms
+        self.ttl = ttl
         self._tools: set[str] = set()
 
     def long_running(self, name: str | None = None) -> Callable[[_F], _F]:
@@ -899,7 +974,18 @@ class DurableTasks(Extension):
         def handler(tool: str) -> Callable[[Job], Coroutine[Any, Any, Succeed]]:
             async def run(job: Job) -> Succeed:
                 async def call() -> dict[str, Any]:
-                    return _stored(await server.call_tool(tool, job.task.params["arguments"]))
+                    try:
+                        return _stored(await server.call_tool(tool, job.task.params["arguments"]))
+                    except MCPError as exc:  # a JSON-RPC error: the task is `failed` with it
+                        return {_JSONRPC_ERROR: exc.error.model_dump(by_alias=True, mode="json")}
+                    except UnexpectedToolError as exc:
+                        # A crash: retried as the task's policy says, then an error result.
+                        # The task's last_error names the cause, for its operators.
+                        cause = exc.__cause__
+                        raise (cause if isinstance(cause, Exception) else exc) from None
+                    except ToolError as exc:  # the tool refused: an error result, as the SDK says
+                        text = TextContent(type="text", text=str(exc))
+                        return _stored(CallToolResult(content=[text], is_error=True))
 
                 await job.step(_RESULT_STEP, call)
                 return Succeed()
@@ -923,6 +1009,7 @@ class DurableTasks(Extension):
     ) -> HandlerResult:
         if params.name not in self._tools:
             return await call_next(ctx)
+        require_client_extension(ctx, TASKS_EXTENSION)  # only such a client may get a task
         identity = await self.kit._identity(ctx)
         if identity is None:
             return tool_error(
@@ -944,6 +1031,7 @@ class DurableTasks(Extension):
                     },
                     dedupe_key=None if key is None else _op_key(identity, params.name, key),
                     lease_ttl=self.lease_ttl,
+                    max_attempts=self.max_attempts,
                     actor=identity.principal[:200],
                     trace_id=span.trace_id,
                     span_id=span.span_id,
@@ -960,7 +1048,7 @@ class DurableTasks(Extension):
             "status": _STATUS[task.state],
             "createdAt": task.created_at.astimezone(UTC).isoformat(),
             "lastUpdatedAt": task.updated_at.astimezone(UTC).isoformat(),
-            "ttlMs": None,
+            "ttlMs": None if self.ttl is None else int(self.ttl.total_seconds() * 1000),
             "pollIntervalMs": self.poll_interval_ms,
         }
 
@@ -968,6 +1056,7 @@ class DurableTasks(Extension):
         self, ctx: ServerRequestContext[Any, Any], task_id: str
     ) -> tuple[Identity, Task]:
         """The caller's task ``task_id``; anyone else's, or none, is the same "not found"."""
+        require_client_extension(ctx, TASKS_EXTENSION)
         identity = await self.kit._identity(ctx)
         missing = MCPError(code=INVALID_PARAMS, message="task not found", data={"taskId": task_id})
         if identity is None:
@@ -988,8 +1077,13 @@ class DurableTasks(Extension):
         shaped = {"resultType": "complete", **self._shape(task)}
         if task.state in ("succeeded", "waiting"):
             led = await steps.ledger(await self.kit.pool(), identity.tenant, task.id)
-            if task.state == "succeeded" and (done := led.steps.get(_RESULT_STEP)) is not None:
-                shaped["result"] = done.result
+            done = led.steps.get(_RESULT_STEP)
+            if task.state == "succeeded" and done is not None:
+                if isinstance(done.result, dict) and _JSONRPC_ERROR in done.result:
+                    error = done.result[_JSONRPC_ERROR]
+                    shaped.update(status="failed", error=error, statusMessage=error.get("message"))
+                else:
+                    shaped["result"] = done.result
             asked = {
                 name.removeprefix(_REQUEST_STEP): step.result
                 for name, step in led.steps.items()
@@ -1002,7 +1096,13 @@ class DurableTasks(Extension):
             if task.state == "waiting" and asked:
                 shaped.update(status="input_required", inputRequests=asked)
         if task.state in ("failed", "dead"):
-            shaped["error"] = {"code": INTERNAL_ERROR, "message": task.last_error or task.state}
+            # The tool raised until its retries were spent: a tool error, so a result.
+            # What it raised stays with the operators (the task's last_error), as the
+            # SDK keeps a crash's details from the caller.
+            said = f"Error executing tool {task.params['tool']}"
+            text = TextContent(type="text", text=said)
+            shaped.update(result=_stored(CallToolResult(content=[text], is_error=True)))
+            shaped["statusMessage"] = f"the tool failed on each of its {task.attempts} attempts"
         return shaped
 
     async def _update(

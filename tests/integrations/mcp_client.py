@@ -73,12 +73,16 @@ class UpdateTask(Request[UpdateTaskParams, Literal["tasks/update"]]):
 
 
 @contextlib.asynccontextmanager
-async def connect(url: str, tenant: object, principal: str = "alice") -> AsyncIterator[Client]:
-    """A client whose requests carry the tenant and principal headers (``from_headers``)."""
+async def connect(
+    url: str, tenant: object, principal: str = "alice", *, tasks: bool = True
+) -> AsyncIterator[Client]:
+    """A client whose requests carry the tenant and principal headers (``from_headers``),
+    declaring the Tasks extension unless ``tasks`` is false."""
     headers = {"x-agentdb-tenant": str(tenant), "x-agentdb-principal": principal}
     http = create_mcp_http_client(headers=headers)
+    extensions = [TasksClient()] if tasks else []
     async with http, Client(streamable_http_client(url, http_client=http),
-                            extensions=[TasksClient()], cache=None) as client:  # fmt: skip
+                            extensions=extensions, cache=None) as client:  # fmt: skip
         yield client
 
 

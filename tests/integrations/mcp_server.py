@@ -7,8 +7,10 @@ ledger in the test database, so it outlives a SIGKILLed server) and then takes
 a while to answer: a window in which a kill loses the answer, not the charge.
 ``report`` is long-running: a durable task whose rows are recorded steps, run by
 the worker each server process starts, and taken over by another server's
-worker once a killed one's lease expires. ``--bare`` is the same server without
-the kit: the control that shows the duplicate charge.
+worker once a killed one's lease expires; ``consult`` asks for input of the
+other kinds (a URL-mode elicitation, a sampling request), and ``broken`` fails
+each way a tool can. ``--bare`` is the same server without the kit: the control
+that shows the duplicate charge.
 """
 
 from __future__ import annotations
@@ -23,12 +25,23 @@ from datetime import timedelta
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.request_state import RequestStateSecurity
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INVALID_PARAMS,
+    CreateMessageRequest,
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    SamplingMessage,
+    TextContent,
+)
 
 from agentdb.integrations.mcp import (
     DurableTasks,
     ExactlyOnce,
     ask,
+    ask_input,
     from_headers,
     idempotency_key,
 )
@@ -38,11 +51,14 @@ from agentdb.worker.durable import running_job
 
 payments = RecordingProvider("mcp-payments")
 LEASE_TTL = timedelta(seconds=2)
+TASK_TTL = timedelta(hours=1)
 
 
 def build(dsn: str, *, bare: bool = False) -> MCPServer[Any]:
     kit = ExactlyOnce(dsn, identity=from_headers())
-    durable = DurableTasks(kit, lease_ttl=LEASE_TTL, poll_interval_ms=100)
+    durable = DurableTasks(
+        kit, lease_ttl=LEASE_TTL, poll_interval_ms=100, ttl=TASK_TTL, max_attempts=3
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(server: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
@@ -105,6 +121,29 @@ def build(dsn: str, *, bare: bool = False) -> MCPServer[Any]:
         for i in range(rows):
             total += await job.step(f"row/{i}", _row, i)
         return {"rows": rows, "total": total}
+
+    @server.tool()
+    @durable.long_running()
+    async def consult(topic: str) -> dict[str, Any]:
+        """Sends the user to a page (URL-mode elicitation), then asks the caller's model."""
+        seen = await ask("page", f"Read the terms on {topic}", url=f"https://example.test/{topic}")
+        sampled = await ask_input("model", CreateMessageRequest(params=CreateMessageRequestParams(
+            messages=[SamplingMessage(role="user", content=TextContent(type="text", text=topic))],
+            max_tokens=50,
+        )))  # fmt: skip
+        assert isinstance(sampled, CreateMessageResult)
+        assert isinstance(sampled.content, TextContent)
+        return {"read": seen.action, "model": sampled.model, "said": sampled.content.text}
+
+    @server.tool()
+    @durable.long_running()
+    async def broken(how: str) -> str:
+        """Fails: ``refuse`` with a ToolError, ``jsonrpc`` with an MCPError, else it crashes."""
+        if how == "refuse":
+            raise ToolError("no report for you")
+        if how == "jsonrpc":
+            raise MCPError(code=INVALID_PARAMS, message="the report source is gone")
+        raise RuntimeError("the report generator crashed")
 
     return server
 

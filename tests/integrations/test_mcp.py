@@ -16,7 +16,14 @@ import asyncpg
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, ElicitResult
+from mcp_types import (
+    INVALID_PARAMS,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    CallToolResult,
+    CreateMessageResult,
+    ElicitResult,
+    TextContent,
+)
 
 from agentdb import tasks
 from agentdb.integrations.mcp import LEDGER_TYPE
@@ -136,6 +143,92 @@ async def test_a_long_running_tool_answers_with_a_task_and_its_result(
         done = await _until(client, task_id, "completed", "failed")
     assert done["status"] == "completed", done
     assert done["result"]["structuredContent"] == {"rows": 3, "total": 5}
+
+
+async def test_a_task_says_its_ttl_and_only_a_client_declaring_the_extension_gets_one(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    async with connect(server.url, tenants.a) as client:  # control: declares it
+        task_id = await start_task(client, "report", {"rows": 1})
+        found = await get_task(client, task_id)
+    assert found["ttlMs"] == 3_600_000  # the server's `ttl`: its purge retention
+    async with connect(server.url, tenants.a, tasks=False) as plain:
+        with pytest.raises(MCPError) as refused:
+            await plain.session.call_tool("report", {"rows": 1}, allow_claimed=True)
+        assert refused.value.error.code == MISSING_REQUIRED_CLIENT_CAPABILITY
+        with pytest.raises(MCPError) as also:
+            await get_task(plain, task_id)
+        assert also.value.error.code == MISSING_REQUIRED_CLIENT_CAPABILITY
+    types = await recorded.fetchval(
+        "SELECT count(*) FROM agent_tasks WHERE task_type LIKE 'mcp.tool/%'"
+    )
+    assert types == 1  # the refused call made no task
+
+
+async def test_a_tools_error_is_a_completed_result_and_a_jsonrpc_error_a_failed_task(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    """The extension: ``failed`` is for a JSON-RPC error only; a tool's error is a
+    ``completed`` task with an ``isError`` result - at once for a ToolError, after the
+    task's retries for a crash (the result says why)."""
+    async with connect(server.url, tenants.a) as client:
+        refused = await start_task(client, "broken", {"how": "refuse"})
+        crashed = await start_task(client, "broken", {"how": "crash"})
+        jsonrpc = await start_task(client, "broken", {"how": "jsonrpc"})
+        control = await start_task(client, "report", {"rows": 1})
+        found = {
+            name: await _until(client, task_id, "completed", "failed", "cancelled")
+            for name, task_id in (
+                ("refuse", refused), ("crash", crashed), ("jsonrpc", jsonrpc), ("ok", control)
+            )
+        }  # fmt: skip
+    assert found["ok"]["status"] == "completed"
+    assert found["ok"]["result"]["isError"] is False
+    assert found["refuse"]["status"] == "completed"
+    assert found["refuse"]["result"]["isError"] is True
+    assert "no report for you" in found["refuse"]["result"]["content"][0]["text"]
+    assert found["crash"]["status"] == "completed"
+    assert found["crash"]["result"]["isError"] is True
+    assert found["crash"]["statusMessage"] == "the tool failed on each of its 3 attempts"
+    assert "crashed" not in str(found["crash"])  # what it raised is the operators
+    assert found["jsonrpc"]["status"] == "failed"
+    assert found["jsonrpc"]["error"]["code"] == INVALID_PARAMS
+    assert found["jsonrpc"]["error"]["message"] == "the report source is gone"
+    attempts = await recorded.fetchval(
+        "SELECT attempts FROM agent_tasks WHERE id = $1", uuid.UUID(crashed)
+    )
+    assert attempts == 3  # the crash was retried as the task's policy says
+    why = await recorded.fetchval(
+        "SELECT last_error FROM agent_tasks WHERE id = $1", uuid.UUID(crashed)
+    )
+    assert why == "RuntimeError: the report generator crashed"
+
+
+async def test_url_mode_and_sampling_input_requests_are_answered_once_each(
+    server: ServerProcess, tenants: Tenants, recorded: asyncpg.Pool
+) -> None:
+    read = ElicitResult(action="accept").model_dump(by_alias=True, mode="json")
+    declined = ElicitResult(action="decline").model_dump(by_alias=True, mode="json")
+    said = CreateMessageResult(
+        role="assistant", model="test-model", content=TextContent(type="text", text="fine")
+    ).model_dump(by_alias=True, mode="json", exclude_none=True)
+    async with connect(server.url, tenants.a) as client:
+        task_id = await start_task(client, "consult", {"topic": "fees"})
+        page = await _until(client, task_id, "input_required")
+        [(key, asked)] = page["inputRequests"].items()
+        assert (key, asked["params"]["mode"]) == ("page", "url")
+        assert asked["params"]["url"] == "https://example.test/fees"
+        await update_task(client, task_id, {"page": read})
+        sampling = await _until(client, task_id, "input_required")
+        [(key, asked)] = sampling["inputRequests"].items()
+        assert (key, asked["method"]) == ("model", "sampling/createMessage")
+        with pytest.raises(MCPError, match="already answered"):
+            await update_task(client, task_id, {"page": declined})  # a key is answered once
+        await update_task(client, task_id, {"model": said})
+        done = await _until(client, task_id, "completed")
+    assert done["result"]["structuredContent"] == {
+        "read": "accept", "model": "test-model", "said": "fine"
+    }  # fmt: skip
 
 
 async def test_an_input_request_is_answered_once_and_not_for_a_cancelled_task(
