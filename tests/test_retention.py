@@ -200,6 +200,102 @@ async def test_G9_G25_a_purged_task_takes_its_steps_with_it(
     assert finished == 0
 
 
+async def _time_passes(admin: asyncpg.Connection, tenant: uuid.UUID | None = None) -> None:
+    """Every event's (or one tenant's) retention passes: only a superuser can fake that."""
+    async with admin.transaction():
+        await F.replica_mode(admin)
+        await admin.execute(
+            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
+            " retain_until = now() - interval '1 day' WHERE $1::uuid IS NULL OR tenant_id = $1",
+            tenant,
+        )
+
+
+async def test_G9_an_unsettled_operation_is_never_purged(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Kills the class "the operations purge forgets the operation's state" (generated
+    ``gen-0011.retention-agentdb_purge-and-12`` and ``agentdb_purge_tenant-and-14``:
+    ``op.state IN ('succeeded', 'failed')`` replaced by true): an old operation still
+    reserved, in flight or unknown is not history - it is what stops a retry from running
+    the side effect again - so no purge takes it, even once its audit trail has gone."""
+    from agentdb import operations
+
+    task = await tasks.create(pool, tenants.a, "t")
+    reserved = await operations.reserve(pool, tenants.a, task.id, "k-reserved", "a", {})
+    started = await operations.reserve(pool, tenants.a, task.id, "k-started", "a", {})
+    await operations.start(pool, started.operation)
+    unknown = await operations.reserve(pool, tenants.a, task.id, "k-unknown", "a", {})
+    await operations.mark_unknown(pool, unknown.operation, error="timeout")
+    settled = await operations.reserve(pool, tenants.a, task.id, "k-settled", "a", {})
+    await operations.complete(pool, settled.operation, result={})
+    await _time_passes(admin_conn)
+    one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '0')"
+    assert await admin_conn.fetchval(one, tenants.a, "events") > 0
+    assert await admin_conn.fetchval(one, tenants.a, "operations") == 1  # the settled one
+    await operations.complete(pool, reserved.operation, result={})  # a new event, retained
+    await _time_passes(admin_conn)
+    purged = await retention.purge(admin_conn, ages={"operations": timedelta(0)})
+    assert purged.removed["operations"] == 1  # the one settled since, once its trail went
+    left = await admin_conn.fetch(
+        "SELECT idempotency_key, state FROM agent_operations WHERE tenant_id = $1", tenants.a
+    )
+    assert {(r["idempotency_key"], r["state"]) for r in left} == {
+        ("k-started", "in_flight"),
+        ("k-unknown", "unknown"),
+    }
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purge(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """Kills the class "a tenant equality of the tasks purge dropped" (generated
+    ``gen-0011.retention-agentdb_purge_tasks-tenant-*``, e.g. ``-tenant-17``: the
+    one-tenant batch's ``e.tenant_id = p_tenant`` replaced by true): task ids are the
+    caller's (``tasks.create(task_id=)``), so tenant b may hold a live task with the id of
+    tenant a's finished one; b's events, operation, outbox row, artifact, signal, step and
+    child of that id must not keep a's task - or its steps - from being purged."""
+    from agentdb import leases, operations, steps
+
+    shared = uuid.uuid4()
+    a_type, b_type = f"t-{tenants.a.hex[:8]}", f"t-{tenants.b.hex[:8]}"
+    await tasks.create(pool, tenants.a, a_type, task_id=shared)
+    await tasks.create(pool, tenants.b, b_type, task_id=shared)
+    [a_held] = await leases.claim(pool, "wa", task_types=[a_type])
+    [b_held] = await leases.claim(pool, "wb", task_types=[b_type])
+    for held in (a_held, b_held):
+        assert held.lease is not None
+        await steps.record(pool, held.tenant_id, shared, "plan", kind="step",
+                           input_hash=F.HASH, result='{"n": 1}', lease=held.lease)  # fmt: skip
+    await tasks.transition(pool, tenants.a, shared, lease=a_held.lease,
+                           expected_version=a_held.state_version, to_state="succeeded")  # fmt: skip
+    # Tenant b's live task of the same id: everything that refers to a task.
+    await operations.reserve(pool, tenants.b, shared, "k", "a", {}, lease=b_held.lease)
+    b_rows = {"tenant_id": tenants.b, "task_id": shared}
+    await F.insert(admin_conn, "agent_outbox", {**b_rows, "topic": "t", "payload": "{}"})
+    await F.insert(admin_conn, "agent_artifacts", {**b_rows, "kind": "k", "uri": "s3://b"})
+    await F.signal(admin_conn, tenants.b, shared)
+    await tasks.create(pool, tenants.b, b_type, parent=shared, child_key="c")
+    await _time_passes(admin_conn, tenants.a)  # a's trail has gone; b's is still retained
+    gone = await admin_conn.fetchval(
+        "SELECT agentdb_purge_tenant($1, 'events', 100, interval '0')", tenants.a
+    )
+    assert gone > 0
+    if scope == "one tenant":
+        purged = await admin_conn.fetchval(
+            "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '0')", tenants.a
+        )
+    else:
+        purged = (await retention.purge(admin_conn, ages={"tasks": timedelta(0)})).removed["tasks"]
+    assert purged == 1
+    left = await admin_conn.fetch("SELECT tenant_id FROM agent_tasks WHERE id = $1", shared)
+    assert [r["tenant_id"] for r in left] == [tenants.b]
+    on_a = "SELECT count(*) FROM agent_steps WHERE tenant_id = $1 AND task_id = $2"
+    assert await admin_conn.fetchval(on_a, tenants.a, shared) == 0
+    assert await admin_conn.fetchval(on_a, tenants.b, shared) == 1
+
+
 async def test_G9_only_the_owner_purges(runtime_conn: asyncpg.Connection) -> None:
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await retention.purge(runtime_conn)
