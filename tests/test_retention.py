@@ -296,6 +296,63 @@ async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purg
     assert await admin_conn.fetchval(on_a, tenants.b, shared) == 1
 
 
+async def _with_a_step(
+    pool: asyncpg.Pool, tenant: uuid.UUID, task_id: uuid.UUID, *, finish: bool
+) -> None:
+    """Task ``task_id`` of ``tenant``, claimed, with one recorded step; then succeeded, or
+    left running."""
+    from agentdb import leases, steps
+
+    kind = f"t-{tenant.hex[:8]}-{task_id.hex[:8]}"  # the claim takes this task only
+    await tasks.create(pool, tenant, kind, task_id=task_id)
+    [held] = await leases.claim(pool, "w", task_types=[kind])
+    assert held.lease is not None
+    await steps.record(pool, tenant, task_id, "plan", kind="step", input_hash=F.HASH,
+                       result='{"n": 1}', lease=held.lease)  # fmt: skip
+    if finish:
+        await tasks.transition(
+            pool,
+            tenant,
+            task_id,
+            lease=held.lease,
+            expected_version=held.state_version,
+            to_state="succeeded",
+        )
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_purging_a_task_leaves_another_tenants_task_of_the_same_id(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """Kills the class "the tasks purge's own tenant equality dropped" (generated
+    ``gen-0011.retention-agentdb_purge_tasks-tenant-11``, ``-13``, ``-24``: the DELETE's
+    ``t.tenant_id = v.tenant_id`` or ``= p_tenant``, the steps DELETE's
+    ``k.tenant_id = p_tenant``, replaced by true): task ids are the caller's, so a finished
+    task's id may be a live task's in another tenant - purging the one (and its steps) must
+    leave the other, and the other's steps, alone."""
+    x, y = uuid.uuid4(), uuid.uuid4()
+    await _with_a_step(pool, tenants.a, x, finish=True)  # purged
+    await _with_a_step(pool, tenants.b, x, finish=False)  # same id, live: stays
+    await _with_a_step(pool, tenants.a, y, finish=False)  # live: stays
+    await _with_a_step(pool, tenants.b, y, finish=True)  # same id, finished
+    await _time_passes(admin_conn)
+    if scope == "one tenant":
+        for kind in ("events", "tasks"):
+            purged = await admin_conn.fetchval(
+                "SELECT agentdb_purge_tenant($1, $2, 100, interval '0')", tenants.a, kind
+            )
+        assert purged == 1
+        kept = {(tenants.b, x), (tenants.a, y), (tenants.b, y)}
+    else:
+        report = await retention.purge(admin_conn, ages={"tasks": timedelta(0)})
+        assert report.removed["tasks"] == 2
+        kept = {(tenants.b, x), (tenants.a, y)}
+    left = await admin_conn.fetch("SELECT tenant_id, id FROM agent_tasks")
+    assert {(r["tenant_id"], r["id"]) for r in left} == kept
+    stepped = await admin_conn.fetch("SELECT tenant_id, task_id FROM agent_steps")
+    assert {(r["tenant_id"], r["task_id"]) for r in stepped} == kept
+
+
 async def test_G9_only_the_owner_purges(runtime_conn: asyncpg.Connection) -> None:
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await retention.purge(runtime_conn)
