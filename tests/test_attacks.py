@@ -1132,6 +1132,23 @@ CASES: list[Case] = [
         task(lease_ttl=timedelta(hours=2)),
         task(lease_ttl=timedelta(0)),
     ),
+    # The bounds themselves are allowed, a microsecond past them is not (kills the
+    # generated gen-0002.tasks-agent_tasks_lease_ttl_valid-cmp-* class: a bound's
+    # comparison made strict).
+    Case(
+        "agent_tasks_lease_ttl_valid",
+        "23514",
+        task(lease_ttl=timedelta(days=1)),
+        task(lease_ttl=timedelta(days=1, microseconds=1)),
+        label="at-the-limit",
+    ),
+    Case(
+        "agent_tasks_lease_ttl_valid",
+        "23514",
+        task(lease_ttl=timedelta(seconds=1)),
+        task(lease_ttl=timedelta(microseconds=999_999)),
+        label="at-the-floor",
+    ),
     Case("agent_tasks_trace_id_format", "23514", task(trace_id=F.TRACE), task(trace_id="0" * 32)),
     Case(
         "agent_tasks_trace_id_format",
@@ -1141,6 +1158,15 @@ CASES: list[Case] = [
         label="not-hex",
     ),
     Case("agent_tasks_span_id_format", "23514", task(span_id=F.SPAN), task(span_id=F.SPAN.upper())),
+    # W3C's invalid all-zero span id is well-formed hex: only its own conjunct refuses it
+    # (kills the generated gen-0002.tasks-agent_tasks_span_id_format-and-2).
+    Case(
+        "agent_tasks_span_id_format",
+        "23514",
+        task(span_id=F.SPAN),
+        task(span_id="0" * 16),
+        label="all-zero",
+    ),
     Case(
         "agent_tasks_transition_guard",
         "AG001",
