@@ -1132,6 +1132,23 @@ CASES: list[Case] = [
         task(lease_ttl=timedelta(hours=2)),
         task(lease_ttl=timedelta(0)),
     ),
+    # The bounds themselves are allowed, a microsecond past them is not (kills the
+    # generated gen-0002.tasks-agent_tasks_lease_ttl_valid-cmp-* class: a bound's
+    # comparison made strict).
+    Case(
+        "agent_tasks_lease_ttl_valid",
+        "23514",
+        task(lease_ttl=timedelta(days=1)),
+        task(lease_ttl=timedelta(days=1, microseconds=1)),
+        label="at-the-limit",
+    ),
+    Case(
+        "agent_tasks_lease_ttl_valid",
+        "23514",
+        task(lease_ttl=timedelta(seconds=1)),
+        task(lease_ttl=timedelta(microseconds=999_999)),
+        label="at-the-floor",
+    ),
     Case("agent_tasks_trace_id_format", "23514", task(trace_id=F.TRACE), task(trace_id="0" * 32)),
     Case(
         "agent_tasks_trace_id_format",
@@ -1141,6 +1158,15 @@ CASES: list[Case] = [
         label="not-hex",
     ),
     Case("agent_tasks_span_id_format", "23514", task(span_id=F.SPAN), task(span_id=F.SPAN.upper())),
+    # W3C's invalid all-zero span id is well-formed hex: only its own conjunct refuses it
+    # (kills the generated gen-0002.tasks-agent_tasks_span_id_format-and-2).
+    Case(
+        "agent_tasks_span_id_format",
+        "23514",
+        task(span_id=F.SPAN),
+        task(span_id="0" * 16),
+        label="all-zero",
+    ),
     Case(
         "agent_tasks_transition_guard",
         "AG001",
@@ -1760,6 +1786,14 @@ CASES: list[Case] = [
         budget(limit_amount=0),
         budget(limit_amount=10, held=-1),
     ),
+    # Each amount on its own (kills gen-0009.budgets-agent_budgets_amounts_valid-int-4).
+    Case(
+        "agent_budgets_amounts_valid",
+        "23514",
+        budget(limit_amount=0),
+        budget(limit_amount=10, spent=-1),
+        label="spent",
+    ),
     Case(
         "agent_budgets_within_limit",
         "23514",
@@ -2019,6 +2053,15 @@ CASES: list[Case] = [
         _sig(dedupe_key="k", input_hash=H),
         _sig(dedupe_key="", input_hash=H),
     ),
+    # The bound itself is allowed
+    # (kills gen-0006.control_flow-agent_signals_dedupe_key_valid-int-4).
+    Case(
+        "agent_signals_dedupe_key_valid",
+        "23514",
+        _sig(dedupe_key="k" * 255, input_hash=H),
+        _sig(dedupe_key="k" * 256, input_hash=H),
+        label="at-the-limit",
+    ),
     Case(
         "agent_signals_input_hash_format",
         "23514",
@@ -2203,6 +2246,15 @@ CASES: list[Case] = [
         _schedule(params='{"n": 1}'),
         _schedule(params="[1]"),
     ),
+    # Exactly 64 KiB as text is allowed, a byte more is not ('{"k": "..."}' is 9 bytes
+    # around the string; kills gen-0007.schedules-agent_schedules_params_valid-cmp-2).
+    Case(
+        "agent_schedules_params_valid",
+        "23514",
+        _schedule(params='{"k": "' + "x" * (65536 - 9) + '"}'),
+        _schedule(params='{"k": "' + "x" * (65536 - 8) + '"}'),
+        label="at-the-limit",
+    ),
     # ---- G25: a step is recorded once per task and name, under the task's lease ----------
     Case("agent_steps_guard", "AG018", _step_row(), _step_row(lease_token=2)),
     Case(
@@ -2234,6 +2286,8 @@ CASES: list[Case] = [
         label="no-signal",
     ),
     Case("agent_steps_guard", "AG012", _step_row(), _step_row(task_state="cancelled")),
+    # Every finished state, dead too (kills gen-0008.steps-agentdb_guard_step-list-4).
+    Case("agent_steps_guard", "AG012", _step_row(), _step_row(task_state="dead"), label="dead"),
     Case(
         "agent_steps_guard",
         "AG013",
@@ -2267,6 +2321,14 @@ CASES: list[Case] = [
         _step_row(signals=1, kind="signal", signal_seq=1),
         _step_row(signals=1, kind="step", signal_seq=1),
         label="taker",
+    ),
+    # A signal step may wait (kills gen-0008.steps-agent_steps_waits_valid-list-1).
+    Case(
+        "agent_steps_waits_valid",
+        "23514",
+        _step_row(kind="signal", state="waiting"),
+        _step_row(kind="step", state="waiting"),
+        label="signal-waits",
     ),
     Case(
         "agent_steps_name_valid", "23514", _step_row(name="p"), _step_row(name=""), role="replica"

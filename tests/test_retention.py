@@ -200,6 +200,159 @@ async def test_G9_G25_a_purged_task_takes_its_steps_with_it(
     assert finished == 0
 
 
+async def _time_passes(admin: asyncpg.Connection, tenant: uuid.UUID | None = None) -> None:
+    """Every event's (or one tenant's) retention passes: only a superuser can fake that."""
+    async with admin.transaction():
+        await F.replica_mode(admin)
+        await admin.execute(
+            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
+            " retain_until = now() - interval '1 day' WHERE $1::uuid IS NULL OR tenant_id = $1",
+            tenant,
+        )
+
+
+async def test_G9_an_unsettled_operation_is_never_purged(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Kills the class "the operations purge forgets the operation's state" (generated
+    ``gen-0011.retention-agentdb_purge-and-12`` and ``agentdb_purge_tenant-and-14``:
+    ``op.state IN ('succeeded', 'failed')`` replaced by true): an old operation still
+    reserved, in flight or unknown is not history - it is what stops a retry from running
+    the side effect again - so no purge takes it, even once its audit trail has gone."""
+    from agentdb import operations
+
+    task = await tasks.create(pool, tenants.a, "t")
+    reserved = await operations.reserve(pool, tenants.a, task.id, "k-reserved", "a", {})
+    started = await operations.reserve(pool, tenants.a, task.id, "k-started", "a", {})
+    await operations.start(pool, started.operation)
+    unknown = await operations.reserve(pool, tenants.a, task.id, "k-unknown", "a", {})
+    await operations.mark_unknown(pool, unknown.operation, error="timeout")
+    settled = await operations.reserve(pool, tenants.a, task.id, "k-settled", "a", {})
+    await operations.complete(pool, settled.operation, result={})
+    await _time_passes(admin_conn)
+    one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '0')"
+    assert await admin_conn.fetchval(one, tenants.a, "events") > 0
+    assert await admin_conn.fetchval(one, tenants.a, "operations") == 1  # the settled one
+    await operations.complete(pool, reserved.operation, result={})  # a new event, retained
+    await _time_passes(admin_conn)
+    purged = await retention.purge(admin_conn, ages={"operations": timedelta(0)})
+    assert purged.removed["operations"] == 1  # the one settled since, once its trail went
+    left = await admin_conn.fetch(
+        "SELECT idempotency_key, state FROM agent_operations WHERE tenant_id = $1", tenants.a
+    )
+    assert {(r["idempotency_key"], r["state"]) for r in left} == {
+        ("k-started", "in_flight"),
+        ("k-unknown", "unknown"),
+    }
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purge(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """Kills the class "a tenant equality of the tasks purge dropped" (generated
+    ``gen-0011.retention-agentdb_purge_tasks-tenant-*``, e.g. ``-tenant-17``: the
+    one-tenant batch's ``e.tenant_id = p_tenant`` replaced by true): task ids are the
+    caller's (``tasks.create(task_id=)``), so tenant b may hold a live task with the id of
+    tenant a's finished one; b's events, operation, outbox row, artifact, signal, step and
+    child of that id must not keep a's task - or its steps - from being purged."""
+    from agentdb import leases, operations, steps
+
+    shared = uuid.uuid4()
+    a_type, b_type = f"t-{tenants.a.hex[:8]}", f"t-{tenants.b.hex[:8]}"
+    await tasks.create(pool, tenants.a, a_type, task_id=shared)
+    await tasks.create(pool, tenants.b, b_type, task_id=shared)
+    [a_held] = await leases.claim(pool, "wa", task_types=[a_type])
+    [b_held] = await leases.claim(pool, "wb", task_types=[b_type])
+    for held in (a_held, b_held):
+        assert held.lease is not None
+        await steps.record(pool, held.tenant_id, shared, "plan", kind="step",
+                           input_hash=F.HASH, result='{"n": 1}', lease=held.lease)  # fmt: skip
+    await tasks.transition(pool, tenants.a, shared, lease=a_held.lease,
+                           expected_version=a_held.state_version, to_state="succeeded")  # fmt: skip
+    # Tenant b's live task of the same id: everything that refers to a task.
+    await operations.reserve(pool, tenants.b, shared, "k", "a", {}, lease=b_held.lease)
+    b_rows = {"tenant_id": tenants.b, "task_id": shared}
+    await F.insert(admin_conn, "agent_outbox", {**b_rows, "topic": "t", "payload": "{}"})
+    await F.insert(admin_conn, "agent_artifacts", {**b_rows, "kind": "k", "uri": "s3://b"})
+    await F.signal(admin_conn, tenants.b, shared)
+    await tasks.create(pool, tenants.b, b_type, parent=shared, child_key="c")
+    await _time_passes(admin_conn, tenants.a)  # a's trail has gone; b's is still retained
+    gone = await admin_conn.fetchval(
+        "SELECT agentdb_purge_tenant($1, 'events', 100, interval '0')", tenants.a
+    )
+    assert gone > 0
+    if scope == "one tenant":
+        purged = await admin_conn.fetchval(
+            "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '0')", tenants.a
+        )
+    else:
+        purged = (await retention.purge(admin_conn, ages={"tasks": timedelta(0)})).removed["tasks"]
+    assert purged == 1
+    left = await admin_conn.fetch("SELECT tenant_id FROM agent_tasks WHERE id = $1", shared)
+    assert [r["tenant_id"] for r in left] == [tenants.b]
+    on_a = "SELECT count(*) FROM agent_steps WHERE tenant_id = $1 AND task_id = $2"
+    assert await admin_conn.fetchval(on_a, tenants.a, shared) == 0
+    assert await admin_conn.fetchval(on_a, tenants.b, shared) == 1
+
+
+async def _with_a_step(
+    pool: asyncpg.Pool, tenant: uuid.UUID, task_id: uuid.UUID, *, finish: bool
+) -> None:
+    """Task ``task_id`` of ``tenant``, claimed, with one recorded step; then succeeded, or
+    left running."""
+    from agentdb import leases, steps
+
+    kind = f"t-{tenant.hex[:8]}-{task_id.hex[:8]}"  # the claim takes this task only
+    await tasks.create(pool, tenant, kind, task_id=task_id)
+    [held] = await leases.claim(pool, "w", task_types=[kind])
+    assert held.lease is not None
+    await steps.record(pool, tenant, task_id, "plan", kind="step", input_hash=F.HASH,
+                       result='{"n": 1}', lease=held.lease)  # fmt: skip
+    if finish:
+        await tasks.transition(
+            pool,
+            tenant,
+            task_id,
+            lease=held.lease,
+            expected_version=held.state_version,
+            to_state="succeeded",
+        )
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_purging_a_task_leaves_another_tenants_task_of_the_same_id(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """Kills the class "the tasks purge's own tenant equality dropped" (generated
+    ``gen-0011.retention-agentdb_purge_tasks-tenant-11``, ``-13``, ``-24``: the DELETE's
+    ``t.tenant_id = v.tenant_id`` or ``= p_tenant``, the steps DELETE's
+    ``k.tenant_id = p_tenant``, replaced by true): task ids are the caller's, so a finished
+    task's id may be a live task's in another tenant - purging the one (and its steps) must
+    leave the other, and the other's steps, alone."""
+    x, y = uuid.uuid4(), uuid.uuid4()
+    await _with_a_step(pool, tenants.a, x, finish=True)  # purged
+    await _with_a_step(pool, tenants.b, x, finish=False)  # same id, live: stays
+    await _with_a_step(pool, tenants.a, y, finish=False)  # live: stays
+    await _with_a_step(pool, tenants.b, y, finish=True)  # same id, finished
+    await _time_passes(admin_conn)
+    if scope == "one tenant":
+        for kind in ("events", "tasks"):
+            purged = await admin_conn.fetchval(
+                "SELECT agentdb_purge_tenant($1, $2, 100, interval '0')", tenants.a, kind
+            )
+        assert purged == 1
+        kept = {(tenants.b, x), (tenants.a, y), (tenants.b, y)}
+    else:
+        report = await retention.purge(admin_conn, ages={"tasks": timedelta(0)})
+        assert report.removed["tasks"] == 2
+        kept = {(tenants.b, x), (tenants.a, y)}
+    left = await admin_conn.fetch("SELECT tenant_id, id FROM agent_tasks")
+    assert {(r["tenant_id"], r["id"]) for r in left} == kept
+    stepped = await admin_conn.fetch("SELECT tenant_id, task_id FROM agent_steps")
+    assert {(r["tenant_id"], r["task_id"]) for r in stepped} == kept
+
+
 async def test_G9_only_the_owner_purges(runtime_conn: asyncpg.Connection) -> None:
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await retention.purge(runtime_conn)

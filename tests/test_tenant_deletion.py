@@ -203,6 +203,64 @@ async def test_G17_after_the_retention_passes_the_tenant_is_gone(
         await delete_tenant(admin_conn, tenants.a, dry_run=True)
 
 
+async def test_G17_another_tenants_retained_events_do_not_hold_this_tenant_back(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    """Kills the class "a tenant-scoped subquery of the deletion plan compares the tenant
+    the wrong way" (generated ``gen-0011.retention-agentdb_delete_tenant-cmp-75``: step 15's
+    dry run with ``e.tenant_id <> t.id``): once this tenant's retention has passed, the dry
+    run says the tenant goes, as the real run does - while tenant b, untouched, still keeps
+    its own audit trail."""
+    await _populate(pool, admin_conn, tenants.a)
+    await _populate(pool, admin_conn, tenants.b)
+    await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    async with admin_conn.transaction():  # a's retention passes, b's does not
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = $2, retain_until = $2"
+            " WHERE tenant_id = $1",
+            tenants.a,
+            PAST,
+        )
+    b_before = await _counts(admin_conn, tenants.b)
+    assert b_before[2] > 0  # b's events, all still retained
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    assert dry.complete  # the plan says the tenant goes ...
+    final = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(final)  # ... and the real run agrees, step by step
+    assert final.complete
+    assert await _counts(admin_conn, tenants.a) == (0,) * 10
+    assert await _counts(admin_conn, tenants.b) == b_before
+
+
+async def test_G17_an_event_whose_retention_ends_now_keeps_nothing(
+    tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Kills the class "a retention test of the deletion plan moved across its boundary"
+    (generated ``gen-0011.retention-agentdb_delete_tenant-cmp-68``: step 7's dry run with
+    ``e.retain_until >= now()``): an event retained until this very instant is past its
+    retention (the purge's ``retain_until <= now()``), so its task is not anonymised but
+    deleted - in the dry run as in the real run. All in one transaction, where now() stands
+    still."""
+    await F.create_task(admin_conn, tenants.a, params='{"customer": "Ada Lovelace"}')
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes, to this very instant
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now(), retain_until = now()"
+            " WHERE tenant_id = $1",
+            tenants.a,
+        )
+        await admin_conn.execute("SET LOCAL session_replication_role = origin")
+        dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+        real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(real)
+    by_action = {(s.object, s.action): s.affected for s in real.steps}
+    assert by_action["agent_tasks", "cancel and anonymise"] == 0
+    assert by_action["agent_events", "delete (retention passed)"] == 1
+    assert by_action["agent_tasks", "delete (no retained events)"] == 1
+    assert real.complete
+
+
 async def test_G17_only_the_owner_may_delete_a_tenant(
     tenants: Tenants, runtime_conn: asyncpg.Connection
 ) -> None:

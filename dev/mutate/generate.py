@@ -64,7 +64,8 @@ The tests of a mutant (``tests``), by a fixed, explicit heuristic:
   a routine, ``tests/test_<m>.py`` of every statement file
   ``agentdb/queries/<m>.sql`` that calls it and the test files that name it
   (``_ROUTINE_TESTS`` overrides both); with no attack case and no such file,
-  the whole of tests/test_attacks.py.
+  the whole of tests/test_attacks.py; ``_STATEMENT_TESTS`` adds, by the object's (or a
+  caller's) name, the files that prove what its attack cases miss.
 
 Declared-equivalent mutants are listed, reviewed, in
 ``dev/mutate/equivalent_generated.txt`` (``id: reason`` a line, ``#`` comments).
@@ -112,7 +113,8 @@ _MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "steps": ("tests/test_durable.py",),
 }
 # Statements whose module's own tests miss what other files prove (the first seeded
-# sample: these mutants survived tests/test_<module>.py and were killed by these).
+# sample: these mutants survived tests/test_<module>.py and were killed by these); also
+# migration objects (a CHECK, trigger or policy by name) whose attack cases miss them.
 _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     "lease_claim": ("tests/test_fairness.py",),
     "operation_complete_many": ("tests/test_complete_many.py",),
@@ -120,6 +122,9 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     "task_finish_many": ("tests/test_complete_many.py",),
     "operation_get": (FENCES, "tests/test_tenant_isolation.py", "tests/test_complete_many.py"),
     "outbox_deliver_and_claim": ("tests/test_relay.py", FENCES),
+    # A state dropped from the list is refused only when a task reaches it: a failure
+    # (tests/test_tasks.py), a worker's failed attempt (tests/test_worker.py).
+    "agent_tasks_state_valid": ("tests/test_tasks.py", "tests/test_worker.py"),
 }
 # routed_<word>_...: the plain statements' module whose twin it is.
 _ROUTED_TESTS: dict[str, str] = {
@@ -915,6 +920,7 @@ class _Tests:
         for obj in names:
             targets += [t for t in self.attacks().get(obj, []) if t not in targets]
         files = [f for name in routines for f in self._routine_files(name)]
+        files += [f for name in names for f in _STATEMENT_TESTS.get(name, ())]
         if not targets and not files:
             targets = [ATTACKS]
         out = [*targets, FENCES]

@@ -13,6 +13,15 @@ tests fail; it survives when they pass. Declared equivalent mutants are run
 too, so the report shows the claim holds. Exit status 0 when every
 non-equivalent mutant was killed and the unmutated baseline passed.
 
+Each mutant's tests get ``--timeout`` seconds (a mutant can make a query loop
+for ever: a recursive walk that never ends). A run over its time is killed -
+the report counts it as killed, by timeout, apart - and so is what it left
+behind: its pytest process tree (its own session: pgbouncer, workers, CLIs),
+and the sessions those processes held on the server, found by their client
+ports and ended with ``pg_terminate_backend`` (a backend whose client died goes
+on running its query), and the test databases they were in; all before the
+next mutant starts.
+
 ``--generated`` runs the mechanical SQL mutants of generate.py instead of the
 hand catalogue (all of them, or a seeded sample of ``--sample N``: the same
 seed picks the same mutants); its report goes to ``mutation-results/generated``.
@@ -27,6 +36,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +45,9 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import psycopg
+from psycopg import sql
 
 from agentdb.tools._common import CITUS_ENV, ON_CITUS_ENV
 from dev.mutate.catalogue import Mutant, all_mutants
@@ -46,12 +59,15 @@ __all__ = ["Outcome", "check_catalogue", "main"]
 _COPIED = ("agentdb", "dev", "docs", "sql", "tests", "examples", "pyproject.toml", "README.md")
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
 _SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors)")
+_TIMED_OUT = -1  # _pytest's exit code for a run that ran out of time
+_GONE_WITHIN = 20.0  # seconds to wait for the ended sessions to be gone
+_TEST_DATABASE = "agentdb_t_"  # the prefix of the testing kit's databases
 
 
 @dataclass(frozen=True)
 class Outcome:
     id: str
-    verdict: str  # killed | survived | equivalent | equivalent-killed | error
+    verdict: str  # killed | timeout | survived | equivalent | equivalent-killed | error
     seconds: float
     detail: str
 
@@ -103,20 +119,143 @@ def _pytest(
     if citus:  # every test database on the cluster named by AGENTDB_CITUS_DSN
         env[ON_CITUS_ENV] = "1"
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *targets]
+    # Its own session: on a timeout the whole tree is found, and killed, by it.
+    proc = subprocess.Popen(
+        cmd,
+        cwd=copy,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        return -1, f"timed out after {timeout:.0f}s"
-    tail = (done.stdout + done.stderr).strip().splitlines()
-    return done.returncode, tail[-1] if tail else ""
+        server = os.environ.get(CITUS_ENV, dsn) if citus else dsn
+        left = _end_run(proc, server, drop=not citus)
+        return _TIMED_OUT, f"timed out after {timeout:.0f}s; {left}"
+    tail = (out + err).strip().splitlines()
+    return proc.returncode, tail[-1] if tail else ""
+
+
+def _tree(root: int) -> set[int]:
+    """The processes of ``root``'s session and all its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    found = {root}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid pgrp session ...": comm may hold blanks and parentheses.
+        state_ppid_pgrp_sid = stat[stat.rindex(")") + 2 :].split()[:4]
+        ppid, sid = int(state_ppid_pgrp_sid[1]), int(state_ppid_pgrp_sid[3])
+        children.setdefault(ppid, []).append(int(entry.name))
+        if sid == root:
+            found.add(int(entry.name))
+    todo = list(found)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _client_ports(pids: set[int]) -> set[int]:
+    """The local TCP ports of the sockets ``pids`` hold: the ``client_port`` the server
+    shows for their sessions (a host's port is one socket's at a time)."""
+    inodes: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(int(link[8:-1]))
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()  # sl local_address rem_address st ... uid timeout inode
+                if len(fields) > 9 and int(fields[9]) in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _end_run(proc: subprocess.Popen[str], dsn: str, drop: bool = True) -> str:
+    """Kill a test run that ran out of time, and end the server sessions it held."""
+    pids = _tree(proc.pid)
+    ports = _client_ports(pids)  # before the kill: then the sockets are gone
+    sessions: list[tuple[int, object, str | None]] = []
+    problem = ""
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            sessions = conn.execute(
+                "SELECT pid, backend_start, datname FROM pg_stat_activity"
+                " WHERE client_port = ANY (%s) AND pid <> pg_backend_pid()",
+                (sorted(ports),),
+            ).fetchall()
+    except psycopg.Error as exc:
+        problem = f"; could not list its sessions: {exc}"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in pids - {proc.pid}:  # a descendant that left the session
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # a pipe still held open: leave it
+        proc.kill()
+        proc.wait()
+    if not sessions:
+        return f"killed {len(pids)} process(es), no session left behind{problem}"
+    try:
+        ended, databases = _end_sessions(dsn, sessions, drop)
+    except psycopg.Error as exc:
+        return f"killed {len(pids)} process(es); ending its sessions failed: {exc}"
+    dropped = f", dropped {databases} test database(s)" if databases else ""
+    return f"killed {len(pids)} process(es), ended {ended} session(s) it left behind{dropped}"
+
+
+def _end_sessions(
+    dsn: str, sessions: list[tuple[int, object, str | None]], drop: bool
+) -> tuple[int, int]:
+    """pg_terminate_backend each session (a pid with its start: not a reused pid), wait
+    until they are gone, then drop the testing kit's databases they were in."""
+    pids = [s[0] for s in sessions]
+    starts = [s[1] for s in sessions]
+    same = (
+        "FROM pg_stat_activity WHERE (pid, backend_start) IN"
+        " (SELECT * FROM unnest(%s::integer[], %s::timestamptz[]))"
+    )
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        ended = conn.execute(
+            f"SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) {same}", (pids, starts)
+        ).fetchone()
+        deadline = time.monotonic() + _GONE_WITHIN
+        while time.monotonic() < deadline:
+            left = conn.execute(f"SELECT count(*) {same}", (pids, starts)).fetchone()
+            if not left or not left[0]:
+                break
+            time.sleep(0.2)
+        databases = sorted({s[2] for s in sessions if s[2] and s[2].startswith(_TEST_DATABASE)})
+        for name in databases if drop else []:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+    return (int(ended[0]) if ended else 0), (len(databases) if drop else 0)
 
 
 def _judge(m: Mutant, code: int, last: str) -> tuple[str, str]:
     if code == 0:
         return ("equivalent" if m.equivalent else "survived"), last
-    if code in (1, -1) or (code == 2 and "error" in last):
+    if code == _TIMED_OUT:  # killed, but counted apart: a hang, not a failed assertion
+        return ("equivalent-killed" if m.equivalent else "timeout"), last
+    if code == 1 or (code == 2 and "error" in last):
         return ("equivalent-killed" if m.equivalent else "killed"), last
     return "error", f"pytest exit {code}: {last}"
 
@@ -169,12 +308,13 @@ def _report(outcomes: list[Outcome], mutants: Sequence[Mutant], wall: float, out
     for o in outcomes:
         counts[o.verdict] = counts.get(o.verdict, 0) + 1
     real = [o for o in outcomes if not by_id[o.id].equivalent]
-    killed = sum(o.verdict == "killed" for o in real)
+    timeouts = sum(o.verdict == "timeout" for o in real)
+    killed = sum(o.verdict == "killed" for o in real) + timeouts
     lines = [
         "# agentdb mutation check",
         "",
         f"{len(outcomes)} mutants: {killed} of {len(real)} non-equivalent killed"
-        f" ({100 * killed / max(1, len(real)):.0f}%), "
+        f" ({100 * killed / max(1, len(real)):.0f}%; {timeouts} of them by timeout), "
         f"{counts.get('survived', 0)} survived, {counts.get('error', 0)} errors; "
         f"{sum(o.verdict.startswith('equivalent') for o in outcomes)} declared equivalent. "
         f"Wall time {wall:.0f}s.",
