@@ -15,6 +15,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
+from agentdb._ids import new_id
+
 __all__ = ["Lease", "Message", "Operation", "OutboxMessage", "Reservation", "Signal", "Task"]
 
 
@@ -163,7 +165,7 @@ class Message:
 
     topic: str
     payload: Mapping[str, Any] = field(default_factory=dict)
-    id: uuid.UUID = field(default_factory=uuid.uuid4)
+    id: uuid.UUID = field(default_factory=new_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from agentdb._citus import routed
 from agentdb._citus.routing import twin
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP
 from agentdb._db.jsonb import value as json_value
+from agentdb._ids import new_id
 from agentdb.budgets import Cost
 from agentdb.errors import (
     AgentDBError,
@@ -186,7 +187,7 @@ async def _reserve_row(
     for _ in range(_RACE_RERUNS):
         params = {
             "tenant_id": tenant_id,
-            "id": uuid.uuid4(),
+            "id": new_id(),
             "task_id": task_id,
             "idempotency_key": idempotency_key,
             "action": action,
@@ -575,7 +576,7 @@ async def _reserve_batch(
         db,
         q,
         tenant_ids=[req.lease.tenant_id for req in batch],
-        ids=[req.operation_id or uuid.uuid4() for req in batch],
+        ids=[req.operation_id or new_id() for req in batch],
         task_ids=[req.lease.task_id for req in batch],
         idempotency_keys=[req.idempotency_key for req in batch],
         actions=[req.action for req in batch],

@@ -20,6 +20,7 @@ from agentdb import _db, _explain, telemetry
 from agentdb._citus import routed
 from agentdb._citus.routing import twin
 from agentdb._db.jsonb import OBJECT_CAP, TEXT_CAP, document
+from agentdb._ids import new_id
 from agentdb.errors import ConfigurationError, InvalidTransition
 from agentdb.models import OutboxMessage
 
@@ -63,7 +64,7 @@ async def enqueue(
         TenantMismatch: the task does not exist in this tenant.
     """
     body = document(payload or {}, cap=OBJECT_CAP, what=f"outbox payload for {topic}")
-    mid = message_id or uuid.uuid4()
+    mid = message_id or new_id()
     trace_id, span_id = telemetry.ids(trace_id, span_id)
 
     row = await _db.fetch_one(

@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from agentdb import _db, _explain
 from agentdb._db.jsonb import OBJECT_CAP, document
+from agentdb._ids import new_id
 from agentdb.errors import ConfigurationError, IdempotencyConflict, TenantMismatch, TransientError
 from agentdb.hashing import input_hash
 from agentdb.models import Signal
@@ -159,7 +160,7 @@ async def _send(
             return found
         try:
             row = await _db.fetch_optional(
-                db, _Q["signal_insert"], **key, id=uuid.uuid4(), name=name, kind=kind,
+                db, _Q["signal_insert"], **key, id=new_id(), name=name, kind=kind,
                 decision=decision, payload=body, sender=sender, input_hash=digest,
             )  # fmt: skip
         except TenantMismatch as exc:

@@ -21,6 +21,7 @@ from agentdb._citus import routed
 from agentdb._citus.routing import twin
 from agentdb._db.instant import aware
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
+from agentdb._ids import new_id
 from agentdb.errors import (
     AgentDBError,
     ConfigurationError,
@@ -143,9 +144,9 @@ async def create(
     body = document(params or {}, cap=OBJECT_CAP, what="task params")
     digest = input_hash(dict(params or {})) if dedupe_key is not None else None
     trace_id, span_id = telemetry.ids(trace_id, span_id)
-    new_id = task_id or uuid.uuid4()
+    made = task_id or new_id()
     params = {
-        "tenant_id": tenant_id, "id": new_id, "task_type": task_type,
+        "tenant_id": tenant_id, "id": made, "task_type": task_type,
         "workflow_version": workflow_version, "state": "waiting" if waiting else "pending",
         "params": body, "dedupe_key": dedupe_key, "input_hash": digest, "wake_at": wake_at,
         "max_attempts": max_attempts, "lease_ttl": lease_ttl, "trace_id": trace_id,

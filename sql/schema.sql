@@ -10,7 +10,7 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0014.citus_scale (14).
+-- Migrations: 0001.foundation ... 0015.time_ordered_ids (15).
 
 -- ==== sequences ====================================================================
 
@@ -21,7 +21,7 @@ GRANT USAGE ON SEQUENCE agent_events_id_seq TO agentdb_runtime;
 -- ==== agent_artifacts ===============================================================
 
 CREATE TABLE agent_artifacts (
-    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL DEFAULT agentdb_new_id(),
     tenant_id uuid NOT NULL,
     task_id uuid,
     operation_id uuid,
@@ -86,7 +86,7 @@ GRANT SELECT, INSERT, UPDATE ON agent_budget_holds TO agentdb_runtime;
 
 CREATE TABLE agent_budgets (
     tenant_id uuid NOT NULL,
-    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL DEFAULT agentdb_new_id(),
     task_id uuid,
     unit text NOT NULL,
     period text NOT NULL DEFAULT 'total'::text,
@@ -137,7 +137,7 @@ GRANT SELECT, INSERT, UPDATE ON agent_concurrency_limits TO agentdb_runtime;
 -- ==== agent_credential_refs =========================================================
 
 CREATE TABLE agent_credential_refs (
-    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL DEFAULT agentdb_new_id(),
     tenant_id uuid NOT NULL,
     name text NOT NULL,
     provider text NOT NULL,
@@ -245,7 +245,7 @@ GRANT SELECT, INSERT ON agent_inbox TO agentdb_runtime;
 -- ==== agent_operations ==============================================================
 
 CREATE TABLE agent_operations (
-    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL DEFAULT agentdb_new_id(),
     tenant_id uuid NOT NULL,
     task_id uuid NOT NULL,
     idempotency_key text NOT NULL,
@@ -301,7 +301,7 @@ GRANT SELECT, INSERT, UPDATE ON agent_operations TO agentdb_runtime;
 -- ==== agent_outbox ==================================================================
 
 CREATE TABLE agent_outbox (
-    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL DEFAULT agentdb_new_id(),
     tenant_id uuid NOT NULL,
     task_id uuid,
     topic text NOT NULL,
@@ -383,7 +383,7 @@ GRANT SELECT, INSERT, UPDATE ON agent_rate_limits TO agentdb_runtime;
 -- ==== agent_schedules ===============================================================
 
 CREATE TABLE agent_schedules (
-    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL DEFAULT agentdb_new_id(),
     tenant_id uuid NOT NULL,
     name text NOT NULL,
     task_type text NOT NULL,
@@ -435,7 +435,7 @@ CREATE TRIGGER agent_semconv_pins_append_only BEFORE DELETE OR UPDATE ON agent_s
 -- ==== agent_signals =================================================================
 
 CREATE TABLE agent_signals (
-    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL DEFAULT agentdb_new_id(),
     tenant_id uuid NOT NULL,
     task_id uuid NOT NULL,
     seq bigint NOT NULL,
@@ -519,7 +519,7 @@ GRANT SELECT, INSERT, UPDATE ON agent_steps TO agentdb_runtime;
 -- ==== agent_tasks ===================================================================
 
 CREATE TABLE agent_tasks (
-    id uuid NOT NULL DEFAULT gen_random_uuid(),
+    id uuid NOT NULL DEFAULT agentdb_new_id(),
     tenant_id uuid NOT NULL,
     task_type text NOT NULL,
     workflow_version text NOT NULL,
@@ -2494,6 +2494,26 @@ END
 $procedure$;
 REVOKE EXECUTE ON PROCEDURE agentdb_move_access(IN p_from regclass, IN p_to regclass, IN p_revoke boolean) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION agentdb_new_id()
+ RETURNS uuid
+ LANGUAGE sql
+ PARALLEL SAFE
+ SET search_path TO <schema>, pg_temp
+AS $function$
+    SELECT encode(
+        set_bit(
+            set_bit(
+                overlay(
+                    uuid_send(gen_random_uuid())
+                    PLACING substring(
+                        int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                        FROM 3)
+                    FROM 1 FOR 6),
+                52, 1),
+            53, 1),
+        'hex')::uuid
+$function$;
+
 CREATE OR REPLACE FUNCTION agentdb_notify()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -3162,7 +3182,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0014.citus_scale'::text $function$;
+AS $function$ SELECT '0015.time_ordered_ids'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

@@ -61,6 +61,20 @@ def test_the_dbos_only_and_wal_breakdown_switches() -> None:
         parser.parse_args(["bench", "--dbos-only", "--wal-breakdown"])
 
 
+def test_history_runs_units_first_and_says_so_in_the_report() -> None:
+    from agentdb.tools.bench.versus_report import versus_section
+
+    parser = build_parser()
+    assert parser.parse_args(["bench", "--wal-breakdown"]).history == 0
+    assert parser.parse_args(["bench", "--wal-breakdown", "--history", "500"]).history == 500
+    section = {"workers": 4, "concurrency": 10, "poll_ms": 50.0, "wal_per_database": True,
+               "rows": [], "ratios": []}  # fmt: skip
+    said = "\n".join(versus_section({"versus": {**section, "history": 20_000}}))
+    assert "each side ran 20,000 single-effect units first" in said
+    assert "CHECKPOINT ran before each measured run" in said
+    assert "History" not in "\n".join(versus_section({"versus": {**section, "history": 0}}))
+
+
 # Lines as pg_waldump 15 prints them: database 16384 is measured, 16999 is another.
 _WALDUMP = """\
 rmgr: Heap        len (rec/tot):     54/   198, tx:        735, lsn: 0/0153D9B8, prev 0/0153D980, desc: INSERT off 5 flags 0x00, blkref #0: rel 1663/16384/16385 blk 0 FPW
@@ -110,8 +124,9 @@ def test_the_command_module_stays_light() -> None:
 def test_bad_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--quick", "--dsn", "mysql://localhost/x"]) == 2
     assert main(["--quick", "--reps", "0", "--dsn", "postgresql://localhost/x"]) == 2
+    assert main(["--quick", "--history", "-1", "--dsn", "postgresql://localhost/x"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2
+    assert len(err) == 3
     assert all(line.startswith("agentdb bench: ") for line in err)
 
 

@@ -912,7 +912,7 @@ class DurableTasks(Extension):
     * ``tasks/update`` sends each answer as a signal (G22) with the input's key
       as dedupe key: answered once, refused for a finished or late task.
 
-    A task id is the task's random UUID, and every lookup is scoped to the
+    A task id is the task's UUID (a v7: 74 random bits), and every lookup is scoped to the
     caller's tenant and principal: another tenant's id is "not found". A worker
     runs the tool (:meth:`handlers`, in the server process or in ``agentdb
     worker``), so a server that dies leaves the task to the next worker once its

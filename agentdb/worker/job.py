@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from agentdb import _db, _faults, children, operations, signals, steps, telemetry
+from agentdb._ids import new_id
 from agentdb.errors import (
     AgentDBError,
     Cancelled,
@@ -169,7 +170,7 @@ class Job(Durable):
         # The ids are resolved here, in this job's context (its current span), not in
         # the flush's, which runs in whichever job's context started it (G16).
         trace_id, span_id = telemetry.ids(self.task.trace_id, self.task.span_id)
-        op_id = uuid.uuid4()
+        op_id = new_id()
         request = ReserveRequest(
             lease, key, action, input, trace_id=trace_id, span_id=span_id, operation_id=op_id
         )

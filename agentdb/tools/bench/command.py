@@ -37,6 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="length of each held-snapshot run (default 600; 5 with --quick)",
     )
+    p.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        metavar="N",
+        help="agentdb against DBOS: run N single-effect units on each side first (unmeasured), "
+        "and CHECKPOINT before each measured run - the WAL of a database with a history, "
+        "whose indexes are larger than a run (needs superuser or pg_checkpoint)",
+    )
     only = p.add_mutually_exclusive_group()
     only.add_argument(
         "--dbos-only",
@@ -65,7 +74,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from agentdb.tools.bench.runner import Options, run
 
     run(Options(args.dsn, args.quick, args.reps, args.out, args.skip_1m, args.snapshot_seconds,
-                args.only))  # fmt: skip
+                args.only, args.history))  # fmt: skip
     return 0
 
 

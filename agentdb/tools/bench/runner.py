@@ -86,6 +86,8 @@ class Options:
     snapshot_seconds: float | None = None
     #: "all"; "dbos": only agentdb against DBOS; "wal": that, once, for its WAL breakdown
     only: str = "all"
+    #: agentdb against DBOS: single-effect units run on each side before the measured runs
+    history: int = 0
 
 
 # --- 1. Statement overhead --------------------------------------------------
@@ -464,7 +466,9 @@ async def _bench(
         lap("scaling with tenants")
         pickup = await bench_pickup(dbs["pickup"], sizes.pickup_samples)
         lap("pickup latency")
-        versus = await _versus(admin, dbs, peer_dbs, sizes, opts.reps, probe, notes)
+        versus = await _versus(
+            admin, dbs, peer_dbs, sizes, opts.reps, probe, notes, history=opts.history
+        )
         lap("agentdb against DBOS")
         snapshot = await bench_snapshot(
             dbs["snapshot"], sizes.snapshot_seconds, offered_rate(cycle)
@@ -509,12 +513,16 @@ async def _versus(
     reps: int,
     probe: Probe,
     notes: list[str],
+    *,
+    history: int = 0,
 ) -> dict[str, Any] | None:
     """agentdb against DBOS, when DBOS is installed (each in its own database)."""
     if "dbos" not in peer_dbs:
         notes.append("dbos is not installed: agentdb against DBOS is left out")
         return None
-    return await bench_versus(dbs["versus"], peer_dbs["dbos"], sizes, reps, probe, admin, notes)
+    return await bench_versus(
+        dbs["versus"], peer_dbs["dbos"], sizes, reps, probe, admin, notes, history=history
+    )
 
 
 async def _bench_versus_only(
@@ -529,7 +537,9 @@ async def _bench_versus_only(
             notes.append("server CPU is not reported: the server is not on this machine")
         peer_dbs = await _install_peers(dbs, peers)
         _progress("agentdb against DBOS ...")
-        versus = await _versus(admin, dbs, peer_dbs, sizes, opts.reps, probe, notes)
+        versus = await _versus(
+            admin, dbs, peer_dbs, sizes, opts.reps, probe, notes, history=opts.history
+        )
     finally:
         await probe.close()
     return {
@@ -595,6 +605,8 @@ def _sizes(opts: Options) -> Sizes:
         raise ConfigurationError("--reps must be at least 1")
     if opts.only not in ("all", "dbos", "wal"):
         raise ConfigurationError(f"unknown section choice {opts.only!r}")
+    if opts.history < 0:
+        raise ConfigurationError("--history must be 0 or more")
     sizes = QUICK if opts.quick else FULL
     if opts.skip_1m and not opts.quick:
         sizes = replace(sizes, scale_large=SKIP_1M_LARGE)

@@ -467,8 +467,15 @@ async def bench_versus(
     notes: list[str],
     *,
     workloads: Sequence[str] = ("unit", "agent_run"),
+    history: int = 0,
 ) -> dict[str, Any]:
     """Both workloads on both sides, ``reps`` interleaved repetitions; rows, ratios, breakdowns.
+
+    ``history``: single-effect units each side runs first, unmeasured, and then a
+    CHECKPOINT before every measured run. A fresh database's indexes are a few pages,
+    which a run dirties once; a database with a history has more pages than a run
+    touches, and after each checkpoint the first change to each page writes it whole
+    to the WAL - the steady state a production database is in.
 
     Raises:
         DatabaseUnavailable: a pool could not be opened; RuntimeError: a run failed.
@@ -480,11 +487,15 @@ async def bench_versus(
     rows = {(s, w): _row(s, w) for w in workloads for s in SIDES}
     try:
         await v.open()
+        for side in SIDES if history else ():
+            await v.run(side, "unit", history)  # the history, not measured
         for rep in range(reps):
             for workload in workloads:
                 n = sizes.versus_units if workload == "unit" else sizes.versus_runs
                 order = SIDES if rep % 2 == 0 else SIDES[::-1]
                 for side in order:
+                    if history:
+                        await v.probe.conn.execute("CHECKPOINT")
                     got = await v.run(side, workload, n, breakdown=rep == reps - 1)
                     _record(rows[(side, workload)], rep, got)
     finally:
@@ -496,6 +507,7 @@ async def bench_versus(
         "concurrency": sizes.versus_concurrency,
         "poll_ms": _POLL * 1000,
         "wal_per_database": wal is not None,
+        "history": history,
         "rows": list(rows.values()),
     }
     result["ratios"] = ratio_rows(result)

@@ -143,7 +143,15 @@ def versus_section(r: dict[str, Any]) -> list[str]:
         "finish, enqueued/s to the last enqueue. Server CPU: the database's backends; worker "
         f"CPU: the worker processes'. WAL: {wal_how}. Latency: enqueue to finish, from each "
         "side's own rows (a backlog builds when the workers are slower than the driver: "
-        "then it is mostly queueing).",
+        "then it is mostly queueing)."
+        + (
+            f" **History**: each side ran {v['history']:,} single-effect units first, "
+            "unmeasured, and a CHECKPOINT ran before each measured run: the WAL of a "
+            "database whose indexes are larger than a run, with the full-page image each "
+            "page pays on its first change after a checkpoint."
+            if v.get("history")
+            else ""
+        ),
         "",
         *_table(
             (
