@@ -32,6 +32,7 @@ from agentdb._citus import routed
 from agentdb.errors import ConfigurationError, NotFound, TransientError
 from agentdb.models import Task
 from agentdb.worker import Job, Worker
+from tests import factories as F
 from tests._procs import stop_workers, worker_processes
 from tests.conftest import RUNTIME, Database, Tenants
 
@@ -348,6 +349,61 @@ async def test_G18_concurrent_claimers_never_overfill_a_tenant(
         for c in conns:
             await c.close()
     assert len(await _running(admin_conn, tenants.a)) == 5
+
+
+async def _blocked_or_done(admin: asyncpg.Connection, pid: int, start: asyncio.Task[Any]) -> None:
+    """Until ``pid`` waits on a lock or ``start`` is over (never an assertion on time)."""
+    for _ in range(400):
+        if start.done():
+            return
+        waiting = await admin.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.025)
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+async def test_G18_two_starts_racing_for_the_last_slot_are_serialised_by_the_cap(
+    db: Database, tenants: Tenants, admin_conn: asyncpg.Connection, cap: int
+) -> None:
+    """The cap trigger (agentdb_guard_concurrency) locks the tenant's cap row, so a second
+    transaction starting a task waits for the first to end and then counts its task.
+
+    An explicit interleaving on two connections: A starts task 1 and holds its
+    transaction open; B starts task 2; A commits; B must then be refused under a cap
+    of 1 (and, the control, pass under a cap of 2). Kills the generated mutant of the
+    class "races the suite never runs": agentdb_guard_concurrency without its FOR
+    UPDATE (gen-...-agentdb_guard_concurrency-lock-1), under which B counts only its
+    own task in a snapshot without A's and both run.
+    """
+    await tenancy.set_concurrency_limit(admin_conn, tenants.a, cap)
+    first = await F.create_task(admin_conn, tenants.a)
+    second = await F.create_task(admin_conn, tenants.a)
+    a, b = await db.connect(), await db.connect()
+    try:
+        held = a.transaction()
+        await held.start()
+        await F.claim_task(a, tenants.a, first)
+
+        async def start_second() -> None:
+            async with b.transaction():
+                await F.claim_task(b, tenants.a, second, owner="worker-2")
+
+        racing = asyncio.ensure_future(start_second())
+        await _blocked_or_done(admin_conn, b.get_server_pid(), racing)
+        await held.commit()
+        if cap == 1:
+            with pytest.raises(asyncpg.PostgresError) as refused:
+                await racing
+            assert refused.value.sqlstate == "AG009"
+        else:
+            await racing
+    finally:
+        await a.close()
+        await b.close()
+    assert len(await _running(admin_conn, tenants.a)) == cap
 
 
 async def _three_tenants(conn: asyncpg.Connection) -> list[uuid.UUID]:
