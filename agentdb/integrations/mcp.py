@@ -847,7 +847,9 @@ async def ask(
             exactly one of ``requested_schema`` and ``url``.
     """
     if (requested_schema is None) == (url is None):
-        raise ConfigurationError("ask() takes a requested_schema (a form) or a url, not both")
+        raise ConfigurationError(
+            "ask() takes exactly one of requested_schema (a form) and url (URL mode)"
+        )
     params: ElicitRequestFormParams | ElicitRequestURLParams = (
         ElicitRequestURLParams(message=message, url=url)
         if url is not None

@@ -26,7 +26,8 @@ from mcp_types import (
 )
 
 from agentdb import tasks
-from agentdb.integrations.mcp import LEDGER_TYPE
+from agentdb.errors import ConfigurationError
+from agentdb.integrations.mcp import LEDGER_TYPE, ask
 from tests.conftest import Database, Tenants
 from tests.integrations.mcp_client import (
     ServerProcess,
@@ -312,3 +313,12 @@ async def test_G16_the_callers_traceparent_is_the_operations_and_its_events_trac
         " WHERE event_type = 'operation.reserved' AND trace_id IS NOT NULL"
     )
     assert [(e["trace_id"], e["span_id"]) for e in events] == [(trace, span)]
+
+
+async def test_ask_takes_a_form_or_a_url_and_only_inside_a_long_running_tool() -> None:
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        await ask("k", "which?")
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        await ask("k", "which?", {"type": "object"}, url="https://example.test/")
+    with pytest.raises(ConfigurationError, match="long_running"):
+        await ask("k", "which?", url="https://example.test/")  # control: well formed
