@@ -186,6 +186,12 @@ def _client_ports(pids: set[int]) -> set[int]:
     return ports
 
 
+def _over_unix_socket(dsn: str) -> bool:
+    """Whether ``dsn`` reaches its server over a Unix socket (a host that is a path)."""
+    host = psycopg.conninfo.conninfo_to_dict(dsn).get("host") or ""
+    return not host or str(host).startswith("/")
+
+
 def _end_run(proc: subprocess.Popen[str], dsn: str, drop: bool = True) -> str:
     """Kill a test run that ran out of time, and end the server sessions it held."""
     pids = _tree(proc.pid)
@@ -211,6 +217,13 @@ def _end_run(proc: subprocess.Popen[str], dsn: str, drop: bool = True) -> str:
     except subprocess.TimeoutExpired:  # a pipe still held open: leave it
         proc.kill()
         proc.wait()
+    if not sessions and _over_unix_socket(dsn):
+        # A Unix socket has no client port, and Linux shows no socket's peer in
+        # /proc: the run's sessions cannot be told from anyone else's.
+        return (
+            f"killed {len(pids)} process(es); sessions over a Unix socket cannot be told "
+            f"apart, so none was ended{problem}"
+        )
     if not sessions:
         return f"killed {len(pids)} process(es), no session left behind{problem}"
     try:
