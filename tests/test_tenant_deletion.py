@@ -184,16 +184,7 @@ async def test_G17_after_the_retention_passes_the_tenant_is_gone(
 ) -> None:
     await _populate(pool, admin_conn, tenants.a)
     await delete_tenant(admin_conn, tenants.a, dry_run=False)
-    # Time passes: only a superuser with triggers off can fake that (the
-    # append-only guard refuses any other change to retain_until).
-    async with admin_conn.transaction():
-        await F.replica_mode(admin_conn)
-        await admin_conn.execute(
-            "UPDATE agent_events SET payload_expires_at = $2, retain_until = $2"
-            " WHERE tenant_id = $1",
-            tenants.a,
-            PAST,
-        )
+    await _retention_passes(admin_conn, tenants.a)
     dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
     final = await delete_tenant(admin_conn, tenants.a, dry_run=False)
     assert _affected(dry) == _affected(final)
@@ -201,6 +192,19 @@ async def test_G17_after_the_retention_passes_the_tenant_is_gone(
     assert await _counts(admin_conn, tenants.a) == (0,) * 10
     with pytest.raises(NotFound):
         await delete_tenant(admin_conn, tenants.a, dry_run=True)
+
+
+async def _retention_passes(admin_conn: asyncpg.Connection, tenant: uuid.UUID) -> None:
+    """Time passes for ``tenant``'s events: only a superuser with triggers off can fake
+    that (the append-only guard refuses any other change to retain_until)."""
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = $2, retain_until = $2"
+            " WHERE tenant_id = $1",
+            tenant,
+            PAST,
+        )
 
 
 async def test_G17_another_tenants_retained_events_do_not_hold_this_tenant_back(
@@ -214,14 +218,7 @@ async def test_G17_another_tenants_retained_events_do_not_hold_this_tenant_back(
     await _populate(pool, admin_conn, tenants.a)
     await _populate(pool, admin_conn, tenants.b)
     await delete_tenant(admin_conn, tenants.a, dry_run=False)
-    async with admin_conn.transaction():  # a's retention passes, b's does not
-        await F.replica_mode(admin_conn)
-        await admin_conn.execute(
-            "UPDATE agent_events SET payload_expires_at = $2, retain_until = $2"
-            " WHERE tenant_id = $1",
-            tenants.a,
-            PAST,
-        )
+    await _retention_passes(admin_conn, tenants.a)  # a's retention passes, b's does not
     b_before = await _counts(admin_conn, tenants.b)
     assert b_before[2] > 0  # b's events, all still retained
     dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
