@@ -10,7 +10,7 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0015.time_ordered_ids (15).
+-- Migrations: 0001.foundation ... 0016.partial_keys (16).
 
 -- ==== sequences ====================================================================
 
@@ -551,9 +551,6 @@ CREATE TABLE agent_tasks (
     schedule_id uuid,
     schedule_tick timestamp with time zone,
     CONSTRAINT agent_tasks_pkey PRIMARY KEY (tenant_id, id),
-    CONSTRAINT agent_tasks_child_key UNIQUE (tenant_id, parent_id, child_key),
-    CONSTRAINT agent_tasks_dedupe_key UNIQUE (tenant_id, dedupe_key),
-    CONSTRAINT agent_tasks_schedule_tick_key UNIQUE (tenant_id, schedule_id, schedule_tick),
     CONSTRAINT agent_tasks_parent_fkey FOREIGN KEY (tenant_id, parent_id) REFERENCES agent_tasks(tenant_id, id),
     CONSTRAINT agent_tasks_tenant_fkey FOREIGN KEY (tenant_id) REFERENCES agent_tenants(id),
     CONSTRAINT agent_tasks_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1) AND (attempts <= max_attempts))),
@@ -584,11 +581,14 @@ CREATE TABLE agent_tasks (
     CONSTRAINT agent_tasks_workflow_version_valid CHECK (((length(workflow_version) >= 1) AND (length(workflow_version) <= 100))),
     CONSTRAINT agent_tasks_event_required TRIGGER DEFERRABLE INITIALLY DEFERRED
 );
+CREATE UNIQUE INDEX agent_tasks_child_key ON agent_tasks USING btree (tenant_id, parent_id, child_key) WHERE (parent_id IS NOT NULL);
 CREATE INDEX agent_tasks_deadline_idx ON agent_tasks USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'waiting'::text, 'running'::text])));
+CREATE UNIQUE INDEX agent_tasks_dedupe_key ON agent_tasks USING btree (tenant_id, dedupe_key) WHERE (dedupe_key IS NOT NULL);
 CREATE INDEX agent_tasks_due_idx ON agent_tasks USING btree (tenant_id, task_type, wake_at) WHERE (state = ANY (ARRAY['pending'::text, 'waiting'::text]));
 CREATE INDEX agent_tasks_finished_idx ON agent_tasks USING btree (updated_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'dead'::text]));
 CREATE INDEX agent_tasks_lease_expiry_idx ON agent_tasks USING btree (lease_expires_at) WHERE (state = 'running'::text);
 CREATE INDEX agent_tasks_running_idx ON agent_tasks USING btree (tenant_id, task_type) WHERE (state = 'running'::text);
+CREATE UNIQUE INDEX agent_tasks_schedule_tick_key ON agent_tasks USING btree (tenant_id, schedule_id, schedule_tick) WHERE (schedule_id IS NOT NULL);
 CREATE TRIGGER agent_tasks_child_guard BEFORE INSERT ON agent_tasks FOR EACH ROW WHEN ((new.parent_id IS NOT NULL)) EXECUTE FUNCTION agentdb_guard_child();
 CREATE TRIGGER agent_tasks_children_guard BEFORE UPDATE ON agent_tasks FOR EACH ROW WHEN (((new.state = 'waiting'::text) AND (new.wait_children IS NOT NULL))) EXECUTE FUNCTION agentdb_guard_children_wait();
 CREATE TRIGGER agent_tasks_concurrency_guard AFTER UPDATE OF state ON agent_tasks FOR EACH ROW WHEN (((new.state = 'running'::text) AND (old.state <> 'running'::text))) EXECUTE FUNCTION agentdb_guard_concurrency();
@@ -1706,7 +1706,8 @@ BEGIN
                                       deadline_at, schedule_id, schedule_tick)
         VALUES (p_tenant, s.task_type, s.workflow_version, s.params, now(),
                 t + s.task_deadline, p_schedule, t)
-        ON CONFLICT (tenant_id, schedule_id, schedule_tick) DO NOTHING
+        ON CONFLICT (tenant_id, schedule_id, schedule_tick) WHERE schedule_id IS NOT NULL
+        DO NOTHING
         RETURNING k.id INTO made;
         IF made IS NOT NULL THEN
             INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
@@ -3182,7 +3183,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0015.time_ordered_ids'::text $function$;
+AS $function$ SELECT '0016.partial_keys'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

@@ -770,7 +770,7 @@ _RANK = {"missing": 0, "partial": 1, "enforced": 2}
         ("ALTER TABLE agent_signals DROP CONSTRAINT agent_signals_seq_key", "G22"),
         ("DROP TRIGGER agent_tasks_fan_in ON agent_tasks", "G23"),
         ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_parent_fkey", "G23"),
-        ("ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_schedule_tick_key", "G24"),
+        ("DROP INDEX agent_tasks_schedule_tick_key", "G24"),
         ("DROP TRIGGER agent_tasks_schedule_guard ON agent_tasks", "G24"),
         ("DROP TRIGGER agent_tasks_schedule_fixed ON agent_tasks", "G24"),
     ],
@@ -1353,9 +1353,7 @@ async def _schedule(admin: asyncpg.Connection, tenant: uuid.UUID) -> tuple[uuid.
 async def test_G24_a_tick_nothing_keeps_unique_is_missing(
     db: Database, auditor: str, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
-    report = _broken(
-        db, "ALTER TABLE agent_tasks DROP CONSTRAINT agent_tasks_schedule_tick_key", G24="missing"
-    )
+    report = _broken(db, "DROP INDEX agent_tasks_schedule_tick_key", G24="missing")
     assert (
         "no unique key on agent_tasks holds agent_tasks.schedule_id and a tick"
         in report.finding("G24").reason

@@ -9,11 +9,14 @@ rows is measured by the benchmark, not here.
 from __future__ import annotations
 
 import json
+import uuid
 
 import asyncpg
 import pytest
 
+from agentdb import tasks
 from agentdb.errors import CONSTRAINTS
+from tests import factories as F
 
 # A fixed tenant/task id; the plan, not the data, is what is checked.
 INDEX_QUERIES: dict[str, str] = {
@@ -83,6 +86,22 @@ INDEX_QUERIES: dict[str, str] = {
         "SELECT id FROM agent_events WHERE payload IS NOT NULL AND payload_expires_at < now()"
         " LIMIT 100"
     ),
+    # The tasks' unique keys are partial (0016.partial_keys): a parent's children,
+    # keyed or not, are still read from the child key's index.
+    "agent_tasks_child_key": (
+        "SELECT count(*) FROM agent_tasks"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND parent_id = '00000000-0000-4000-8000-000000000002'"
+    ),
+    "agent_tasks_schedule_tick_key": (
+        "SELECT id FROM agent_tasks"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
+        " AND schedule_id = '00000000-0000-4000-8000-000000000002'"
+    ),
+    "agent_tasks_dedupe_key": (
+        "SELECT id FROM agent_tasks"
+        " WHERE tenant_id = '00000000-0000-4000-8000-000000000001' AND dedupe_key = 'k'"
+    ),
     "agent_outbox_pending_idx": (
         "SELECT id FROM agent_outbox WHERE state = 'pending' AND next_attempt_at <= now()"
         " ORDER BY next_attempt_at LIMIT 10 FOR UPDATE SKIP LOCKED"
@@ -136,3 +155,53 @@ async def test_index_serves_its_path(index: str, admin_conn: asyncpg.Connection)
         for name in _index_names(json.loads(raw))
     }
     assert index in used
+
+
+_TASK_KEYS = ("agent_tasks_dedupe_key", "agent_tasks_child_key", "agent_tasks_schedule_tick_key")
+
+
+async def _index_tuples(conn: asyncpg.Connection, *names: str) -> dict[str, float]:
+    # ANALYZE sets an index's reltuples to the rows it holds: every live row, or those
+    # its predicate lets in (all of them here - the sample is the whole table).
+    await conn.execute("ANALYZE agent_tasks")
+    rows = await conn.fetch(
+        "SELECT relname::text AS name, reltuples FROM pg_class WHERE relname = ANY($1::text[])",
+        list(names),
+    )
+    return {r["name"]: r["reltuples"] for r in rows}
+
+
+async def test_G3_the_task_keys_take_no_entry_for_a_task_without_one(
+    admin_conn: asyncpg.Connection, agentdb_tenant: uuid.UUID
+) -> None:
+    """A task with no dedupe key, parent or schedule adds nothing to the three partial
+    keys, however many versions it has (issue 41: a claim or a finish is no HOT update,
+    and each entry was WAL), while the primary key takes it. With keys, each key takes
+    its task (the control: the predicates do not leave everything out)."""
+    for _ in range(5):
+        task = await tasks.create(admin_conn, agentdb_tenant, "plain")
+        await F.update_task(admin_conn, agentdb_tenant, task.id, state="cancelled", state_version=1)
+    counts = await _index_tuples(admin_conn, "agent_tasks_pkey", *_TASK_KEYS)
+    assert counts["agent_tasks_pkey"] >= 5
+    assert {k: counts[k] for k in _TASK_KEYS} == dict.fromkeys(_TASK_KEYS, 0)
+
+    parent = await tasks.create(admin_conn, agentdb_tenant, "parent", dedupe_key="p")
+    await tasks.create(admin_conn, agentdb_tenant, "child", parent=parent.id, child_key="c")
+    schedule = await admin_conn.fetchval(
+        "INSERT INTO agent_schedules (tenant_id, name, task_type, every, anchor, next_tick_at)"
+        " VALUES ($1, 's', 't', interval '1 minute', date_trunc('minute', now()),"
+        " date_trunc('minute', now())) RETURNING id",
+        agentdb_tenant,
+    )
+    await F.create_task(
+        admin_conn,
+        agentdb_tenant,
+        schedule_id=schedule,
+        schedule_tick=await admin_conn.fetchval("SELECT date_trunc('minute', now())"),
+    )
+    counts = await _index_tuples(admin_conn, *_TASK_KEYS)
+    assert counts == {
+        "agent_tasks_dedupe_key": 2,  # the parent's key and the child's ('child/...')
+        "agent_tasks_child_key": 1,
+        "agent_tasks_schedule_tick_key": 1,
+    }

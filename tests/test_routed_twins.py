@@ -162,7 +162,7 @@ TWINS: tuple[Twin, ...] = (
         "routed_task_insert",
         "task_create",
         (
-            "ON CONFLICT (tenant_id, dedupe_key) DO NOTHING",
+            "ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING",
             # Citus plans a WITH ... INSERT as a COPY, which row-level security refuses: the
             # routed form is task_create's INSERT alone, its values made the same way.
             "coalesce($wake_at, CASE WHEN $state = 'waiting' THEN 'infinity' ELSE now() END)",

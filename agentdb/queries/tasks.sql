@@ -27,7 +27,7 @@ WITH ins AS (
     VALUES ($2, $1, $3, $4, $5, $6, $7, $8,
             coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
             $10, $11, $12, $13, $14, $15, $16)
-    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING
+    ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING id, tenant_id, task_type, workflow_version, state, state_version, current_step,
               wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
               lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,

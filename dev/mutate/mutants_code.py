@@ -471,7 +471,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "audit-partial-unique-any-column",
-        "agentdb/tools/audit/checks_keys.py",
+        "agentdb/tools/audit/catalog.py",
         "    return _NOT_NULL_ONLY.match(pred) is not None and named <= set(cols)",
         "    return _NOT_NULL_ONLY.match(pred) is not None",
         (T + "test_audit.py::test_G3_a_unique_index_partial_on_another_column_is_partial",),

@@ -3,7 +3,7 @@ pause and resume, and the cron and interval arithmetic."""
 
 from __future__ import annotations
 
-from dev.mutate.catalogue import ATTACKS, M_SCHEDULES, M_TASKS, Mutant, T, m
+from dev.mutate.catalogue import ATTACKS, M_PARTIAL_KEYS, M_SCHEDULES, Mutant, T, m
 
 TESTS = T + "test_schedules.py"
 ATTACK = ATTACKS + "::test_attack_is_refused"
@@ -11,15 +11,15 @@ ATTACK = ATTACKS + "::test_attack_is_refused"
 MUTANTS: tuple[Mutant, ...] = (
     m(
         "schedule-tick-not-unique",
-        M_TASKS,
-        "agent_tasks_schedule_tick_key UNIQUE (tenant_id, schedule_id, schedule_tick),",
-        "agent_tasks_schedule_tick_key UNIQUE (tenant_id, schedule_id, schedule_tick, id),",
+        M_PARTIAL_KEYS,
+        "    ON agent_tasks (tenant_id, schedule_id, schedule_tick)\n",
+        "    ON agent_tasks (tenant_id, schedule_id, schedule_tick, id)\n",
         (ATTACK, TESTS + "::test_G24_schedulers_racing_on_one_tick_create_one_task"),
         "agent_tasks_schedule_tick_key: two tasks for one tick of a schedule",
     ),
     m(
         "schedule-fire-without-lock",
-        M_SCHEDULES,
+        M_PARTIAL_KEYS,
         "    WHERE k.tenant_id = p_tenant AND k.id = p_schedule\n    FOR UPDATE SKIP LOCKED;",
         "    WHERE k.tenant_id = p_tenant AND k.id = p_schedule;",
         (TESTS + "::test_G24_schedulers_racing_on_one_tick_create_one_task",),
@@ -61,7 +61,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-paused-fires",
-        M_SCHEDULES,
+        M_PARTIAL_KEYS,
         "    IF NOT FOUND OR s.paused OR s.next_tick_at > now() THEN",
         "    IF NOT FOUND OR s.next_tick_at > now() THEN",
         (TESTS + "::test_G24_a_paused_schedule_fires_nothing_and_never_fires_its_paused_ticks",),
@@ -69,7 +69,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-latest-fires-all",
-        M_SCHEDULES,
+        M_PARTIAL_KEYS,
         "    IF s.catch_up = 'latest' THEN",
         "    IF s.catch_up = 'never' THEN",
         (TESTS + "::test_G24_the_latest_policy_fires_one_task_and_says_what_it_skipped",),
@@ -77,7 +77,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "schedule-next-tick-stays",
-        M_SCHEDULES,
+        M_PARTIAL_KEYS,
         "    SET next_tick_at = agentdb_schedule_tick(s.every, s.cron, s.anchor, t, true),",
         "    SET next_tick_at = s.next_tick_at,",
         (TESTS + "::test_G24_an_interval_schedule_catches_up_every_missed_tick_once",),

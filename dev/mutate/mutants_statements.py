@@ -143,7 +143,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "tasks-create-no-on-conflict",
         TASKS_SQL,
-        "    ON CONFLICT (tenant_id, dedupe_key) DO NOTHING\n    RETURNING id, tenant_id, task_type",
+        "    ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING\n"
+        "    RETURNING id, tenant_id, task_type",
         "    RETURNING id, tenant_id, task_type",
         (T + "test_tasks.py",),
         "task_create: a retried create raises DuplicateKey instead of answering with the task",

@@ -30,6 +30,7 @@ __all__ = [
     "Rule",
     "Table",
     "Trigger",
+    "keyed_rows",
     "quote",
     "read_only",
     "snapshot",
@@ -337,6 +338,20 @@ _KEYWORD_WORDS = (
     "xmlroot xmlserialize xmltable"
 )
 _KEYWORDS = frozenset(_KEYWORD_WORDS.split())
+
+
+_NOT_NULL_ONLY = re.compile(r"^\(*\s*(?:\(*[\w\"]+\)* IS NOT NULL\)*(?:\s+AND\s+)?)+\s*\)*$")
+_NOT_NULL_OF = re.compile(r"([\w\"]+)\)* IS NOT NULL")
+
+
+def keyed_rows(pred: str | None, cols: tuple[str, ...]) -> bool:
+    """Whether a unique index with predicate ``pred`` covers every row that has a key:
+    none, or only "IS NOT NULL" of its own key columns (a NULL key is never a duplicate;
+    "WHERE result IS NOT NULL" leaves every key without a result free to repeat)."""
+    if pred is None:
+        return True
+    named = {c.strip('"') for c in _NOT_NULL_OF.findall(pred)}
+    return _NOT_NULL_ONLY.match(pred) is not None and named <= set(cols)
 
 
 def quote(name: str) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from agentdb.tools.audit import columns
-from agentdb.tools.audit.catalog import Table, quote
+from agentdb.tools.audit.catalog import Table, keyed_rows, quote
 from agentdb.tools.audit.checks_control import finals
 from agentdb.tools.audit.detect import Context
 from agentdb.tools.audit.report import Finding
@@ -111,7 +111,7 @@ def check_g23(ctx: Context) -> Finding:
     unique = any(
         parent in cols and len([c for c in cols if c not in (*ctx.scope, parent)]) >= 1
         for _, cols, predicate in t.unique_keys()
-        if predicate is None
+        if keyed_rows(predicate, cols)
     )
     if not unique:
         f.bad(

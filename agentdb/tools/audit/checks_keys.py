@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 
 from agentdb.tools.audit import columns, fixes
-from agentdb.tools.audit.catalog import Column, Constraint, Table, quote
+from agentdb.tools.audit.catalog import Column, Constraint, Table, keyed_rows, quote
 from agentdb.tools.audit.detect import HASH, Context
 from agentdb.tools.audit.report import Finding
 from agentdb.tools.audit.verdicts import (
@@ -269,19 +269,6 @@ def _unique_hint(ctx: Context, parent: Table, ref_columns: Sequence[str]) -> str
 
 # --- G3 -------------------------------------------------------------------------------
 
-_NOT_NULL_ONLY = re.compile(r"^\(*\s*(?:\(*[\w\"]+\)* IS NOT NULL\)*(?:\s+AND\s+)?)+\s*\)*$")
-_NOT_NULL_OF = re.compile(r"([\w\"]+)\)* IS NOT NULL")
-
-
-def _whole(pred: str | None, cols: tuple[str, ...]) -> bool:
-    """Whether a unique index with predicate ``pred`` covers every row that has a key:
-    none, or only "IS NOT NULL" of its own key columns (a NULL key is never a duplicate;
-    "WHERE result IS NOT NULL" leaves every key without a result free to repeat)."""
-    if pred is None:
-        return True
-    named = {c.strip('"') for c in _NOT_NULL_OF.findall(pred)}
-    return _NOT_NULL_ONLY.match(pred) is not None and named <= set(cols)
-
 
 def _op_key_columns(ctx: Context, ops: Table) -> tuple[str, ...]:
     """The columns that identify an operation: its idempotency key, or (task, step)."""
@@ -369,7 +356,9 @@ def _uniqueness(ctx: Context, f: Findings, t: Table, key: Sequence[str]) -> str:
     full = [
         (n, p)
         for n, cols, p in covering
-        if set(cols) <= wanted | scope and (ctx.single_tenant or ctx.tc in cols) and _whole(p, cols)
+        if set(cols) <= wanted | scope
+        and (ctx.single_tenant or ctx.tc in cols)
+        and keyed_rows(p, cols)
     ]
     if full:
         name, pred = full[0]
@@ -389,7 +378,7 @@ def _uniqueness(ctx: Context, f: Findings, t: Table, key: Sequence[str]) -> str:
             fix,
         )
         return "partial"
-    partial = [(n, p) for n, c, p in covering if not _whole(p, c)]
+    partial = [(n, p) for n, c, p in covering if not keyed_rows(p, c)]
     if partial:
         evidence = "; ".join(f"{n} WHERE {p}" for n, p in partial)
         f.ok(*(f"unique {n} (partial: WHERE {p})" for n, p in partial))
