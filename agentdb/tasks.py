@@ -18,9 +18,10 @@ from typing import Any, Final, Literal
 
 from agentdb import _db, _explain, telemetry
 from agentdb._citus import routed
-from agentdb._citus.routing import twin
+from agentdb._citus.routing import distributed, twin
 from agentdb._db.instant import aware
 from agentdb._db.jsonb import EVENT_PAYLOAD_CAP, OBJECT_CAP, TEXT_CAP, document
+from agentdb._db.wake import commits_alone, wake_listeners
 from agentdb._ids import new_id
 from agentdb.errors import (
     AgentDBError,
@@ -152,6 +153,9 @@ async def create(
         "max_attempts": max_attempts, "lease_ttl": lease_ttl, "trace_id": trace_id,
         "span_id": span_id, "actor_id": actor, "deadline_at": deadline, "parent_id": parent,
         "child_key": child_key,
+        # Its own transaction: no NOTIFY inside it (it would serialise the commit
+        # with every other notifier's); the listeners are woken after it instead.
+        "wake_after": commits_alone(db),
     }  # fmt: skip
     for _ in range(_RACE_RERUNS):
         row = await _create(db, params)
@@ -160,6 +164,9 @@ async def create(
     else:
         raise TransientError("a concurrent create of the same dedupe key is still settling")
     task = Task.from_record(row, created=row["created"])
+    # On Citus no trigger notifies (its writes run on the workers), and neither does this.
+    if task.created and params["wake_after"] and not await distributed(db):
+        await wake_listeners(db, _Q["task_wake_listeners"], "agentdb_tasks")
     if not task.created and (task.input_hash != digest or task.task_type != task_type):
         what = "params" if task.task_type == task_type else f"type ({task.task_type!r})"
         raise IdempotencyConflict(

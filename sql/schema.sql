@@ -10,7 +10,7 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0016.partial_keys (16).
+-- Migrations: 0001.foundation ... 0017.wake_after_commit (17).
 
 -- ==== sequences ====================================================================
 
@@ -2521,7 +2521,9 @@ CREATE OR REPLACE FUNCTION agentdb_notify()
  SET search_path TO <schema>, pg_temp
 AS $function$
 BEGIN
-    PERFORM pg_notify(TG_ARGV[0], '');
+    IF current_setting('agentdb.wake', true) IS DISTINCT FROM 'after_commit' THEN
+        PERFORM pg_notify(TG_ARGV[0], '');
+    END IF;
     RETURN NULL;
 END
 $function$;
@@ -3183,7 +3185,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0016.partial_keys'::text $function$;
+AS $function$ SELECT '0017.wake_after_commit'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

@@ -17,16 +17,24 @@ ORDER BY task_type;
 -- Insert a task and its creation event. A retried request with the same
 -- dedupe key inserts nothing and returns the existing task (created = false);
 -- the caller compares input_hash and refuses a different request (G4).
+-- With $18 true the statement is its own transaction and its caller wakes the
+-- listeners after the commit (agentdb/_db/wake.py): agentdb.wake keeps the
+-- NOTIFY trigger quiet inside it, so concurrent creates group-commit instead
+-- of committing one at a time behind the cluster-wide notify lock
+-- (0017.wake_after_commit).
 -- guarantee: G3, G4
 -- zero rows: a concurrent request committed the same dedupe key after this statement's snapshot was taken; run it again.
--- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 deadline_at timestamptz, $15 parent_id uuid, $16 child_key text, $17 actor_id text
-WITH ins AS (
+-- params: $1 tenant_id uuid, $2 id uuid, $3 task_type text, $4 workflow_version text, $5 state text, $6 params jsonb, $7 dedupe_key text, $8 input_hash text, $9 wake_at timestamptz, $10 max_attempts int4, $11 lease_ttl interval, $12 trace_id text, $13 span_id text, $14 deadline_at timestamptz, $15 parent_id uuid, $16 child_key text, $17 actor_id text, $18 wake_after bool
+WITH wake AS MATERIALIZED (
+    SELECT CASE WHEN $18 THEN set_config('agentdb.wake', 'after_commit', true) END AS quiet
+), ins AS (
     INSERT INTO agent_tasks (id, tenant_id, task_type, workflow_version, state, params,
                              dedupe_key, input_hash, wake_at, max_attempts, lease_ttl,
                              trace_id, span_id, deadline_at, parent_id, child_key)
-    VALUES ($2, $1, $3, $4, $5, $6, $7, $8,
-            coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
-            $10, $11, $12, $13, $14, $15, $16)
+    SELECT $2, $1, $3, $4, $5, $6, $7, $8,
+           coalesce($9, CASE WHEN $5 = 'waiting' THEN 'infinity'::timestamptz ELSE now() END),
+           $10, $11, $12, $13, $14, $15, $16
+    FROM wake
     ON CONFLICT (tenant_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING id, tenant_id, task_type, workflow_version, state, state_version, current_step,
               wake_at, dedupe_key, input_hash, params, attempts, max_attempts, last_error,
@@ -242,3 +250,11 @@ SELECT id, tenant_id, task_type, workflow_version, state, state_version, current
        lease_ttl, lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at,
        trace_id, span_id, created_at, updated_at
 FROM upd;
+
+-- name: task_wake_listeners :one
+-- Wake the LISTENers of channel $1 after a create committed without a NOTIFY
+-- of its own (task_create with $18; agentdb/_db/wake.py). Its own transaction.
+-- guarantee: none
+-- zero rows: never (a SELECT without FROM returns its one row).
+-- params: $1 channel text, $2 payload text
+SELECT pg_notify($1, $2);

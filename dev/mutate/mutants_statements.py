@@ -7,6 +7,7 @@ from dev.mutate.catalogue import (
     LEASES_SQL,
     M_FOUNDATION,
     M_PARTIAL_KEYS,
+    M_WAKE,
     OPS_SQL,
     OUTBOX_SQL,
     TASKS_SQL,
@@ -165,6 +166,42 @@ MUTANTS: tuple[Mutant, ...] = (
         "ON agent_tasks (tenant_id, parent_id, child_key)\n    WHERE child_key IS NOT NULL;",
         (T + "test_indexes.py::test_index_serves_its_path",),
         "agent_tasks_child_key: a parent's children (keyed or not) can no longer be read from it",
+    ),
+    m(
+        "notify-ignores-wake-after-commit",
+        M_WAKE,
+        "    IF current_setting('agentdb.wake', true) IS DISTINCT FROM 'after_commit' THEN",
+        "    IF true THEN",
+        (
+            T + "test_notify.py::test_G12_agentdb_wake_after_commit_quiets_the_trigger_for_its"
+            "_transaction_only",
+        ),
+        "agentdb_notify: a create the runtime commits alone still NOTIFYs from inside its"
+        " transaction (its commit serialised with every other notifier's)",
+    ),
+    m(
+        "wake-inside-the-callers-transaction",
+        "agentdb/_db/wake.py",
+        "    return isinstance(db, asyncpg.Pool) or not db.is_in_transaction()",
+        "    return True",
+        (
+            T + "test_notify.py::test_G12_a_create_inside_the_callers_transaction_notifies_at"
+            "_that_commit",
+        ),
+        "commits_alone: a create inside the caller's transaction wakes listeners before the"
+        " commit, and its own NOTIFY is kept quiet: they wake to nothing and sleep",
+    ),
+    m(
+        "wake-not-shared",
+        "agentdb/_db/wake.py",
+        "    mine = ch.queued\n    if mine is None:",
+        "    mine = None\n    if mine is None:",
+        (
+            T + "test_notify.py::test_G12_wakes_on_a_pool_share_the_notify_in_flight_and_start"
+            "_after_it",
+        ),
+        "wake_listeners: each caller queues a NOTIFY of its own, and a caller's queued one is"
+        " replaced by the next caller's: it waits for ever",
     ),
     m(
         "tasks-get-no-tenant",
