@@ -158,7 +158,8 @@ async def test_G12_wakes_on_a_pool_share_the_notify_in_flight_and_start_after_it
         assert waiting == 1
         later = [asyncio.create_task(wake.wake_listeners(pool, held, channel)) for _ in "ab"]
         await asyncio.sleep(0.2)
-        assert not first.done() and not any(t.done() for t in later)
+        assert not first.done()
+        assert not any(t.done() for t in later)
         await admin_conn.execute("SELECT pg_advisory_unlock(41041)")
         await asyncio.wait_for(asyncio.gather(first, *later), 10)
         assert await _settle(got, 2) == [wake.PAYLOAD, wake.PAYLOAD]
