@@ -59,7 +59,7 @@ SELECT c.oid, c.relname, c.relkind, c.relrowsecurity, c.relforcerowsecurity,
        pg_get_expr(c.relpartbound, c.oid) AS bound,
        (SELECT p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
         WHERE i.inhrelid = c.oid) AS parent,
-       c.relowner, c.relacl
+       c.relowner, c.relacl, c.reloptions
 FROM pg_class c
 WHERE c.relnamespace = %(nsp)s::regnamespace AND c.relkind IN ('r', 'p', 'S')
   AND c.relname NOT LIKE '\\_yoyo%%' AND c.relname <> 'yoyo_lock'
@@ -224,7 +224,9 @@ def _catalogue(conn: psycopg.Connection[Any], nsp: str) -> dict[str, Any]:
     tables: dict[str, Any] = {}
     sequences: dict[str, Any] = {}
     for rel in conn.execute(_RELATIONS, {"nsp": nsp}).fetchall():
-        oid, name, kind, rls, force, _, partkey, bound, parent, owner, acl = rel
+        # Storage parameters (0018's fillfactor) are in schema.sql, not in the
+        # catalogue record the squash was held to: the layers set none.
+        oid, name, kind, rls, force, _, partkey, bound, parent, owner, acl, _ = rel
         key = _relative(name, months)
         if kind == "S":
             seq_type = conn.execute(_SEQUENCE, {"oid": oid}).fetchone()
@@ -403,7 +405,7 @@ def _table_sql(
     conn: psycopg.Connection[Any], rel: tuple[Any, ...], nsp: str, months: Months
 ) -> list[str]:
     """One table: its columns and constraints, then indexes, triggers, RLS, policies, grants."""
-    oid, name, _, rls, force, _, partkey, bound, parent, owner, acl = rel
+    oid, name, _, rls, force, _, partkey, bound, parent, owner, acl, options = rel
     name = _relative(name, months)
     out = [f"-- ==== {name} " + "=" * max(4, 78 - len(name)) + "\n"]
     cols = conn.execute(_COLUMNS, {"oid": oid}).fetchall()
@@ -420,7 +422,8 @@ def _table_sql(
         head = f"CREATE TABLE {name} PARTITION OF {parent} {_relative(bound, months)}"
         out.append(head + (" (\n" + ",\n".join(constraints) + "\n);" if cons else ";"))
     else:
-        tail = f" PARTITION BY {partkey};" if partkey else ";"
+        tail = f" PARTITION BY {partkey}" if partkey else ""
+        tail += f" WITH ({', '.join(options)});" if options else ";"
         out.append(f"CREATE TABLE {name} (\n" + ",\n".join(columns + constraints) + "\n)" + tail)
     for _, idef in conn.execute(_INDEXES, {"oid": oid}).fetchall():
         out.append(_relative(_unqualified(idef, nsp), months) + ";")

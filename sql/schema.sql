@@ -10,13 +10,11 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0017.wake_after_commit (17).
+-- Migrations: 0001.foundation ... 0018.room_to_update (18).
 
 -- ==== sequences ====================================================================
 
 CREATE SEQUENCE agent_events_id_seq AS bigint OWNED BY agent_events.id;
-GRANT USAGE ON SEQUENCE agent_events_id_seq TO agentdb_operator;
-GRANT USAGE ON SEQUENCE agent_events_id_seq TO agentdb_runtime;
 
 -- ==== agent_artifacts ===============================================================
 
@@ -277,7 +275,7 @@ CREATE TABLE agent_operations (
     CONSTRAINT agent_operations_succeeded_has_no_error CHECK (((state <> 'succeeded'::text) OR (error IS NULL))),
     CONSTRAINT agent_operations_trace_id_format CHECK (((trace_id ~ '^[0-9a-f]{32}$'::text) AND (trace_id <> '00000000000000000000000000000000'::text))),
     CONSTRAINT agent_operations_event_required TRIGGER DEFERRABLE INITIALLY DEFERRED
-);
+) WITH (fillfactor=80);
 CREATE INDEX agent_operations_settled_idx ON agent_operations USING btree (updated_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'failed'::text]));
 CREATE INDEX agent_operations_task_idx ON agent_operations USING btree (tenant_id, task_id);
 CREATE INDEX agent_operations_unsettled_idx ON agent_operations USING btree (updated_at) WHERE (state = ANY (ARRAY['reserved'::text, 'in_flight'::text, 'unknown'::text]));
@@ -580,7 +578,7 @@ CREATE TABLE agent_tasks (
     CONSTRAINT agent_tasks_wait_signal_valid CHECK (((length(wait_signal) >= 1) AND (length(wait_signal) <= 100))),
     CONSTRAINT agent_tasks_workflow_version_valid CHECK (((length(workflow_version) >= 1) AND (length(workflow_version) <= 100))),
     CONSTRAINT agent_tasks_event_required TRIGGER DEFERRABLE INITIALLY DEFERRED
-);
+) WITH (fillfactor=80);
 CREATE UNIQUE INDEX agent_tasks_child_key ON agent_tasks USING btree (tenant_id, parent_id, child_key) WHERE (parent_id IS NOT NULL);
 CREATE INDEX agent_tasks_deadline_idx ON agent_tasks USING btree (deadline_at) WHERE ((deadline_at IS NOT NULL) AND (state = ANY (ARRAY['pending'::text, 'waiting'::text, 'running'::text])));
 CREATE UNIQUE INDEX agent_tasks_dedupe_key ON agent_tasks USING btree (tenant_id, dedupe_key) WHERE (dedupe_key IS NOT NULL);
@@ -3185,7 +3183,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0017.wake_after_commit'::text $function$;
+AS $function$ SELECT '0018.room_to_update'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

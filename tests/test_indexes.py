@@ -205,3 +205,34 @@ async def test_G3_the_task_keys_take_no_entry_for_a_task_without_one(
         "agent_tasks_child_key": 1,
         "agent_tasks_schedule_tick_key": 1,
     }
+
+
+async def test_G7_an_update_of_a_full_page_s_task_or_operation_stays_on_its_page(
+    admin_conn: asyncpg.Connection, agentdb_tenant: uuid.UUID
+) -> None:
+    """0018.room_to_update: tasks and operations leave a fifth of each page free, so the
+    version a claim or a settle writes goes on the old one's page (no other page to
+    dirty, and after a checkpoint no second full-page image in the WAL). The first
+    page is full of inserts when the test updates its first task and operation; at the
+    default fillfactor both new versions would move to another page."""
+    made = [await tasks.create(admin_conn, agentdb_tenant, "t") for _ in range(60)]
+    first = made[0].id
+
+    async def page(sql: str, *args: object) -> int:
+        return int(await admin_conn.fetchval(sql, *args))
+
+    task_sql = "SELECT (ctid::text::point)[0] FROM agent_tasks WHERE tenant_id = $1 AND id = $2"
+    assert await page(task_sql, agentdb_tenant, made[-1].id)  # the first page is full
+    before = await page(task_sql, agentdb_tenant, first)
+    await F.update_task(admin_conn, agentdb_tenant, first, state="cancelled", state_version=1)
+    assert await page(task_sql, agentdb_tenant, first) == before
+
+    ops = [
+        await F.create_operation(admin_conn, agentdb_tenant, made[1].id, idempotency_key=f"k{i}")
+        for i in range(60)
+    ]
+    op_sql = "SELECT (ctid::text::point)[0] FROM agent_operations WHERE tenant_id = $1 AND id = $2"
+    assert await page(op_sql, agentdb_tenant, ops[-1])
+    before = await page(op_sql, agentdb_tenant, ops[0])
+    await F.update_operation(admin_conn, agentdb_tenant, ops[0], state="in_flight", state_version=1)
+    assert await page(op_sql, agentdb_tenant, ops[0]) == before

@@ -7,6 +7,7 @@ from dev.mutate.catalogue import (
     LEASES_SQL,
     M_FOUNDATION,
     M_PARTIAL_KEYS,
+    M_ROOM,
     M_WAKE,
     OPS_SQL,
     OUTBOX_SQL,
@@ -166,6 +167,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "ON agent_tasks (tenant_id, parent_id, child_key)\n    WHERE child_key IS NOT NULL;",
         (T + "test_indexes.py::test_index_serves_its_path",),
         "agent_tasks_child_key: a parent's children (keyed or not) can no longer be read from it",
+    ),
+    *(
+        m(
+            f"room-to-update-{table}",
+            M_ROOM,
+            f"ALTER TABLE agent_{table} SET (fillfactor = 80);",
+            f"ALTER TABLE agent_{table} SET (fillfactor = 100);",
+            (
+                T + "test_indexes.py::test_G7_an_update_of_a_full_page_s_task_or_operation_stays"
+                "_on_its_page",
+            ),
+            f"agent_{table}: a claim's or settle's new version goes to another page (a second"
+            " page dirtied, a second full-page image after a checkpoint)",
+        )
+        for table in ("tasks", "operations")
     ),
     m(
         "notify-ignores-wake-after-commit",
