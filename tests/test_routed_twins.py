@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import uuid
 from dataclasses import dataclass
 
 import asyncpg
@@ -413,3 +414,22 @@ def test_every_single_node_form_and_its_routed_twin_take_the_same_arguments() ->
             name
         )
         assert a.return_annotation == b.return_annotation, name
+
+
+async def test_a_create_through_the_routed_form_takes_what_tasks_create_gives_it(
+    pool: asyncpg.Pool, agentdb_tenant: uuid.UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tasks.create hands its routed form task_create's parameters - ``wake_after``, the
+    single-node create's NOTIFY switch that Citus has no trigger for, included. Run on
+    plain Postgres (the routed statements run here too) by answering "distributed"."""
+
+    async def distributed(db: object) -> bool:
+        return True
+
+    monkeypatch.setattr(routing, "distributed", distributed)
+    monkeypatch.setattr(tasks, "distributed", distributed)
+    first = await tasks.create(pool, agentdb_tenant, "t", dedupe_key="k")
+    again = await tasks.create(pool, agentdb_tenant, "t", dedupe_key="k")
+    assert first.created
+    assert not again.created
+    assert again.id == first.id

@@ -344,7 +344,8 @@ async def create_task(db: _db.Executor, params: dict[str, Any]) -> _db.Record | 
     Raises:
         mapped database errors.
     """
-    insert = {k: v for k, v in params.items() if k != "actor_id"}
+    # wake_after keeps a single-node create's NOTIFY trigger quiet; Citus has none.
+    insert = {k: v for k, v in params.items() if k not in ("actor_id", "wake_after")}
     async with _db.transaction(db) as conn:
         row = await _db.fetch_optional(conn, _Q["routed_task_insert"], **insert)
         if row is None:

@@ -1,18 +1,25 @@
 -- Back to 0015: the three keys are UNIQUE constraints again (each built
 -- before its partial index goes), and agentdb_fire_schedule() is 0007's.
 
-ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_dedupe_key_full UNIQUE (tenant_id, dedupe_key);
+-- Not ADD CONSTRAINT then RENAME CONSTRAINT: Citus refuses to rename a
+-- distributed table's constraint (0A000). The whole index is built under a
+-- temporary name, and the constraint takes it over under the old name.
+CREATE UNIQUE INDEX agent_tasks_dedupe_key_full ON agent_tasks (tenant_id, dedupe_key);
 DROP INDEX agent_tasks_dedupe_key;
-ALTER TABLE agent_tasks RENAME CONSTRAINT agent_tasks_dedupe_key_full TO agent_tasks_dedupe_key;
+ALTER INDEX agent_tasks_dedupe_key_full RENAME TO agent_tasks_dedupe_key;
+ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_dedupe_key UNIQUE USING INDEX agent_tasks_dedupe_key;
 
-ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_child_key_full UNIQUE (tenant_id, parent_id, child_key);
+CREATE UNIQUE INDEX agent_tasks_child_key_full ON agent_tasks (tenant_id, parent_id, child_key);
 DROP INDEX agent_tasks_child_key;
-ALTER TABLE agent_tasks RENAME CONSTRAINT agent_tasks_child_key_full TO agent_tasks_child_key;
+ALTER INDEX agent_tasks_child_key_full RENAME TO agent_tasks_child_key;
+ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_child_key UNIQUE USING INDEX agent_tasks_child_key;
 
-ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_schedule_tick_key_full
-    UNIQUE (tenant_id, schedule_id, schedule_tick);
+CREATE UNIQUE INDEX agent_tasks_schedule_tick_key_full
+    ON agent_tasks (tenant_id, schedule_id, schedule_tick);
 DROP INDEX agent_tasks_schedule_tick_key;
-ALTER TABLE agent_tasks RENAME CONSTRAINT agent_tasks_schedule_tick_key_full TO agent_tasks_schedule_tick_key;
+ALTER INDEX agent_tasks_schedule_tick_key_full RENAME TO agent_tasks_schedule_tick_key;
+ALTER TABLE agent_tasks ADD CONSTRAINT agent_tasks_schedule_tick_key
+    UNIQUE USING INDEX agent_tasks_schedule_tick_key;
 
 -- G24: fire schedule p_schedule of tenant p_tenant if it is due: its due
 -- ticks' tasks (by its catch-up policy) with their events, next_tick_at
