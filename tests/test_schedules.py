@@ -351,3 +351,25 @@ async def test_G24_a_schedule_whose_task_is_refused_does_not_hold_up_the_others(
     assert [(await tasks.get(pool, tenants.a, f.task_id)).task_type for f in fired] == ["s-fine"]
     assert "not fired" in caplog.text
     assert (await schedules.get(pool, tenants.a, "poison")).last_tick_at is None
+
+
+async def test_G24_firing_one_schedule_fires_that_schedule_of_that_tenant_only(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """agentdb_fire_schedule(tenant, schedule) reads the one row both name: with two due
+    schedules in tenant a, firing one makes only its tasks; naming tenant b with a's
+    schedule fires nothing and raises nothing (kills the generated mutants that drop
+    either half of its row lookup, which survived at 53e6534 too)."""
+    start = _ago(minutes=2, seconds=30)
+    one = await schedules.create(pool, tenants.a, "one", "s-one", every=timedelta(minutes=1),
+                                 start_at=start, catch_up="all")  # fmt: skip
+    two = await schedules.create(pool, tenants.a, "two", "s-two", every=timedelta(minutes=1),
+                                 start_at=start, catch_up="all")  # fmt: skip
+    wrong = await admin_conn.fetch("SELECT * FROM agentdb_fire_schedule($1, $2)", tenants.b, one.id)
+    assert wrong == []
+    fired = await admin_conn.fetch("SELECT * FROM agentdb_fire_schedule($1, $2)", tenants.a, two.id)
+    assert len(fired) == 3
+    assert await _made(admin_conn, one) == []
+    assert [t for t, _ in await _made(admin_conn, two)] == [r["fired_tick"] for r in fired]
+    made = [await tasks.get(pool, tenants.a, r["fired_task"]) for r in fired]
+    assert {t.task_type for t in made} == {"s-two"}  # two's own row, not one's
