@@ -401,6 +401,42 @@ def test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command(
     assert err.strip().splitlines() == ["agentdb: interrupted"], err
 
 
+# Loaded at start-up as above: when the command imports the module named in the
+# environment, the process sends itself a Ctrl-C from inside that import - the
+# moment CI's loaded box once hit by chance at 0.05 s, inside ``import signal``
+# before the entry's hold began, and printed a traceback.
+_CTRL_C_IN_IMPORT = """
+import os, sys
+
+class _Interrupt:
+    def find_spec(self, name, path, target=None):
+        if name == os.environ["AGENTDB_CTRL_C_IN"]:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), 2)  # SIGINT; the signal module is not imported yet
+        return None
+
+sys.meta_path.insert(0, _Interrupt())
+"""
+
+
+@pytest.mark.parametrize(
+    "module", ["agentdb.tools._entry", "signal", "agentdb.tools.cli", "agentdb.tools.status"]
+)
+def test_ctrl_c_inside_each_import_of_the_command_s_start_is_one_line(
+    module: str, db: Database, tmp_path: Path
+) -> None:
+    (tmp_path / "sitecustomize.py").write_text(_CTRL_C_IN_IMPORT)
+    env = dict(
+        os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", AGENTDB_CTRL_C_IN=module
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentdb", "status", "--watch", "1", "--dsn", db.admin_dsn],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().splitlines() == ["agentdb: interrupted"], proc.stderr
+
+
 # Loaded at start-up as above: the first socket pair the process makes (the event
 # loop's self-pipe, made in its constructor) is preceded by a Ctrl-C to itself, so
 # the interrupt lands inside the loop's constructor. Unheld, the half-made loop's

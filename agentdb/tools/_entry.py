@@ -17,20 +17,23 @@ __all__ = ["main"]
 
 def main() -> None:
     """Run the command line and exit with its status."""
-    import signal
-
     # Ctrl-C while the command line is imported is held and acted on after the
     # import: raised in the middle of it, it can land where Python swallows
     # exceptions (a weakref callback of the import lock says "Exception
     # ignored" and goes on), and the command would then run as if never stopped.
-    came: list[int] = []
-    held = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Even ``import signal`` is inside the try: on a loaded box the interrupt
+    # has landed there, before any hold could begin (seen in CI, at 0.05 s).
+    came: list[bool] = []
+    held = False
     try:
+        import signal
+
+        held = signal.getsignal(signal.SIGINT) is signal.default_int_handler
         if held:
-            signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+            signal.signal(signal.SIGINT, lambda signum, frame: came.append(True))
         from agentdb.tools.cli import main as run
     except KeyboardInterrupt:  # Ctrl-C before the hold began
-        came.append(signal.SIGINT)
+        came.append(True)
     finally:
         if held:
             signal.signal(signal.SIGINT, signal.default_int_handler)
