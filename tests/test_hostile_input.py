@@ -426,9 +426,7 @@ def test_ctrl_c_inside_each_import_of_the_command_s_start_is_one_line(
     module: str, db: Database, tmp_path: Path
 ) -> None:
     (tmp_path / "sitecustomize.py").write_text(_CTRL_C_IN_IMPORT)
-    env = dict(
-        os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", AGENTDB_CTRL_C_IN=module
-    )
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}", AGENTDB_CTRL_C_IN=module)
     proc = subprocess.run(
         [sys.executable, "-m", "agentdb", "status", "--watch", "1", "--dsn", db.admin_dsn],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
