@@ -76,15 +76,20 @@ def all_mutants() -> tuple[Mutant, ...]:
     from dev.mutate import (
         mutants_budgets,
         mutants_cancel,
+        mutants_children,
         mutants_code,
+        mutants_edges,
+        mutants_hashes,
         mutants_operator,
         mutants_production,
+        mutants_reclaim,
         mutants_routed,
         mutants_schedules,
         mutants_schema,
         mutants_signals,
         mutants_statements,
         mutants_steps,
+        mutants_windows,
     )
 
     return (
@@ -99,4 +104,9 @@ def all_mutants() -> tuple[Mutant, ...]:
         + mutants_routed.MUTANTS
         + mutants_steps.MUTANTS
         + mutants_operator.MUTANTS
+        + mutants_children.MUTANTS
+        + mutants_reclaim.MUTANTS
+        + mutants_hashes.MUTANTS
+        + mutants_edges.MUTANTS
+        + mutants_windows.MUTANTS
     )
