@@ -3,7 +3,7 @@ refusals, the worker."""
 
 from __future__ import annotations
 
-from dev.mutate.catalogue import ATTACKS, M_CONTROL_FLOW, Mutant, T, m
+from dev.mutate.catalogue import ATTACKS, M_CONTROL_FLOW, MIGRATIONS, Mutant, T, m
 
 TESTS = T + "test_cancel.py"
 ATTACK = ATTACKS + "::test_attack_is_refused"
@@ -11,15 +11,16 @@ ATTACK = ATTACKS + "::test_attack_is_refused"
 MUTANTS: tuple[Mutant, ...] = (
     m(
         "cancel-guard-lets-cancelled-through",
-        M_CONTROL_FLOW,
+        MIGRATIONS,
         "    IF task_state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN",
         "    IF task_state IN ('succeeded', 'failed', 'dead') THEN",
         (ATTACK, TESTS),
         "agentdb_guard_open_task: an operation can be reserved for a cancelled task",
+        within="agentdb_guard_open_task",
     ),
     m(
         "cancel-guard-reads-without-lock",
-        M_CONTROL_FLOW,
+        MIGRATIONS,
         "    SELECT t.state, t.deadline_at INTO task_state, task_deadline FROM agent_tasks t\n"
         "    WHERE t.tenant_id = NEW.tenant_id AND t.id = NEW.task_id\n    FOR SHARE;",
         "    SELECT t.state, t.deadline_at INTO task_state, task_deadline FROM agent_tasks t\n"
@@ -27,6 +28,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (TESTS + "::test_G20_a_raw_reservation_waits_for_a_cancel_in_progress_and_is_refused",),
         "agentdb_guard_open_task: a reservation that read the task before a cancel committed "
         "lands after it",
+        within="agentdb_guard_open_task",
     ),
     m(
         "cancel-retry-guard-dropped",
@@ -44,6 +46,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        ours = True",
         (TESTS + "::test_G20_a_holder_taken_over_before_the_cancel_only_lost_its_lease",),
         "a holder taken over before the cancel is told Cancelled, and writes without a lease",
+        within="task_write",
     ),
     m(
         "cancel-keeps-the-lease",
@@ -52,6 +55,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '                to_state="running" if task.state == "running" else "cancelled",',
         (TESTS,),
         "tasks.cancel: a running task keeps running under its holder's lease",
+        within="cancel",
     ),
     m(
         "cancel-told-as-lease-lost",
@@ -60,6 +64,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '            LeaseLost\n            if ours and now["state"] == "cancelled"',
         (TESTS,),
         "the holder of a cancelled task is told its lease was taken over, not why",
+        within="task_write",
     ),
     m(
         "cancel-undoes-a-finish",
@@ -68,6 +73,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if task.state == 'cancelled':\n            return task\n        try:",
         (TESTS,),
         "tasks.cancel: a finished task is cancelled after the fact",
+        within="cancel",
     ),
     m(
         "worker-cancel-not-noticed",
@@ -79,6 +85,7 @@ MUTANTS: tuple[Mutant, ...] = (
             + "::test_G20_a_worker_stops_the_handler_of_a_cancelled_task_and_writes_nothing_more",
         ),
         "the worker counts a cancelled task's stopped handler as a lease taken over",
+        within="Worker._heartbeat",
     ),
 )
 
@@ -94,6 +101,7 @@ MUTANTS += (
         "",
         (LATE, MODEL),
         "lease_claim: a task past its deadline is offered to a worker",
+        within="lease_claim",
     ),
     m(
         "deadline-recovery-takes-late",
@@ -103,6 +111,7 @@ MUTANTS += (
         "      AND ($4::text[] IS NULL OR task_type = ANY ($4))\n",
         (LATE + "::test_G21_a_late_task_under_an_expired_lease_is_not_taken_over",),
         "lease_claim: a late task whose holder died is taken over by another worker",
+        within="lease_claim",
     ),
     m(
         "deadline-walk-counts-late",
@@ -114,6 +123,7 @@ MUTANTS += (
         "             AND t.tenant_id > coalesce(",
         (LATE + "::test_G21_a_tenant_whose_due_work_is_all_late_takes_no_turn_of_the_claim",),
         "lease_claim: a tenant whose due work is all late takes a claim's turn and gives nothing",
+        within="lease_claim",
     ),
     m(
         "deadline-finish-many-refuses-the-batch",
@@ -122,22 +132,25 @@ MUTANTS += (
         "",
         (LATE + "::test_G21_a_late_task_in_a_batched_finish_is_refused_alone",),
         "task_finish_many: one late task makes the whole batch fail",
+        within="task_finish_many",
     ),
     m(
         "deadline-guard-lets-a-finish-through",
-        M_CONTROL_FLOW,
+        MIGRATIONS,
         "    IF NEW.state NOT IN ('dead', 'cancelled') THEN",
         "    IF NEW.state NOT IN ('dead', 'cancelled', 'succeeded') THEN",
         (ATTACK, LATE),
         "agentdb_guard_deadline: a task past its deadline can still succeed",
+        within="agentdb_guard_deadline",
     ),
     m(
         "deadline-op-guard-ignores-the-deadline",
-        M_CONTROL_FLOW,
+        MIGRATIONS,
         "    IF task_deadline <= now() THEN",
         "    IF false THEN",
         (ATTACK, LATE, MODEL),
         "agentdb_guard_open_task: a task past its deadline starts a new effect",
+        within="agentdb_guard_open_task",
     ),
     m(
         "deadline-sweep-spares-running",
@@ -148,6 +161,7 @@ MUTANTS += (
         "      AND state IN ('pending', 'waiting')\n",
         (LATE, MODEL),
         "lease_expire_deadlines: a running task past its deadline keeps its lease",
+        within="lease_expire_deadlines",
     ),
     m(
         "deadline-told-as-lease-lost",
@@ -156,6 +170,7 @@ MUTANTS += (
         "            if False",
         (LATE, MODEL),
         "the holder of a task swept past its deadline is told its lease was taken over",
+        within="task_write",
     ),
     m(
         "worker-late-outcome-not-swept",
@@ -167,6 +182,7 @@ MUTANTS += (
             + "::test_G21_a_handler_that_returns_after_the_deadline_writes_nothing_and_the_task_dies",
         ),
         "worker: a refused late outcome leaves the task running until the next maintenance",
+        within="Finisher._record",
     ),
     m(
         "routed-claim-takes-late",
@@ -179,6 +195,7 @@ MUTANTS += (
         (LATE,),
         "routed_claim (Citus): a task past its deadline is offered to a worker",
         citus=True,
+        within="routed_claim",
     ),
     m(
         "routed-sweep-spares-running",
@@ -190,5 +207,6 @@ MUTANTS += (
         (LATE,),
         "routed_expire_deadlines (Citus): a running task past its deadline keeps its lease",
         citus=True,
+        within="routed_expire_deadlines",
     ),
 )

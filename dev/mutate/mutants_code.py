@@ -23,6 +23,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if len(rows) >= 1:\n        row: Record = rows[0]",
         (T + "test_exec.py",),
         "fetch_optional: len(rows) == 1 -> >= 1 (extra rows silently dropped)",
+        within="fetch_optional",
     ),
     m(
         "exec-cardinality-unchecked",
@@ -31,6 +32,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    pass",
         (T + "test_exec.py",),
         "the executor stops enforcing each statement's declared cardinality",
+        within="_expect",
     ),
     m(
         "exec-stale-plan-not-transient",
@@ -39,6 +41,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         (T + "test_exec.py",),
         "translate: a plan invalidated by a migration is no longer a TransientError",
+        within="translate",
     ),
     m(
         "exec-dead-connection-not-transient",
@@ -47,6 +50,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        and False\n    ):\n        mapped = TransientError",
         (T + "test_exec.py",),
         "_reraise: use of a connection that died is not a TransientError",
+        within="_reraise",
     ),
     m(
         "errors-no-secret-mapping",
@@ -63,6 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         (ATTACKS,),
         "error_for: size and secret CHECKs come out as plain InvariantViolation",
+        within="error_for",
     ),
     m(
         "errors-event-partition-key-unmapped",
@@ -71,6 +76,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        pass",
         (T + "test_events_by_month.py",),
         "error_for: a copied event key, refused by a partition's index, goes unmapped",
+        within="error_for",
     ),
     m(
         "errors-maps-foreign-constraints",
@@ -79,6 +85,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if constraint is None:\n        return None",
         (T + "test_exec.py",),
         "error_for: a user's own constraint is mapped as if it were agentdb's",
+        within="error_for",
     ),
     m(
         "errors-fk-is-duplicate",
@@ -87,6 +94,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    if sqlstate == "23503":\n        return DuplicateKey(',
         (ATTACKS,),
         "error_for: a cross-tenant foreign key refusal is reported as a duplicate",
+        within="error_for",
     ),
     m(
         "errors-serialization-not-retryable",
@@ -103,6 +111,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        found = guarantee_of(constraint)",
         (ATTACKS,),
         "InvariantViolation: the guarantee of the object, not of the rule that refused",
+        within="InvariantViolation.__init__",
     ),
     # ---- the Python side of the fences -----------------------------------------------------------
     m(
@@ -112,6 +121,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if op.input_hash != digest:",
         (T + "test_operations.py",),
         "reserve: the same key and input for another action is answered with the stored result",
+        within="_decide",
     ),
     m(
         "ops-settle-unfenced",
@@ -120,6 +130,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        "event_type": event_type,\n        **_lease_args(None),\n        **budgets.cost_args',
         (FENCES,),
         "operations._settle: the lease is not passed to the statement",
+        within="_settle",
     ),
     m(
         "ops-reserve-no-rerun",
@@ -128,6 +139,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    for _ in range(1):\n        params = {",
         (FENCES,),
         "reserve: a reserve that lost the race with a concurrent commit of the key gives up",
+        within="_reserve_row",
     ),
     m(
         "tasks-create-no-rerun",
@@ -136,6 +148,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    for _ in range(1):\n        row = await _create(db, params)",
         (FENCES,),
         "tasks.create: a create that lost the race with a concurrent commit of the key gives up",
+        within="create",
     ),
     m(
         "tasks-create-no-conflict-check",
@@ -144,6 +157,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         (T + "test_tasks.py",),
         "tasks.create: a dedupe key reused with other params returns the first task",
+        within="create",
     ),
     # ---- worker and relay ---------------------------------------------------------------------------
     m(
@@ -153,6 +167,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                if False:",
         (T + "test_worker.py",),
         "heartbeat: keeps retrying on TransientError after the lease expired",
+        within="Worker._heartbeat",
     ),
     m(
         "worker-heartbeat-every-ttl",
@@ -161,6 +176,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        interval = max(0.05, ttl)",
         (T + "test_worker.py",),
         "heartbeat: renews every TTL instead of every TTL/3",
+        within="Worker._heartbeat",
     ),
     m(
         "worker-heartbeat-does-not-cancel",
@@ -170,6 +186,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                job.past_deadline = isinstance(exc, PastDeadline)\n                return",
         (T + "test_worker.py",),
         "heartbeat: a lost lease no longer cancels the handler",
+        within="Worker._heartbeat",
     ),
     m(
         "worker-job-recovers-other-tasks-op",
@@ -178,6 +195,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if busy.operation.id in self._fresh:",
         (T + "test_worker.py",),
         "Job.reserve: without the op.task_id != self.task.id guard",
+        within="Job._reserve_effect",
     ),
     m(
         "worker-recover-ignores-hook",
@@ -186,6 +204,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        found = None",
         (T + "test_worker.py",),
         "Job._recover: ignores the reconcile hook's answer",
+        within="Job._recover",
     ),
     m(
         "worker-recover-no-mark-unknown",
@@ -194,6 +213,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if False:\n                op = await operations.mark_unknown(",
         (T + "test_worker.py",),
         "Job._recover: an unreconcilable operation is not surfaced as unknown",
+        within="Job._recover",
     ),
     m(
         "worker-abandon-keeps-fresh",
@@ -202,6 +222,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        for op in []:",
         (T + "test_worker.py",),
         "Job.abandon_fresh_operations: a stopped attempt's reservations stay 'reserved'",
+        within="Job.abandon_fresh_operations",
     ),
     m(
         "worker-conflict-retried",
@@ -210,6 +231,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                outcome = Retry(describe(exc))",
         (T + "test_worker.py",),
         "worker: an idempotency conflict is retried instead of failing the task",
+        within="Worker._run_job",
     ),
     m(
         "worker-shutdown-no-refund",
@@ -218,6 +240,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '                    refund_attempt=False,\n                    event_type="task.released",',
         (T + "test_worker.py",),
         "worker: a SIGTERM release counts the interrupted attempt",
+        within="Worker._release_interrupted",
     ),
     m(
         "worker-group-commit-ignores-refusal",
@@ -226,6 +249,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                pass",
         (T + "test_group_commit.py",),
         "group commit: an element the batch refused (cancelled, taken over) counts as landed",
+        within="Finisher._write",
     ),
     m(
         "worker-group-commit-shared-payload",
@@ -234,6 +258,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            payload=batch[0].payload,",
         (T + "test_group_commit.py",),
         "group commit: every element's event gets the first element's payload",
+        within="successes.finish",
     ),
     m(
         "finish-many-shared-payload",
@@ -242,6 +267,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "coalesce($10, '{}'::jsonb)",
         (T + "test_group_commit.py", T + "test_complete_many.py"),
         "task_finish_many: an element's own event payload is dropped for the batch's",
+        within="task_finish_many",
     ),
     m(
         "worker-group-commit-lost-answer-not-checked",
@@ -250,6 +276,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                if failures and await self._landed(job, lands_in):",
         (T + "test_group_commit.py",),
         "group commit: a batch whose answer was lost is not checked for having landed",
+        within="Finisher.persist",
     ),
     m(
         "worker-completions-ignore-refusal",
@@ -258,6 +285,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                return op",
         (T + "test_group_commit.py",),
         "group commit: a completion the batch refused (taken over, cancelled) counts as recorded",
+        within="Job.complete.write",
     ),
     m(
         "worker-completions-lost-answer-not-checked",
@@ -266,6 +294,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if False:",
         (T + "test_group_commit.py",),
         "group commit: completions whose answer was lost are not checked for having landed",
+        within="Job._landed_or",
     ),
     m(
         "worker-reservations-same-key-in-one-batch",
@@ -274,6 +303,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            is_first.append(True)",
         (T + "test_group_commit.py",),
         "group commit: two jobs' reservations of one key go into one batch (refused whole)",
+        within="reservations.reserve",
     ),
     m(
         "reserve-many-batch-trace-id",
@@ -282,6 +312,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    SELECT id, tenant_id, task_id, idempotency_key, action, input_hash,\n           $10[1], $11[1]\n    FROM fence",
         (T + "test_group_commit.py", T + "test_complete_many.py"),
         "operation_reserve_many: every element gets the first element's trace and span ids (G16)",
+        within="operation_reserve_many",
     ),
     m(
         "outbox-deliver-and-claim-no-token",
@@ -290,6 +321,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND o.state NOT IN ('delivered', 'dead')",
         (T + "test_outbox.py",),
         "outbox_deliver_and_claim: a relay whose claim expired marks the message delivered",
+        within="outbox_deliver_and_claim",
     ),
     m(
         "outbox-deliver-and-claim-no-tenant",
@@ -298,6 +330,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE o.id = m.id\n      -- pending, said",
         (TENANTS,),
         "outbox_deliver_and_claim: the mark loses the tenant predicate",
+        within="outbox_deliver_and_claim",
     ),
     m(
         "outbox-deliver-and-claim-reclaims-marked",
@@ -306,6 +339,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND (q.tenant_id, q.id) NOT IN (SELECT x.tenant_id, gen_random_uuid()",
         (T + "test_outbox.py",),
         "outbox_deliver_and_claim: a stalled relay's marked messages are leased again",
+        within="outbox_deliver_and_claim",
     ),
     m(
         "outbox-deliver-and-claim-not-due",
@@ -314,6 +348,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE q.state = 'pending'",
         (T + "test_outbox.py",),
         "outbox_deliver_and_claim: claim messages still backing off (or leased to other relays)",
+        within="outbox_deliver_and_claim",
     ),
     m(
         "outbox-deliver-and-claim-same-token",
@@ -322,6 +357,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "\n        lease_token = CASE WHEN d.exhausted THEN o.lease_token ELSE o.lease_token END,",
         (T + "test_outbox.py",),
         "outbox_deliver_and_claim: a new claim keeps the old token",
+        within="outbox_deliver_and_claim",
     ),
     m(
         "outbox-deliver-and-claim-no-skip-locked",
@@ -330,6 +366,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    FOR UPDATE OF q",
         (FENCES,),
         "outbox_deliver_and_claim: FOR UPDATE SKIP LOCKED -> FOR UPDATE",
+        within="outbox_deliver_and_claim",
     ),
     m(
         "relay-mark-and-claim-failure-fatal",
@@ -338,6 +375,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            except ZeroDivisionError as exc:\n                # As a failed claim is",
         (T + "test_relay.py",),
         "relay: a dropped connection during the merged mark and claim stops the relay",
+        within="Relay.run_once",
     ),
     m(
         "relay-drain-stops-at-a-buried-batch",
@@ -346,6 +384,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                return 0\n",
         (T + "test_outbox.py::test_G10_a_relay_drains_past_a_batch_that_was_all_buried",),
         "relay: a claim that buried its whole batch ends the drain with messages still due",
+        within="Relay.run_once",
     ),
     m(
         "relay-buried-not-counted",
@@ -354,6 +393,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if not claimed:",
         (T + "test_outbox.py::test_G10_a_relay_drains_past_a_batch_that_was_all_buried",),
         "relay: messages its claim buried are not counted dead",
+        within="Relay.run_once",
     ),
     m(
         "relay-failures-after-the-claim",
@@ -370,6 +410,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            mine = await operations.get(self.pool, self.task.tenant_id, uuid.uuid4())",
         (T + "test_group_commit.py",),
         "group commit: a reservation whose answer was lost is taken for an earlier attempt's",
+        within="Job._reserve",
     ),
     m(
         "reserve-many-late-refusal-raised",
@@ -378,6 +419,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        except ConfigurationError as exc:\n            # The statement committed:",
         (T + "test_complete_many.py",),
         "reserve_many: a refusal after the statement committed escapes (the batch looks refused)",
+        within="_reserve_many",
     ),
     m(
         "worker-reservations-span-of-the-flush",
@@ -386,6 +428,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        trace_id, span_id = self.task.trace_id, self.task.span_id",
         (T + "test_group_commit.py",),
         "group commit: a reservation takes the span of the job that started the flush (G16)",
+        within="Job._reserve",
     ),
     m(
         "relay-stop-drops-claimed",
@@ -394,6 +437,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            while False:",
         (T + "test_relay.py",),
         "relay: a batch claimed by the last mark before a stop is left leased, unpublished",
+        within="Relay.run",
     ),
     m(
         "relay-marks-failed-as-delivered",
@@ -402,6 +446,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        ok = list(claimed)",
         (T + "test_relay.py",),
         "relay: a failed publish is marked delivered",
+        within="Relay.run_once",
     ),
     m(
         "relay-no-backoff",
@@ -410,6 +455,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            delay = timedelta(0)",
         (T + "test_relay.py",),
         "relay: a failed message is due again at once (no backoff)",
+        within="Relay._record_failures",
     ),
     m(
         "tasks-dedupe-ignores-type",
@@ -421,6 +467,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G4_create_with_the_same_dedupe_key_for_another_task_type_is_refused",
         ),
         "tasks.create: a dedupe key reused for another task type answers with the first task",
+        within="create",
     ),
     m(
         "schedules-hashed-after-the-insert",
@@ -432,6 +479,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        wanted = _definition(args, params)",
         (T + "test_schedules.py::test_G24_create_is_idempotent_by_name_and_refuses_bad_rules",),
         "schedules.create: params the hash refuses raise after the schedule was inserted",
+        within="create",
     ),
     # ---- agentdb audit on schemas nobody here wrote ------------------------------------------
     m(
@@ -441,6 +489,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return _RAISES.search(self.source) is not None",
         (T + "test_audit.py::test_G6_a_guard_that_can_skip_a_move_does_not_count",),
         "audit: a trigger whose only RAISE is commented out counts as a guard",
+        within="Trigger.raises",
     ),
     m(
         "audit-when-clause-guards",
@@ -449,6 +498,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (T + "test_audit.py::test_G6_a_guard_that_can_skip_a_move_does_not_count",),
         "audit: a transition guard with WHEN (pg_trigger_depth() > 5) counts",
+        within="Table.update_guards",
     ),
     m(
         "audit-or-list-is-a-value-set",
@@ -457,6 +507,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (T + "test_audit.py::test_G5_a_value_list_on_one_side_of_an_or_bounds_nothing",),
         "audit: state IN (...) OR attempts >= 0 counts as a value set",
+        within="_listed",
     ),
     m(
         "audit-any-domain-is-a-value-set",
@@ -468,6 +519,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G5_a_domain_is_a_value_set_only_if_it_lists_or_patterns_the_values",
         ),
         "audit: a domain's length CHECK counts as a value set",
+        within="value_set",
     ),
     m(
         "audit-partial-unique-any-column",
@@ -476,6 +528,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return _NOT_NULL_ONLY.match(pred) is not None",
         (T + "test_audit.py::test_G3_a_unique_index_partial_on_another_column_is_partial",),
         "audit: a unique index WHERE result IS NOT NULL counts as covering every key",
+        within="keyed_rows",
     ),
     m(
         "audit-column-limited-trigger-protects",
@@ -484,6 +537,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        every = not g.conditional",
         (T + "test_audit.py::test_G8_protection_of_some_rows_or_columns_is_not_append_only",),
         "audit: BEFORE UPDATE OF payload counts as refusing every UPDATE of events",
+        within="_protection",
     ),
     m(
         "audit-when-trigger-protects",
@@ -492,6 +546,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        every = op != "UPDATE" or not g.columns',
         (T + "test_audit.py::test_G8_protection_of_some_rows_or_columns_is_not_append_only",),
         "audit: an append-only trigger with a WHEN clause counts",
+        within="_protection",
     ),
     m(
         "audit-conditional-rule-protects",
@@ -500,6 +555,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "for r in t.rules if r.instead and r.event == event",
         (T + "test_audit.py::test_G8_protection_of_some_rows_or_columns_is_not_append_only",),
         "audit: a DO INSTEAD NOTHING rule with a WHERE counts as refusing every change",
+        within="_protection",
     ),
     m(
         "audit-column-grants-unread",
@@ -516,6 +572,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if _SIMPLE_IDENT.match(name):",
         (T + "test_audit.py::test_every_fix_for_a_schema_with_awkward_names_is_valid_sql",),
         "audit: a fix names a column `user` unquoted (a syntax error)",
+        within="quote",
     ),
     m(
         "audit-raise-text-unescaped",
@@ -524,6 +581,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return name",
         (T + "test_audit.py::test_every_fix_for_a_schema_with_awkward_names_is_valid_sql",),
         "audit: a table named It's 100% jobs breaks the RAISE text of the guards fixes create",
+        within="said",
     ),
     m(
         "audit-partitions-unread",
@@ -535,6 +593,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G15_a_partition_granted_without_row_level_security_of_its_own_is_flagged",
         ),
         "audit: a partition readable without RLS of its own leaves G15 enforced",
+        within="snapshot",
     ),
     m(
         "audit-nullable-tenant-fk-anchors",
@@ -543,6 +602,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                if True or required and (\n",
         (T + "test_audit.py::test_G17_a_nullable_tenant_column_is_anchored_by_nothing",),
         "audit: tenant_id uuid REFERENCES tenants (nullable) counts as anchoring every row",
+        within="_anchored",
     ),
     m(
         "audit-jsonb-subscripting-unseen",
@@ -551,6 +611,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         (T + "test_audit.py::test_G14_jsonb_subscripting_is_a_json_path_too",),
         "audit: a policy on params['customer'] (jsonb subscripting) is not a JSON path read",
+        within="_json_path_use",
     ),
     # ---- canonical input hashing (G4) -----------------------------------------------------
     m(
@@ -560,6 +621,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    sign, digits, exponent = d.normalize().as_tuple()",
         (T + "test_hashing.py", T + "test_operations.py"),
         "input_hash: numbers that differ beyond 28 digits hash alike (Decimal's context)",
+        within="_number",
     ),
     m(
         "hash-trailing-zeros-kept",
@@ -568,6 +630,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    significant = coefficient",
         (T + "test_hashing.py",),
         "input_hash: 1 and 1.0 (or 100 and 1e2) hash differently",
+        within="_number",
     ),
     m(
         "hash-strings-not-nfc",
@@ -576,5 +639,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return encode_basestring(value)",
         (T + "test_hashing.py",),
         "input_hash: the same text in NFD and NFC hashes differently",
+        within="_string",
     ),
 )

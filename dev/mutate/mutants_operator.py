@@ -40,6 +40,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE t.tenant_id = $1 AND t.id = $2\n      AND t.state_version = $3\n",
         (RETRY_STATEMENT,),
         "task_retry: a waiting task is woken to pending, its signal wait and attempts wiped",
+        within="task_retry",
     ),
     m(
         "operator-retry-no-version",
@@ -48,6 +49,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "AND t.state IN ('failed', 'dead')\n      AND t.state_version >= $3\n",
         (RETRY_STATEMENT,),
         "task_retry: the version fence is a floor - a retry decided on a stale read is written",
+        within="task_retry",
     ),
     m(
         "operator-retry-keeps-attempts",
@@ -56,6 +58,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        wake_at = now(),\n        wait_signal = NULL,\n",
         (RETRY,),
         "task_retry: a task that died of its attempts is retried with none left",
+        within="task_retry",
     ),
     m(
         "operator-retry-actor-not-recorded",
@@ -64,6 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    SELECT tenant_id, id, 'task.retried', 'agentdb', workflow_version,",
         (RETRY,),
         "task_retry: the task.retried event does not name who retried it",
+        within="task_retry",
     ),
     m(
         "operator-retry-deadline-unchecked",
@@ -76,6 +80,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "tasks.retry: a failed task past its deadline is put back to pending",
         equivalent="agent_tasks_deadline_guard refuses the same write (AG013, 0013.operator "
         "widened it to the retry edges), mapped to the same DeadlineExceeded",
+        within="retry",
     ),
     m(
         "operator-deadline-guard-misses-retry",
@@ -93,6 +98,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state <> 'delivered'\n",
         (MESSAGE,),
         "outbox_retry: a pending message (a relay may hold it) is retried, its attempts zeroed",
+        within="outbox_retry",
     ),
     m(
         "operator-outbox-retry-keeps-attempts",
@@ -101,6 +107,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    SET state = 'pending', next_attempt_at = now(), last_error = NULL\n",
         (MESSAGE,),
         "outbox_retry: a message that died of its attempts is retried with none left",
+        within="outbox_retry",
     ),
     # ---- 0013.operator ---------------------------------------------------------------------
     m(
@@ -121,32 +128,35 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "operator-policy-reads-every-tenant",
-        M_OPERATOR,
+        MIGRATIONS,
         "'USING (tenant_id = %s) WITH CHECK (tenant_id = %s)',\n"
         "                           tbl || '_operator_scope'",
         "'USING (true) WITH CHECK (tenant_id = %s)',\n"
         "                           tbl || '_operator_scope'",
         (OPERATOR_SCOPE,),
         "*_operator_scope: the operator sees and updates every tenant's rows",
+        within="agentdb_grant_roles",
     ),
     m(
         "operator-policy-writes-any-tenant",
-        M_OPERATOR,
+        MIGRATIONS,
         "'USING (tenant_id = %s) WITH CHECK (tenant_id = %s)',\n"
         "                           tbl || '_operator_scope'",
         "'USING (tenant_id = %s) WITH CHECK (true)',\n"
         "                           tbl || '_operator_scope'",
         (OPERATOR_SCOPE,),
         "*_operator_scope: the operator writes events and approvals into another tenant",
+        within="agentdb_grant_roles",
     ),
     m(
         "operator-granted-delete",
-        M_OPERATOR,
+        MIGRATIONS,
         "        GRANT SELECT, UPDATE ON agent_tasks, agent_operations, agent_outbox, agent_budgets,",
         "        GRANT SELECT, UPDATE, DELETE ON agent_tasks, agent_operations, agent_outbox,"
         " agent_budgets,",
         (OPERATOR_SCOPE, MATRIX),
         "agentdb_operator: deletes its tenant's tasks, effects and messages",
+        within="agentdb_grant_roles",
     ),
     # ---- tenant names ----------------------------------------------------------------------
     m(
@@ -156,6 +166,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE t.name = $2 AND EXISTS (SELECT 1 FROM ins);",
         (NAMES,),
         "tenant_create: a create of a taken name answers nothing (the name's tenant is lost)",
+        within="tenant_create",
     ),
     m(
         "operator-tenant-create-swallows-id-conflict",
@@ -164,6 +175,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    ON CONFLICT DO NOTHING\n",
         (TAKEN_ID,),
         "tenant_create: a create with an id another name holds is silently dropped",
+        within="tenant_create",
     ),
     m(
         "operator-tenant-create-no-conflict",
@@ -172,6 +184,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        if tenant_id is not None and found != tenant_id and row["created"]:\n',
         (NAMES,),
         "create_tenant: a name held by another id answers that tenant, not IdempotencyConflict",
+        within="create_tenant",
     ),
     # ---- what an operator looks at, the CLI and the console -----------------------------------
     m(
@@ -181,6 +194,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (UNSETTLED,),
         "overview_unsettled: an effect its live holder is still making is offered to reconcile",
+        within="overview_unsettled",
     ),
     m(
         "operator-cli-as-ignored",
@@ -189,6 +203,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    return f"agentdb-cli:{getpass.getuser()}"',
         (CLI_ACTORS,),
         "the CLI's audit events name the OS user, not --as",
+        within="_actor",
     ),
     m(
         "operator-console-csrf-optional",
@@ -199,6 +214,7 @@ MUTANTS: tuple[Mutant, ...] = (
         " token))",
         (CONSOLE,),
         "the console takes a signed-in POST with no CSRF token (a forged form from elsewhere)",
+        within="Sessions.csrf_ok",
     ),
     m(
         "operator-console-approves-as-itself",
@@ -207,5 +223,6 @@ MUTANTS: tuple[Mutant, ...] = (
         '                approver="agentdb-console",\n',
         (CONSOLE,),
         "the console approves as itself: G22 cannot refuse the lease holder, nor name who approved",
+        within="_Console.decide.action",
     ),
 )

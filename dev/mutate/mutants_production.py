@@ -25,6 +25,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_handler_raising_a_base_exception_is_a_failed_attempt_not_the_worker_s_end",
         ),
         "a handler's SystemExit ends the worker's loop; its GeneratorExit leaves the task running",
+        within="_call",
     ),
     m(
         "describe-str-unguarded",
@@ -37,6 +38,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G10_a_publisher_failing_in_any_way_is_one_failed_publish_and_the_relay_goes_on",
         ),
         "an exception whose str() raises ends the relay / is recorded as a worker failure",
+        within="describe",
     ),
     m(
         "relay-base-exception-escapes",
@@ -48,6 +50,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G10_a_publisher_failing_in_any_way_is_one_failed_publish_and_the_relay_goes_on",
         ),
         "a publisher's SystemExit / GeneratorExit ends the relay, the message never recorded",
+        within="Relay._publish",
     ),
     m(
         "relay-publisher-cancel-ends-it",
@@ -59,6 +62,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G10_a_publisher_failing_in_any_way_is_one_failed_publish_and_the_relay_goes_on",
         ),
         "a publisher cancelled by something of its own ends the relay",
+        within="Relay._publish",
     ),
     m(
         "worker-lease-ttl-unbounded",
@@ -67,6 +71,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:",
         (HOSTILE + "::test_worker_settings_out_of_range_are_refused_when_it_is_made",),
         "Worker(lease_ttl=10 ms): the worker retakes its own task mid-run",
+        within="Worker.__init__",
     ),
     m(
         "worker-grace-nan",
@@ -75,6 +80,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if shutdown_grace < 0:",
         (HOSTILE + "::test_worker_settings_out_of_range_are_refused_when_it_is_made",),
         "Worker(shutdown_grace=nan): stop() never returns",
+        within="Worker.__init__",
     ),
     m(
         "finish-leaves-reservations-reserved",
@@ -83,6 +89,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (MISBEHAVING + "::test_a_reservation_left_unsettled_by_a_finished_task_is_marked_unknown",),
         "a task finished with an unsettled reservation leaves it 'reserved' for good",
+        within="Finisher._write",
     ),
     m(
         "relay-publish-uncut",
@@ -94,6 +101,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G10_a_publish_slower_than_the_visibility_is_cut_off_and_recorded",
         ),
         "a publish outlives its claim's visibility: another relay publishes it too, no stop",
+        within="Relay._publish",
     ),
     # ---- refused input -------------------------------------------------------------------
     m(
@@ -106,6 +114,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G10_a_number_python_will_not_read_as_int_does_not_strand_the_batch",
         ),
         "a jsonb integer over 4,300 digits fails every row read with it (a relay's batch)",
+        within="_json",
     ),
     m(
         "document-keys-not-checked",
@@ -117,6 +126,7 @@ MUTANTS: tuple[Mutant, ...] = (
             + "::test_documents_postgres_cannot_store_are_refused_before_anything_is_written",
         ),
         "document(): json.dumps renames a key 1 to '1' ({1: 'a', '1': 'b'} loses 'a')",
+        within="_encode",
     ),
     m(
         "redact-key-coerced",
@@ -128,6 +138,7 @@ MUTANTS: tuple[Mutant, ...] = (
             + "::test_documents_postgres_cannot_store_are_refused_before_anything_is_written",
         ),
         "redact(): a key that is not text is passed on (str(None) is 'None')",
+        within="Redactor._walk",
     ),
     m(
         "redact-masks-once",
@@ -139,6 +150,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G9_secrets_glued_together_are_all_masked_and_the_payload_is_stored",
         ),
         "redact(): a secret glued behind another is left after the first one's mask",
+        within="Redactor._string",
     ),
     m(
         "redact-alternation-only",
@@ -150,6 +162,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_G9_secrets_glued_together_are_all_masked_and_the_payload_is_stored",
         ),
         "redact(): a key running into 'Bearer <token>' swallows the word, leaves the token",
+        within="Redactor._mask",
     ),
     m(
         "create-naive-wake-at",
@@ -158,6 +171,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if child_key is not None:",
         (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
         "tasks.create: a naive wake_at is read in the client's local time zone",
+        within="create",
     ),
     m(
         "transition-naive-wake-at",
@@ -166,6 +180,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    messages = list(outbox)",
         (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
         "tasks.transition: a naive wake_at is read in the client's local time zone",
+        within="transition",
     ),
     m(
         "release-naive-wake-at",
@@ -174,6 +189,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    params = {",
         (HOSTILE + "::test_a_naive_wake_at_is_refused_never_read_in_local_time",),
         "leases.release: a naive wake_at is read in the client's local time zone",
+        within="release",
     ),
     m(
         "create-naive-deadline",
@@ -182,6 +198,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (INSTANTS,),
         "tasks.create: a naive deadline is read in the client's local time zone",
+        within="create",
     ),
     m(
         "schedule-naive-start-at",
@@ -190,6 +207,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (INSTANTS,),
         "schedules.create: a naive start_at is read in the client's local time zone",
+        within="create",
     ),
     m(
         "instant-type-unchecked",
@@ -198,6 +216,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:\n",
         (INSTANTS,),
         "an instant that is no datetime fails inside agentdb with an AttributeError",
+        within="aware",
     ),
     m(
         "claim-task-types-string-read",
@@ -206,6 +225,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (HOSTILE + "::test_a_string_for_task_types_is_refused_not_read_letter_by_letter",),
         "leases.claim(task_types='send_email') claims types 's', 'e', 'n', ... forever",
+        within="claim",
     ),
     m(
         "outbox-visibility-unchecked",
@@ -214,6 +234,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         (HOSTILE + "::test_an_outbox_lease_that_has_already_run_out_is_refused",),
         "outbox.claim leases for a negative visibility: another relay takes the message at once",
+        within="_claim",
     ),
     m(
         "budget-unit-type-unchecked",
@@ -223,6 +244,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    if _UNIT.fullmatch(unit) is None:\n        raise ConfigurationError(f"budget unit',
         (HOSTILE + "::test_a_budget_unit_that_is_not_text_is_a_configuration_error",),
         "set_budget with a unit that is not text raises a bare TypeError",
+        within="set_budget",
     ),
     m(
         "transition-outbox-none-payload",
@@ -231,6 +253,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            m.payload,",
         (HOSTILE + "::test_an_outbox_message_with_no_payload_is_an_empty_one",),
         "transition's outbox Message(topic, None) is a raw NOT NULL violation",
+        within="transition",
     ),
     m(
         "finish-many-outbox-none-payload",
@@ -239,6 +262,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            body = m.payload",
         (HOSTILE + "::test_an_outbox_message_with_no_payload_is_an_empty_one",),
         "finish_many's outbox Message(topic, None) is a raw NOT NULL violation",
+        within="finish_many",
     ),
     m(
         "worker-retry-cap-ignored",
@@ -247,6 +271,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "backoff(task.attempts, base=self.retry_base)",
         (T + "test_worker.py::test_a_retry_waits_at_most_the_cap",),
         "Finisher: a failed attempt's retry waits the uncapped exponential delay",
+        within="Finisher._retry",
     ),
     # ---- the pooler switch ---------------------------------------------------------------
     m(
@@ -256,6 +281,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return {}",
         (BOUNCER,),
         "create_pool(pooler='transaction') keeps asyncpg's named prepared statements",
+        within="_options",
     ),
     m(
         "errors-pooler-mismatch-unmapped",
@@ -264,6 +290,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         (BOUNCER,),
         "error_for: a lost prepared statement is no longer the one line naming the switch",
+        within="error_for",
     ),
     m(
         "migrate-session-search-path",
@@ -272,6 +299,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "SELECT set_config('search_path', %s, false)",
         (T + "test_migrate_pooler.py",),
         "migrations set search_path for the session, on the proxy's shared connection",
+        within="_transaction",
     ),
     m(
         "migrate-no-transaction-lock",
@@ -280,6 +308,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:\n            _lock(s, session=False)",
         (T + "test_migrate_pooler.py",),
         "a migration's transaction does not take the advisory lock (the only one behind a pooler)",
+        within="_transaction",
     ),
     # ---- interruptible migrations ------------------------------------------------------------
     m(
@@ -289,6 +318,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:\n            return False",
         (T + "test_migrate_pooler.py", T + "test_migrations.py"),
         "a migration is applied again by a run that waited while another applied it",
+        within="_step",
     ),
     m(
         "migrate-unrecorded",
@@ -297,6 +327,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        pass",
         (T + "test_migrations.py",),
         "a migration commits without its record",
+        within="_step",
     ),
     # ---- refused input ---------------------------------------------------------------------------
     m(
@@ -314,6 +345,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         (HOSTILE,),
         "document: a NUL character is sent to jsonb instead of refused here",
+        within="_encode",
     ),
     m(
         "jsonb-surrogate-sent",
@@ -322,6 +354,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        size = len(text)  #",
         (HOSTILE,),
         "document: a lone surrogate is sent to the driver instead of refused here",
+        within="_encode",
     ),
     m(
         "jsonb-cap-bound-compact",
@@ -330,6 +363,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if size <= cap:",
         (T + "test_redaction.py",),
         "document: a document under the cap compact but over it as jsonb renders it is sent",
+        within="_encode",
     ),
     m(
         "dsn-unknown-parameters",
@@ -338,6 +372,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:\n        raise ConfigurationError(",
         (HOSTILE,),
         "DSN: a query parameter asyncpg would send to the server as a setting is accepted",
+        within="require",
     ),
     m(
         "dsn-no-database",
@@ -346,6 +381,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:",
         (HOSTILE,),
         "DSN: postgresql:// with no database connects to the OS user's database",
+        within="require",
     ),
     m(
         "cli-usage-error-on-two-lines",
@@ -354,6 +390,7 @@ MUTANTS: tuple[Mutant, ...] = (
         'f"agentdb: {message} (see',
         (HOSTILE,),
         "CLI: a newline inside an argument splits the usage error over two lines",
+        within="_Parser.error",
     ),
     m(
         "relay-busy-loop",
@@ -362,6 +399,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:",
         (HOSTILE,),
         "Relay accepts a poll interval of 0 (a busy loop against Postgres)",
+        within="Relay.__init__",
     ),
     m(
         "relay-sync-publisher",
@@ -370,6 +408,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:",
         (HOSTILE,),
         "Relay accepts a publisher that is not async",
+        within="Relay.__init__",
     ),
     m(
         "worker-busy-loop",
@@ -378,6 +417,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:",
         (HOSTILE,),
         "Worker accepts a poll interval of 0 (a busy loop against Postgres)",
+        within="_positive",
     ),
     # ---- a worker that never leaves a task running ---------------------------------------------
     m(
@@ -387,6 +427,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                outcome = Retry(str(exc))",
         (MISBEHAVING,),
         "a handler whose call returned no awaitable is retried (its effects repeated)",
+        within="Worker._run_job",
     ),
     m(
         "worker-bad-return-retried",
@@ -395,6 +436,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '    return Retry(\n        f"handler returned',
         (MISBEHAVING,),
         "a handler that returned 42 is retried instead of failed",
+        within="outcome_of",
     ),
     m(
         "worker-refused-outcome-retried",
@@ -403,6 +445,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            await self._record(job, Retry(error), fallback=True)",
         (MISBEHAVING,),
         "an outcome the database refused is retried (and refused again) instead of failed",
+        within="Finisher._record",
     ),
     m(
         "worker-held-never-released",
@@ -411,6 +454,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        reason",
         (FINISHING,),
         "a job whose give-back failed is not released again",
+        within="Worker._shutdown",
     ),
     m(
         "worker-finishing-write-not-retried",
@@ -419,6 +463,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                if True:",
         (FINISHING,),
         "a finishing write lost with its connection is not retried on a fresh one",
+        within="Finisher.persist",
     ),
     # agentdb status: the transaction that holds back cleanup (held snapshots).
     m(
@@ -428,6 +473,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (T + "test_status.py",),
         "status names an open transaction that holds nothing back",
+        within="status_oldest_transaction",
     ),
     m(
         "status-oldest-names-itself",
@@ -436,6 +482,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE datname = current_database() AND xact_start IS NOT NULL",
         (T + "test_status.py",),
         "status names its own statement as the oldest open transaction",
+        within="status_oldest_transaction",
     ),
     # The testing kit's clones: each test a fresh copy, made ahead, none left behind.
     m(
@@ -445,6 +492,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        made = self._made[0]\n        self._made.append(",
         (CLONES,),
         "two tests are handed the same copy of the template",
+        within="Clones.take",
     ),
     m(
         "clones-failed-copy-not-remade",
@@ -453,6 +501,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        except ValueError:\n            # Made while another test ran",
         (CLONES,),
         "a copy made ahead that failed fails the test that takes it",
+        within="Clones.take",
     ),
     m(
         "clones-spares-left-behind",
@@ -461,6 +510,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    made.result()",
         (CLONES,),
         "closing the clones leaves the copies made ahead on the server",
+        within="Clones.close",
     ),
     m(
         "clones-given-back-kept",
@@ -469,6 +519,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "self._threads.submit(str, name)",
         (CLONES,),
         "a copy given back is never dropped",
+        within="Clones.give_back",
     ),
     # Ctrl-C while a command imports: held until the imports are over, then acted on.
     m(
@@ -478,6 +529,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    held = False\n",
         (HOSTILE + "::test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command",),
         "a Ctrl-C while the CLI is imported raises there, where Python may swallow it",
+        within="main",
     ),
     m(
         "cli-ctrl-c-not-held",
@@ -486,6 +538,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if True:\n            parser = build_parser(args_list)",
         (HOSTILE + "::test_ctrl_c_python_would_swallow_during_an_import_still_ends_the_command",),
         "a Ctrl-C while the command's tool is imported raises there, where Python may swallow it",
+        within="main",
     ),
     m(
         "demo-logs-kept-after-a-clean-run",
@@ -494,6 +547,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if status == 99:\n        shutil.rmtree(log_path.parent",
         (T + "test_relay.py::test_demo_against_a_database_kills_workers_and_loses_nothing",),
         "every demo run leaves its worker and relay logs in the temp folder",
+        within="with_database",
     ),
     m(
         "worker-waits-for-a-handler-ignoring-cancellation",
@@ -505,6 +559,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "_the_worker_from_exiting",
         ),
         "agentdb worker never exits once a handler swallows its cancellation",
+        within="_worker.body",
     ),
     m(
         "worker-abandoned-not-recorded",
@@ -516,6 +571,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "_the_worker_from_exiting",
         ),
         "the worker forgets which handlers ignored their cancellation",
+        within="Worker._shutdown",
     ),
     m(
         "audit-public-policy-reading-no-column-unseen",
@@ -537,6 +593,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            raise\n",
         (EMBEDDED + "::test_a_signal_before_the_cleanup_holds_signals_restarts_it_and_still_acts",),
         "a Ctrl-C before the cleanup holds signals leaves the server's directory behind",
+        within="_remove",
     ),
     m(
         "embedded-cleanup-swallows-the-signal",
@@ -553,5 +610,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if True:\n                runner = stack.enter_context",
         (HOSTILE + "::test_ctrl_c_while_the_event_loop_is_being_made_is_one_line",),
         "a Ctrl-C inside the loop's constructor leaves a half-made loop that prints a traceback",
+        within="run_async",
     ),
 )

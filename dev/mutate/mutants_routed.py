@@ -7,7 +7,7 @@ lists them as not run there.
 
 from __future__ import annotations
 
-from dev.mutate.catalogue import FENCES, M_CITUS, Mutant, T, m
+from dev.mutate.catalogue import FENCES, M_CITUS, MIGRATIONS, Mutant, T, m
 
 ROUTED_SQL = "agentdb/_citus/queries/routed.sql"
 TASKS = T + "test_tasks.py"
@@ -28,6 +28,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:\n",
         (FAIRNESS + "test_G18_the_citus_claim_discovers_once_and_walks_the_ring_round_robin",),
         "the ring: a walk that reaches the end of a complete ring asks every shard again",
+        within="_Ring.next",
     ),
     m(
         "routed-ring-wraps-an-arc",
@@ -36,6 +37,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return (rest + [t for t in self.tenants if t not in self.dry])[:want]",
         (FAIRNESS + "test_G18_an_arc_of_the_walk_is_walked_on_past_its_end_by_one_more_discovery",),
         "the ring: a partial ring is wrapped, starving the tenants beyond it",
+        within="_Ring.next",
     ),
     m(
         "routed-ring-keeps-dry-tenants",
@@ -44,6 +46,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        live = list(self.tenants)\n",
         (FAIRNESS + "test_G18_a_ring_is_read_again_when_its_tenants_run_dry_or_it_ages",),
         "the ring: a drained tenant is offered again until the ring ages",
+        within="_Ring.next",
     ),
     m(
         "routed-ring-no-second-look",
@@ -52,6 +55,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:\n        # Every tenant the ring offered",
         (FAIRNESS + "test_G18_a_ring_drained_by_another_worker_is_read_again_at_once",),
         "the ring: a claim whose kept tenants all gave nothing returns nothing, work waiting",
+        within="claim",
     ),
     m(
         "routed-due-tenants-no-wrap",
@@ -61,10 +65,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "      SELECT 1 FROM agent_tasks k\n",
         (FAIRNESS + "test_G18_an_arc_of_the_walk_is_walked_on_past_its_end_by_one_more_discovery",),
         "routed_due_tenants: the discovery no longer wraps past the last tenant",
+        within="routed_due_tenants",
     ),
     m(
         "citus-scale-time-only-indexes",
-        M_SCALE,
+        MIGRATIONS,
         "    IF pg_get_indexdef('agent_outbox_pending_idx'::regclass) NOT LIKE",
         "    IF false AND pg_get_indexdef('agent_outbox_pending_idx'::regclass) NOT LIKE",
         (
@@ -73,6 +78,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "agentdb_distribute: the relay's due messages by time across the shard's tenants",
         citus=True,
+        within="agentdb_distribute",
     ),
     # Plain: its test drives the Citus claim's walk directly on plain Postgres.
     m(
@@ -82,6 +88,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        raise\n    return rows",
         (T + "test_fairness.py::test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim",),
         "Citus claim: one tenant's AG009 raises out of the walk, orphaning the tenants claimed",
+        within="_claim_tenant",
     ),
     m(
         "routed-refused-event-as-insert-select",
@@ -94,6 +101,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "budgets.refusal on Citus: the event is an INSERT ... SELECT (a COPY under RLS)",
         citus=True,
+        within="_refusal_event",
     ),
     m(
         "routed-reserve-rate-limit-first",
@@ -106,6 +114,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "routed reserve: the operation's insert locks the rate limit before the budgets",
         citus=True,
+        within="reserve",
     ),
     m(
         "citus-distribute-triggers-on",
@@ -118,6 +127,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "agentdb_distribute: a populated database's triggers fire on the copy into the shards",
         citus=True,
+        within="agentdb_distribute",
     ),
     m(
         "routed-transition-no-token",
@@ -127,6 +137,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (FENCES, TASKS),
         "routed_transition: a holder whose lease was taken over (same owner name) still writes",
         citus=True,
+        within="routed_transition",
     ),
     m(
         "routed-transition-no-version",
@@ -138,6 +149,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (TASKS, FENCES),
         "routed_transition: a stale expected_version still moves the task",
         citus=True,
+        within="routed_transition",
     ),
     m(
         "routed-reserve-no-lease",
@@ -148,6 +160,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (FENCES, OPERATIONS),
         "routed_operation_fence: a reservation under a lost lease is accepted",
         citus=True,
+        within="routed_operation_fence",
     ),
     m(
         "routed-settle-no-lease",
@@ -157,6 +170,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (FENCES, OPERATIONS),
         "routed_operation_settle: a settle under a taken-over lease is accepted",
         citus=True,
+        within="routed_operation_settle",
     ),
     m(
         "routed-settle-no-version",
@@ -166,6 +180,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (OPERATIONS, FENCES),
         "routed_operation_settle: a stale expected_version still settles",
         citus=True,
+        within="routed_operation_settle",
     ),
     m(
         "routed-release-no-token",
@@ -175,6 +190,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (FENCES, T + "test_leases.py"),
         "routed_release: a taken-over holder releases the new holder's lease",
         citus=True,
+        within="routed_release",
     ),
     m(
         "routed-outbox-delivered-no-token",
@@ -184,6 +200,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (OUTBOX, FENCES),
         "routed_outbox_delivered: a relay whose claim expired marks the message delivered",
         citus=True,
+        within="routed_outbox_delivered",
     ),
     m(
         "routed-claim-finished-tasks",
@@ -194,6 +211,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (T + "test_leases.py", T + "test_worker.py"),
         "routed_claim: a finished task is leased again",
         citus=True,
+        within="routed_claim",
     ),
     m(
         "routed-outbox-claim-hands-out-an-exhausted-message",
@@ -204,5 +222,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "routed_outbox_claim: a message whose relay stops mid-publish every time is claimed"
         " for ever",
         citus=True,
+        within="routed_outbox_claim",
     ),
 )

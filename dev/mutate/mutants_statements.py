@@ -5,10 +5,9 @@ from __future__ import annotations
 from dev.mutate.catalogue import (
     FENCES,
     LEASES_SQL,
-    M_FOUNDATION,
     M_PARTIAL_KEYS,
     M_ROOM,
-    M_WAKE,
+    MIGRATIONS,
     OPS_SQL,
     OUTBOX_SQL,
     TASKS_SQL,
@@ -33,6 +32,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    ORDER BY l.tenant_id, l.task_type\n",
         (T + "test_fairness.py",),
         "lease_claim: two claimers fill the same tenant's free slots at once",
+        within="lease_claim",
     ),
     m(
         "claim-no-share",
@@ -41,6 +41,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "least($2,",
         (T + "test_fairness.py",),
         "lease_claim: the first tenant of the walk may take the whole batch (no fair share)",
+        within="lease_claim",
     ),
     m(
         "claim-ignores-held-caps",
@@ -49,6 +50,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (T + "test_fairness.py",),
         "lease_claim: a tenant whose caps another claimer holds is claimed unlocked",
+        within="lease_claim",
     ),
     m(
         "claim-walk-never-wraps",
@@ -57,6 +59,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND NOT (n.wrapped AND n.tenant_id >= coalesce($5,",
         (T + "test_fairness.py",),
         "lease_claim: the walk stops before the tenant it started after",
+        within="lease_claim",
     ),
     # ---- task statements ---------------------------------------------------------------
     m(
@@ -67,6 +70,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND t.lease_owner = i.lease_owner\n      -- G21: a late element",
         (FENCES, T + "test_complete_many.py"),
         "task_finish_many: drop the lease token from the fence",
+        within="task_finish_many",
     ),
     m(
         "tasks-finish-many-no-version",
@@ -75,6 +79,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "AND t.id = i.id\n      -- running: see",
         (FENCES, T + "test_complete_many.py"),
         "task_finish_many: drop the state_version check",
+        within="task_finish_many",
     ),
     m(
         "tasks-finish-many-no-tenant",
@@ -83,6 +88,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE t.id = i.id AND t.state_version = i.expected_version",
         (TENANTS, T + "test_complete_many.py"),
         "task_finish_many: lose the tenant predicate",
+        within="task_finish_many",
     ),
     m(
         "tasks-finish-many-names-running",
@@ -92,6 +98,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (HELD,),
         "task_finish_many: the fence names state = 'running' (then the running-tasks index "
         "finds the row, and under a held snapshot reads every task that ran since)",
+        within="task_finish_many",
     ),
     m(
         "tasks-transition-no-tenant",
@@ -100,6 +107,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE t.id = $2 AND t.state_version = $3",
         (TENANTS,),
         "task_transition: drop the tenant predicate from the UPDATE (the prior CTE keeps it)",
+        within="task_transition",
     ),
     m(
         "tasks-transition-token-ge",
@@ -108,6 +116,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "(t.lease_owner = $9 AND t.lease_token >= $10)",
         (FENCES,),
         "task_transition: lease_token = $10 -> >= $10 (a stale holder with the same owner writes)",
+        within="task_transition",
     ),
     m(
         "tasks-transition-no-version",
@@ -116,6 +125,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE t.tenant_id = $1 AND t.id = $2",
         (FENCES, T + "test_tasks.py"),
         "task_transition: drop state_version = $3",
+        within="task_transition",
     ),
     m(
         "tasks-transition-no-owner",
@@ -126,6 +136,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "task_transition: fence on the token alone",
         equivalent="every grant takes a new, larger token (AG005), so a token names one grant "
         "and therefore one owner",
+        within="task_transition",
     ),
     m(
         "tasks-transition-keeps-lease",
@@ -134,6 +145,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        lease_owner = t.lease_owner,",
         (T + "test_tasks.py", T + "test_worker.py"),
         "task_transition: leaving 'running' keeps the lease owner",
+        within="task_transition",
     ),
     m(
         "tasks-create-fallback-no-tenant",
@@ -142,6 +154,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE t.dedupe_key = $7 AND NOT EXISTS (SELECT 1 FROM ins);",
         (TENANTS,),
         "task_create: the existing-key lookup loses the tenant predicate",
+        within="task_create",
     ),
     m(
         "tasks-create-no-on-conflict",
@@ -151,6 +164,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    RETURNING id, tenant_id, task_type",
         (T + "test_tasks.py",),
         "task_create: a retried create raises DuplicateKey instead of answering with the task",
+        within="task_create",
     ),
     m(
         "tasks-dedupe-key-whole",
@@ -185,7 +199,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "notify-ignores-wake-after-commit",
-        M_WAKE,
+        MIGRATIONS,
         "    IF current_setting('agentdb.wake', true) IS DISTINCT FROM 'after_commit' THEN",
         "    IF true THEN",
         (
@@ -194,6 +208,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "agentdb_notify: a create the runtime commits alone still NOTIFYs from inside its"
         " transaction (its commit serialised with every other notifier's)",
+        within="agentdb_notify",
     ),
     m(
         "wake-inside-the-callers-transaction",
@@ -206,6 +221,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "commits_alone: a create inside the caller's transaction wakes listeners before the"
         " commit, and its own NOTIFY is kept quiet: they wake to nothing and sleep",
+        within="commits_alone",
     ),
     m(
         "wake-not-shared",
@@ -218,6 +234,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "wake_listeners: each caller queues a NOTIFY of its own, and a caller's queued one is"
         " replaced by the next caller's: it waits for ever",
+        within="wake_listeners",
     ),
     m(
         "tasks-get-no-tenant",
@@ -226,6 +243,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "FROM agent_tasks\nWHERE id = $2;",
         (TENANTS,),
         "task_get: read a task by id in any tenant",
+        within="task_get",
     ),
     # ---- leases --------------------------------------------------------------------------
     m(
@@ -237,6 +255,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        FOR UPDATE",
         (FENCES,),
         "lease_claim: FOR UPDATE SKIP LOCKED -> FOR UPDATE (due tasks)",
+        within="lease_claim",
     ),
     m(
         "leases-claim-expired-no-skip-locked",
@@ -245,6 +264,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    ORDER BY lease_expires_at\n    LIMIT $2\n    FOR UPDATE",
         (FENCES,),
         "lease_claim: FOR UPDATE SKIP LOCKED -> FOR UPDATE (expired leases)",
+        within="lease_claim",
     ),
     m(
         "leases-claim-same-token",
@@ -253,6 +273,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        lease_token = t.lease_token,",
         (T + "test_leases.py",),
         "lease_claim: a new grant keeps the old token",
+        within="lease_claim",
     ),
     m(
         "leases-claim-live-lease",
@@ -261,6 +282,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE state = 'running' AND attempts < max_attempts",
         (FENCES, T + "test_leases.py"),
         "lease_claim: take over leases that have not expired",
+        within="lease_claim",
     ),
     m(
         "leases-claim-not-due",
@@ -271,6 +293,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "          AND t.attempts < t.max_attempts\n          -- G21",
         (FENCES, T + "test_tasks.py", T + "test_fairness.py"),
         "lease_claim: claim tasks whose wake_at is still in the future",
+        within="lease_claim",
     ),
     m(
         "leases-claim-exhausted",
@@ -280,6 +303,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "          AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()\n          -- G21",
         (T + "test_leases.py", T + "test_worker.py", T + "test_fairness.py"),
         "lease_claim: claim a task that used up its attempts",
+        within="lease_claim",
     ),
     m(
         "leases-renew-token-ge",
@@ -288,6 +312,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  AND lease_owner = $3 AND lease_token >= $4  -- running",
         (FENCES,),
         "lease_renew: lease_token = $4 -> >= $4",
+        within="lease_renew",
     ),
     m(
         "leases-renew-names-running",
@@ -296,6 +321,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE tenant_id = $1 AND id = $2 AND state = 'running'\n  AND lease_owner = $3",
         (HELD,),
         "lease_renew: names state = 'running' (read by the running-tasks index under a held snapshot)",
+        within="lease_renew",
     ),
     m(
         "leases-release-no-token",
@@ -304,6 +330,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND t.lease_owner = $3",
         (FENCES,),
         "lease_release: drop the lease token from the fence",
+        within="lease_release",
     ),
     m(
         "leases-release-no-refund",
@@ -312,6 +339,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        attempts = t.attempts,",
         (T + "test_leases.py",),
         "lease_release: a graceful release keeps the attempt it did not use",
+        within="lease_release",
     ),
     m(
         "leases-bury-live-holder",
@@ -320,6 +348,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND ((state = 'running')",
         (T + "test_leases.py",),
         "lease_bury_exhausted: bury a task whose last attempt still holds a live lease",
+        within="lease_bury_exhausted",
     ),
     # ---- operation statements -------------------------------------------------------------
     m(
@@ -329,6 +358,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "          AND t.lease_owner = $8 AND t.lease_token >= $9",
         (FENCES,),
         "operation_reserve: lease_token = $9 -> >= $9",
+        within="operation_reserve",
     ),
     m(
         "ops-reserve-fence-names-running",
@@ -338,6 +368,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (HELD,),
         "operation_reserve: the fence names state = 'running' (read by the running-tasks index "
         "under a held snapshot)",
+        within="operation_reserve",
     ),
     m(
         "ops-reserve-lookup-no-tenant",
@@ -346,6 +377,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE fence.ok AND o.idempotency_key = $4",
         (TENANTS,),
         "operation_reserve: the existing-key lookup loses the tenant predicate",
+        within="operation_reserve",
     ),
     m(
         "ops-reserve-no-on-conflict",
@@ -354,6 +386,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    SELECT $2, $1, $3, $4, $5, $6, $10, $11 FROM fence WHERE fence.ok",
         (T + "test_operations.py",),
         "operation_reserve: a second reserve of the key raises DuplicateKey",
+        within="operation_reserve",
     ),
     m(
         "ops-settle-version-ge",
@@ -362,6 +395,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE o.tenant_id = $1 AND o.id = $2 AND o.state_version >= $3\n",
         (FENCES,),
         "operation_settle: state_version = $3 -> >= $3",
+        within="operation_settle",
     ),
     m(
         "ops-settle-token-ge",
@@ -370,6 +404,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            AND t.lease_owner = $10 AND t.lease_token >= $11",
         (FENCES,),
         "operation_settle: lease_token = $11 -> >= $11",
+        within="operation_settle",
     ),
     m(
         "ops-settle-any-state",
@@ -378,6 +413,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND $4::text[] IS NOT NULL\n",
         (FENCES,),
         "operation_settle: settle from a state the write does not start from",
+        within="operation_settle",
     ),
     m(
         "ops-settle-no-tenant",
@@ -386,6 +422,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE o.id = $2 AND o.state_version = $3\n",
         (TENANTS,),
         "operation_settle: lose the tenant predicate",
+        within="operation_settle",
     ),
     m(
         "ops-complete-many-no-version",
@@ -394,6 +431,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE o.tenant_id = i.tenant_id AND o.id = i.id",
         (FENCES, T + "test_complete_many.py"),
         "operation_complete_many: drop o.state_version = i.expected_version",
+        within="operation_complete_many",
     ),
     m(
         "ops-complete-many-no-token",
@@ -402,6 +440,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            AND t.lease_owner = i.lease_owner",
         (FENCES, T + "test_complete_many.py"),
         "operation_complete_many: drop the lease token from the fence",
+        within="operation_complete_many",
     ),
     m(
         "ops-reserve-many-no-token",
@@ -410,6 +449,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE t.lease_owner = i.lease_owner\n    FOR SHARE OF t",
         (FENCES, T + "test_complete_many.py"),
         "operation_reserve_many fence: drop the lease token",
+        within="operation_reserve_many",
     ),
     m(
         "ops-reserve-many-lookup-no-tenant",
@@ -418,6 +458,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "JOIN agent_operations o ON o.idempotency_key = f.idempotency_key",
         (TENANTS,),
         "operation_reserve_many: the existing-key lookup loses the tenant predicate",
+        within="operation_reserve_many",
     ),
     m(
         "ops-list-unsettled-live-leases",
@@ -426,6 +467,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (T + "test_operations.py",),
         "operation_list_unsettled: list operations whose task is under a live lease",
+        within="operation_list_unsettled",
     ),
     # ---- outbox and inbox ------------------------------------------------------------------
     m(
@@ -435,6 +477,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    SELECT tenant_id, id, false AS exhausted, now() + $3",
         (OUTBOX_BURIED,),
         "outbox_claim: a message whose relay stops mid-publish every time is claimed for ever",
+        within="outbox_claim",
     ),
     m(
         "outbox-deliver-and-claim-hands-out-an-exhausted-message",
@@ -443,6 +486,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    SELECT q.tenant_id, q.id, false AS exhausted,\n",
         (T + "test_outbox.py::test_G10_deliver_and_claim_buries_a_message_that_used_its_attempts",),
         "outbox_deliver_and_claim: a message that used its attempts is claimed again",
+        within="outbox_deliver_and_claim",
     ),
     m(
         "outbox-claim-no-skip-locked",
@@ -451,6 +495,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    ORDER BY next_attempt_at\n    LIMIT $2\n    FOR UPDATE",
         (FENCES,),
         "outbox_claim: FOR UPDATE SKIP LOCKED -> FOR UPDATE",
+        within="outbox_claim",
     ),
     m(
         "outbox-claim-same-token",
@@ -459,6 +504,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "\n    lease_token = CASE WHEN d.exhausted THEN o.lease_token ELSE o.lease_token END,",
         (T + "test_outbox.py", FENCES),
         "outbox_claim: a new claim keeps the old token",
+        within="outbox_claim",
     ),
     m(
         "outbox-claim-not-due",
@@ -467,6 +513,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE state = 'pending'",
         (T + "test_outbox.py",),
         "outbox_claim: claim messages still backing off (or invisible to other relays)",
+        within="outbox_claim",
     ),
     m(
         "outbox-mark-delivered-no-tenant",
@@ -475,6 +522,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE o.id = m.id AND o.lease_token = m.lease_token",
         (TENANTS,),
         "outbox_mark_delivered: lose the tenant predicate",
+        within="outbox_mark_delivered",
     ),
     m(
         "outbox-mark-delivered-no-token",
@@ -483,6 +531,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE o.tenant_id = m.tenant_id AND o.id = m.id",
         (T + "test_outbox.py", FENCES),
         "outbox_mark_delivered: drop the lease token",
+        within="outbox_mark_delivered",
     ),
     m(
         "outbox-mark-delivered-twice",
@@ -492,6 +541,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "RETURNING o.tenant_id, o.id;",
         (FENCES,),
         "outbox_mark_delivered: mark a message that is no longer pending",
+        within="outbox_mark_delivered",
     ),
     m(
         "outbox-mark-failed-no-token",
@@ -500,6 +550,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE o.tenant_id = $1 AND o.id = $2\n",
         (FENCES,),
         "outbox_mark_failed: drop the lease token",
+        within="outbox_mark_failed",
     ),
     m(
         "outbox-mark-failed-dead-late",
@@ -508,6 +559,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "SET state = CASE WHEN o.attempts > o.max_attempts THEN 'dead' ELSE 'pending' END,",
         (T + "test_outbox.py",),
         "outbox_mark_failed: a message goes dead one attempt too late",
+        within="outbox_mark_failed",
     ),
     m(
         "outbox-get-no-tenant",
@@ -516,6 +568,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "FROM agent_outbox\nWHERE id = $2;",
         (TENANTS,),
         "outbox_get: read a message by id in any tenant",
+        within="outbox_get",
     ),
     m(
         "inbox-record-no-on-conflict",
@@ -524,14 +577,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "VALUES ($1, $2, $3);",
         (T + "test_outbox.py",),
         "inbox_record: a redelivery raises instead of being recognised",
+        within="inbox_record",
     ),
     m(
         "tenancy-scope-session-wide",
-        M_FOUNDATION,
+        MIGRATIONS,
         "    EXECUTE format('SET LOCAL agentdb.tenant_id = %L', p_tenant);",
         "    EXECUTE format('SET agentdb.tenant_id = %L', p_tenant);",
         (T + "test_tenancy.py",),
         "agentdb_scope_tenant: the tenant scope outlives its transaction (leaks on a pooled connection)",
+        within="agentdb_scope_tenant",
     ),
     m(
         "explain-lease-lost-ignores-token",
@@ -540,6 +595,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (FENCES,),
         "explain: a stale holder with the same owner is told StaleVersion, not LeaseLost",
+        within="task_write",
     ),
     # Held snapshots (leases.sql): a write by key that names a transient state is
     # answered by that state's partial index, which a held snapshot fills with the
@@ -551,6 +607,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND o.state = ANY ($4)\n",
         (HELD,),
         "operation_settle: names the from-states (the unsettled-operations index answers)",
+        within="operation_settle",
     ),
     m(
         "ops-complete-many-names-unsettled",
@@ -559,6 +616,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND o.state IN ('reserved', 'in_flight', 'unknown')\n",
         (HELD,),
         "operation_complete_many: names the unsettled states (their index answers)",
+        within="operation_complete_many",
     ),
     m(
         "ops-reserve-many-names-running",
@@ -568,6 +626,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "      AND t.lease_token = i.lease_token\n    FOR SHARE OF t",
         (HELD,),
         "operation_reserve_many: the fence names state = 'running' (the running-tasks index answers)",
+        within="operation_reserve_many",
     ),
     m(
         "leases-release-names-running",
@@ -576,6 +635,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    WHERE t.tenant_id = $1 AND t.id = $2 AND t.state = 'running'\n      AND t.lease_owner = $3",
         (HELD,),
         "lease_release: names state = 'running' (the running-tasks index answers)",
+        within="lease_release",
     ),
     m(
         "outbox-mark-delivered-names-pending",
@@ -585,6 +645,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "  AND o.state = 'pending'\nRETURNING o.tenant_id, o.id;",
         (HELD,),
         "outbox_mark_delivered: names state = 'pending' (the pending-messages index answers)",
+        within="outbox_mark_delivered",
     ),
     m(
         "outbox-mark-failed-names-pending",
@@ -594,5 +655,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "  AND o.state = 'pending'\nRETURNING o.state,",
         (HELD,),
         "outbox_mark_failed: names state = 'pending' (the pending-messages index answers)",
+        within="outbox_mark_failed",
     ),
 )

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dev.mutate.catalogue import (
     ATTACKS,
-    M_CONTROL_FLOW,
-    M_RETENTION,
     M_STEPS,
+    MIGRATIONS,
     Mutant,
     T,
     m,
@@ -23,35 +22,39 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---- the database's rules ------------------------------------------------------------
     m(
         "steps-guard-any-token",
-        M_STEPS,
+        MIGRATIONS,
         "    IF task.state <> 'running' OR task.lease_token <> NEW.lease_token THEN\n",
         "    IF task.state <> 'running' THEN\n",
         (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard]",),
         "agentdb_guard_step: a worker whose lease was taken over records a step (G12)",
+        within="agentdb_guard_step",
     ),
     m(
         "steps-guard-finished-task",
-        M_STEPS,
+        MIGRATIONS,
         "    IF task.state IN ('succeeded', 'failed', 'cancelled', 'dead') THEN\n",
         "    IF false THEN\n",
         (ATTACKS + "::test_attack_is_refused[G20-agent_steps_guard]",),
         "agentdb_guard_step: a finished task's step is refused as a lease problem, not AG012",
+        within="agentdb_guard_step",
     ),
     m(
         "steps-guard-recorded-changes",
-        M_STEPS,
+        MIGRATIONS,
         "           OLD.state <> 'waiting' OR NEW.state <> 'done'\n",
         "           NEW.state <> 'done'\n",
         (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard-recorded]",),
         "agentdb_guard_step: a recorded (done) step's result may be rewritten",
+        within="agentdb_guard_step",
     ),
     m(
         "steps-guard-takes-any-signal",
-        M_STEPS,
+        MIGRATIONS,
         "    IF NEW.signal_seq IS NOT NULL AND NOT EXISTS (\n",
         "    IF false AND NOT EXISTS (\n",
         (ATTACKS + "::test_attack_is_refused[G25-agent_steps_guard-no-signal]",),
         "agentdb_guard_step: a step takes a signal its task was never sent",
+        within="agentdb_guard_step",
     ),
     m(
         "steps-signal-taken-twice",
@@ -63,7 +66,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "outbox-message-for-a-cancelled-task",
-        M_CONTROL_FLOW,
+        MIGRATIONS,
         "    IF task_state = 'cancelled' THEN\n",
         "    IF false THEN\n",
         (
@@ -71,19 +74,21 @@ MUTANTS: tuple[Mutant, ...] = (
             TESTS + "::test_G20_a_message_enqueued_for_a_cancelled_task_is_refused",
         ),
         "agentdb_guard_outbox_task: a message naming a cancelled task is enqueued (G20)",
+        within="agentdb_guard_outbox_task",
     ),
     m(
         "delete-tenant-leaves-its-steps",
-        M_RETENTION,
+        MIGRATIONS,
         "        DELETE FROM agent_steps s WHERE s.tenant_id = p_tenant;\n"
         "        GET DIAGNOSTICS n_steps = ROW_COUNT;\n",
         "        n_steps := 0;\n",
         (T + "test_tenant_deletion.py",),
         "agentdb_delete_tenant: the tenant's steps stay, and its tasks cannot go (G17)",
+        within="agentdb_delete_tenant",
     ),
     m(
         "purge-leaves-steps",
-        M_RETENTION,
+        MIGRATIONS,
         "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
         "        WHERE s.tenant_id = p_tenant AND k.tenant_id = p_tenant AND k.id = s.task_id\n",
         "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
@@ -91,16 +96,18 @@ MUTANTS: tuple[Mutant, ...] = (
         " AND k.id = s.task_id\n",
         (T + "test_retention.py::test_G9_G25_a_purged_task_takes_its_steps_with_it",),
         "agentdb_purge_tasks: a finished task's steps stay, so the task is never purged",
+        within="agentdb_purge_tasks",
     ),
     m(
         "purge-leaves-steps-of-every-tenant",
-        M_RETENTION,
+        MIGRATIONS,
         "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
         "        WHERE k.tenant_id = s.tenant_id AND k.id = s.task_id\n",
         "        DELETE FROM agent_steps s\n        USING agent_tasks k\n"
         "        WHERE false AND k.tenant_id = s.tenant_id AND k.id = s.task_id\n",
         (T + "test_retention.py::test_G9_G25_a_purged_task_takes_its_steps_with_it",),
         "agentdb_purge_tasks (every tenant): a finished task's steps stay; it is never purged",
+        within="agentdb_purge_tasks",
     ),
     m(
         "step-take-ignores-taken",
@@ -110,6 +117,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (TESTS + "::test_G25_a_wait_takes_one_signal_once_and_a_re_entry_gets_the_same_one",),
         "step_take_signal: a second wait takes the signal the first one took",
+        within="step_take_signal",
     ),
     m(
         "wait-refunds-no-attempt",
@@ -118,6 +126,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                        THEN t.attempts ELSE t.attempts END,",
         (TESTS + "::test_G25_a_sleep_ends_once",),
         "task_transition: a run that ends waiting keeps its attempt (waits wear a task out)",
+        within="task_transition",
     ),
     # ---- the straight-line API ---------------------------------------------------------------
     m(
@@ -127,6 +136,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if found.kind != kind:",
         (TESTS,),
         "Durable: a step name reached with other arguments replays the other call's result",
+        within="Durable._recorded",
     ),
     m(
         "effect-replay-asks-the-database",
@@ -135,6 +145,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:",
         (TESTS + "::test_G25_replaying_k_recorded_steps_costs_one_round_trip",),
         "Durable.effect: a recorded effect is replayed by a reserve, not from the ledger read",
+        within="Durable.effect",
     ),
     m(
         "effect-definite-failure-as-unknown",
@@ -143,6 +154,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            await self.mark_unknown(op, describe(exc))",
         (TESTS,),
         "Durable.effect: a definite failure (NotPerformed) is recorded unknown",
+        within="Durable.effect",
     ),
     m(
         "step-result-unmasked",
@@ -151,6 +163,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    return json_value(value, cap=OBJECT_CAP,",
         (TESTS,),
         "Durable: a step's result is stored with its secrets",
+        within="_stored",
     ),
     m(
         "wait-leaves-the-cursor",
@@ -159,6 +172,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        self.signals_read = self.signals_read",
         (TESTS + "::test_G25_a_wait_takes_one_signal_once_and_a_re_entry_gets_the_same_one",),
         "Durable.wait_for_signal: the wait does not sleep past the signals already taken",
+        within="Durable.wait_for_signal",
     ),
     m(
         "run-children-no-quorum",
@@ -167,6 +181,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        need = len(wanted)",
         (TESTS + "::test_G25_a_quorum_returns_the_results_it_saw_and_keeps_them",),
         "Durable.run_children: a quorum waits for every child",
+        within="Durable.run_children",
     ),
     # ---- an unknown outcome, with and without a hook (G13) ---------------------------------
     m(
@@ -176,6 +191,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         (TESTS, T + "test_worker.py"),
         "Job._recover: an effect declared MANUAL is called again instead of parked",
+        within="Job._recover",
     ),
     m(
         "recover-never-called-again",
@@ -185,6 +201,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            raise OperationUnsettled(op)\n",
         (TESTS, T + "test_worker.py"),
         "Job._recover: without a hook the provider is never called again (the README's trap)",
+        within="Job._recover",
     ),
     m(
         "recover-own-attempt-twice",
@@ -193,6 +210,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            if busy.operation.task_id != self.task.id:",
         (T + "test_worker.py::test_G13_a_key_reserved_twice_in_one_attempt_is_in_flight",),
         "Job.reserve: a key reserved twice in one attempt is handed out fresh twice",
+        within="Job._reserve_effect",
     ),
     m(
         "parked-spends-its-attempt",
@@ -201,6 +219,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    refund_attempt=False,\n                )\n                self.stats.parked += 1",
         (TESTS, T + "test_worker.py"),
         "worker: a task parked for an operator spends an attempt each time it looks",
+        within="Worker._run_job",
     ),
     m(
         "cursor-moves-on-every-wait",
@@ -209,6 +228,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "                    signals_read=job.signals_read,",
         (TESTS,),
         "worker: a Wait for children moves the signal cursor (the README's approval trap)",
+        within="Finisher._write",
     ),
     m(
         "lease-watch-blind",

@@ -50,7 +50,7 @@ import psycopg
 from psycopg import sql
 
 from agentdb.tools._common import CITUS_ENV, ON_CITUS_ENV
-from dev.mutate.catalogue import Mutant, all_mutants
+from dev.mutate.catalogue import Mutant, Unanchored, all_mutants, apply, locate
 from dev.mutate.generate import generated_mutants, sample
 
 __all__ = ["Outcome", "check_catalogue", "main"]
@@ -87,10 +87,10 @@ def check_catalogue(root: Path, mutants: Sequence[Mutant]) -> list[str]:
         if m.id in seen:
             problems.append(f"{m.id}: duplicate id")
         seen.add(m.id)
-        text = (root / m.path).read_text(encoding="utf-8")
-        count = text.count(m.find)
-        if count != 1:
-            problems.append(f"{m.id}: `find` occurs {count} times in {m.path}")
+        try:
+            locate(root, m)
+        except Unanchored as e:
+            problems.append(str(e))
         if m.find == m.replace:
             problems.append(f"{m.id}: the edit changes nothing")
         for target in m.tests:
@@ -274,9 +274,9 @@ def _judge(m: Mutant, code: int, last: str) -> tuple[str, str]:
 
 
 def _run_one(root: Path, copy: Path, m: Mutant, dsn: str, timeout: float) -> Outcome:
-    target = copy / m.path
-    pristine = (root / m.path).read_text(encoding="utf-8")
-    target.write_text(pristine.replace(m.find, m.replace, 1), encoding="utf-8")
+    path, pristine, mutated = apply(root, m)
+    target = copy / path
+    target.write_text(mutated, encoding="utf-8")
     started = time.monotonic()
     try:
         code, last = _pytest(copy, dsn, m.tests, timeout, m.citus)
@@ -413,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the CLI, fla
     if args.list:
         for m in mutants:
             flag = " (equivalent)" if m.equivalent else ""
-            print(f"{m.id:45} {m.path}{flag}")
+            print(f"{m.id:45} {locate(root, m).path}{flag}")
         print(f"{len(mutants)} mutants")
         return 0
     started = time.monotonic()
