@@ -11,6 +11,8 @@ MUTATE_ARGS ?=
 # make mutate-sample: how many generated mutants, and the seed that picks them.
 N ?= 100
 SEED ?= 1
+# make mutate-python: the library modules mutmut mutates.
+MODULES ?= agentdb/redaction.py
 
 .DEFAULT_GOAL := help
 
@@ -95,6 +97,9 @@ mutate-citus: $(VENV)/.dev ## The mutants of the Citus statements, their tests r
 mutate-generated: $(VENV)/.dev ## Every mechanical SQL mutant from the parse tree (dev/mutate/generate.py; long: use mutate-sample)
 	$(BIN)/python -m dev.mutate --generated $(MUTATE_ARGS)
 
+mutate-python: $(VENV)/.dev ## mutmut's mutants of library modules (MODULES="agentdb/redaction.py ..."; dev/mutate/python.py)
+	$(BIN)/python -m dev.mutate.python $(MODULES) $(MUTATE_ARGS)
+
 mutate-sample: $(VENV)/.dev ## A seeded sample of the generated SQL mutants (N=100, SEED=1; MUTATE_ARGS=--jobs 1 ...)
 	$(BIN)/python -m dev.mutate --generated --sample $(N) --seed $(SEED) $(MUTATE_ARGS)
 
@@ -141,4 +146,4 @@ ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGEN
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis build dist mutation-results site
 
-.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate mutate-citus mutate-generated mutate-sample readme docs docs-build fmt example schema sql migrate rollback status audit purge ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate mutate-citus mutate-generated mutate-python mutate-sample readme docs docs-build fmt example schema sql migrate rollback status audit purge ci clean

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 
 from agentdb import tasks
 from agentdb._db.jsonb import document
-from agentdb.errors import PayloadTooLarge
-from agentdb.redaction import MASK, Redactor, redact
+from agentdb.errors import ConfigurationError, PayloadTooLarge
+from agentdb.redaction import DEFAULT, MASK, Redactor, configure, mask, redact
 from tests.conftest import Tenants
 
 # Secrets of every family the redactor knows, each with a distinctive tail so
@@ -240,3 +241,103 @@ async def test_G9_document_refuses_exactly_what_jsonb_renders_over_the_cap(
             document(doc, cap=cap, what="payload")
     else:
         assert document(doc, cap=cap, what="payload") is not None
+
+
+# What mutmut found no test for (`make mutate-python MODULES=agentdb/redaction.py`).
+# Each test builds its own Redactor: the module's default is built at import, before
+# a mutant of the constructor could be switched on, so only a new one shows it.
+
+
+def test_G9_a_key_naming_a_secret_is_found_in_any_case_and_an_ordinary_key_is_not() -> None:
+    """Kills mutmut's __post_init__ mutants 4, 5 and 20: IGNORECASE dropped, an empty
+    alternative that matches every key, and the last default key name garbled."""
+    r = Redactor()
+    assert r.redact({"PASSWORD": "a", "Api_Key": "b", "SIGNATURE": "c", "signature": "d"}) == {
+        "PASSWORD": MASK, "Api_Key": MASK, "SIGNATURE": MASK, "signature": MASK,
+    }  # fmt: skip
+    assert r.redact({"city": "Lyon", "count": 3}) == {"city": "Lyon", "count": 3}
+    extra = Redactor(extra_keys="tenant_pin")
+    assert extra.redact({"Tenant_PIN": "1234", "city": "Lyon"}) == {
+        "Tenant_PIN": MASK, "city": "Lyon",
+    }  # fmt: skip
+
+
+def test_G9_masked_stretches_merge_when_they_touch_and_each_apart_stays_apart() -> None:
+    """Kills mutmut's _mask mutants 12, 18, 19, 20, 21 and 22: touching stretches
+    masked twice, the walk stopped after a merge, and the text between stretches lost."""
+    r = Redactor(extra_patterns=("foo", "bar", "ab", "bc", "xyz"))
+    assert r.mask("foobar") == MASK  # (0, 3) and (3, 6) touch: one mask
+    assert r.mask("abc-xyz") == f"{MASK}-{MASK}"  # a merge, then a stretch after it
+    assert r.mask("1 xyz 2 xyz 3 xyz 4") == f"1 {MASK} 2 {MASK} 3 {MASK} 4"
+    # Three stretches chained by overlaps are one: stopped after the first merge, the
+    # third would be cut at the mask and no pattern would find what is left of it.
+    chained = Redactor(extra_patterns=("abc", "bcd", "cdefgh"))
+    assert chained.mask("abcdefgh") == MASK
+
+
+def test_G9_a_value_of_exactly_the_limit_stays_and_one_byte_more_is_a_reference() -> None:
+    """Kills mutmut's _string mutants 12 (> to >=) and 13 (no digest)."""
+    r = Redactor(max_value_bytes=16)
+    assert r.redact({"v": "é" * 8}) == {"v": "é" * 8}  # 16 bytes in UTF-8
+    longer = "é" * 8 + "!"
+    digest = hashlib.sha256(longer.encode()).hexdigest()
+    assert r.redact({"v": longer}) == {"v": {"$ref": f"sha256:{digest}", "bytes": 17}}
+
+
+def test_G9_mask_keeps_long_values_at_every_depth_and_every_item() -> None:
+    """Kills mutmut's _walk mutants 5, 20, 21, 22, 23 and 24: the refs flag lost on
+    the way down (a long value read back as a reference) or the list items replaced."""
+    r = Redactor(max_value_bytes=4)
+    long = "x" * 10
+    value = [long, {"a": long, "b": [long, 1, None]}, "sk-" + "a" * 20]
+    assert r.mask(long) == long
+    assert r.mask(value) == [long, {"a": long, "b": [long, 1, None]}, MASK]
+    assert r.redact({"l": [long]})["l"][0]["$ref"].startswith("sha256:")
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({1: "x"}, "the event payload has an object key that is not a string: 1"),
+        ({"s": "\ud800"}, "the event payload is not valid Unicode: "),
+    ],
+)
+def test_G9_a_payload_the_redactor_cannot_take_is_refused_with_what_is_wrong(
+    payload: dict[Any, Any], message: str
+) -> None:
+    """Kills mutmut's _walk mutant 9 and redact mutant 6 (the message replaced by None)."""
+    with pytest.raises(ConfigurationError) as raised:
+        Redactor().redact(payload)
+    assert str(raised.value).startswith(message), raised.value
+
+
+def test_G9_a_value_mask_cannot_take_is_refused_with_what_is_wrong() -> None:
+    """Kills mutmut's mask mutant 9 (the message replaced by None)."""
+    with pytest.raises(ConfigurationError) as raised:
+        Redactor().mask(["\ud800"])
+    assert str(raised.value).startswith("the value is not valid Unicode: "), raised.value
+
+
+def test_G9_a_payload_nested_too_deeply_is_refused_in_those_words() -> None:
+    """Kills mutmut's redact mutants 3, 4 and 5 and mask mutants 6, 7 and 8 (the
+    message gone, garbled or shouted)."""
+    deep: dict[str, Any] = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    with pytest.raises(ConfigurationError) as raised:
+        Redactor().redact(deep)
+    assert str(raised.value) == "the event payload is nested too deeply"
+    with pytest.raises(ConfigurationError) as raised:
+        Redactor().mask(deep)
+    assert str(raised.value) == "the value is nested too deeply"
+
+
+def test_G9_the_configured_redactor_is_the_one_redact_and_mask_use() -> None:
+    """Kills mutmut's configure mutant 1 and module-level mask mutant 1 (never reached)."""
+    configure(Redactor(extra_keys="pin", max_value_bytes=4))
+    try:
+        assert redact({"pin": "1", "v": "12345"})["pin"] == MASK
+        assert mask({"pin": "1", "v": "12345"}) == {"pin": MASK, "v": "12345"}
+    finally:
+        configure(DEFAULT)
+    assert redact({"pin": "1"}) == {"pin": "1"}
