@@ -12,6 +12,7 @@ import uuid
 from datetime import UTC, datetime
 
 import asyncpg
+import pytest
 
 from agentdb import operations, outbox, signals, tasks
 from agentdb._ids import new_id
@@ -29,6 +30,24 @@ def test_a_new_id_is_a_version_7_uuid_of_the_millisecond_it_was_made() -> None:
     after = time.time_ns() // 1_000_000
     assert (made.version, made.variant) == (7, uuid.RFC_4122)
     assert before <= _millis(made) <= after
+
+
+@pytest.mark.parametrize(
+    ("now_ns", "millis"),
+    [
+        (1_733_000_000_123_456_789, 1_733_000_000_123),  # an odd millisecond keeps its last bit
+        ((2**48 - 1) * 1_000_000, 2**48 - 1),  # the last millisecond of the 48-bit clock
+        ((2**48 + 5) * 1_000_000, 5),  # year 10889: the clock wraps, the id stays a UUID
+    ],
+)
+def test_a_new_id_holds_exactly_the_48_bits_of_its_millisecond(
+    monkeypatch: pytest.MonkeyPatch, now_ns: int, millis: int
+) -> None:
+    """Kills mutmut's new_id mutants 6-9 (the 48-bit mask widened, dropped or short a bit)."""
+    monkeypatch.setattr(time, "time_ns", lambda: now_ns)
+    made = new_id()
+    assert (made.version, made.variant) == (7, uuid.RFC_4122)
+    assert _millis(made) == millis
 
 
 def test_ids_of_later_milliseconds_sort_after_and_each_keeps_its_random_bits() -> None:

@@ -50,3 +50,9 @@ def test_only_the_library_s_modules_are_mutated(module: str) -> None:
     with pytest.raises(SystemExit) as ended:
         mp.main([module])
     assert ended.value.code == 2
+
+
+def test_a_test_file_that_is_not_there_is_refused_before_mutmut_runs() -> None:
+    with pytest.raises(SystemExit) as ended:
+        mp.main(["agentdb/_dsn.py", "--tests", "tests/test_dsn_nope.py"])
+    assert ended.value.code == 2

@@ -183,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (root / module).is_file():
             parser.error(f"{module}: no such file")
     tests = args.tests or sorted({t for m in args.modules for t in _tests_of(m)})
+    for target in tests:
+        if not (root / target.split("::")[0]).is_file():
+            parser.error(f"{target}: no such test file")
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="agentdb-mutmut-") as tmp,
@@ -201,9 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             check=False,
         )
         codes = _verdicts(copy, args.modules)
-        if not codes:
+        if not codes or None in codes.values():  # mutmut stopped before it checked them all
             print(ran.stdout[-3000:], ran.stderr[-3000:], sep="\n", file=sys.stderr)
-            print("agentdb mutate-python: mutmut made no mutant", file=sys.stderr)
+            print("agentdb mutate-python: mutmut did not check every mutant", file=sys.stderr)
             return 2
         diffs = {n: _diff(copy, n) for n, c in codes.items() if c in _LIVE}
     equivalent = read_equivalent(root)
