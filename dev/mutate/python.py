@@ -44,7 +44,6 @@ EQUIVALENT_FILE = "dev/mutate/equivalent_python.txt"
 # A module whose tests are not (only) tests/test_<module>.py.
 _TESTS: dict[str, tuple[str, ...]] = {
     "agentdb/_db/errormap.py": ("tests/test_exec.py", "tests/test_attacks.py"),
-    "agentdb/_db/jsonb.py": ("tests/test_exec.py", "tests/test_hashing.py"),
     "agentdb/_dsn.py": ("tests/test_cli.py", "tests/test_testing_kit.py"),
 }
 # mutmut's verdict for each exit code of a mutant's run (mutmut.stats.status_by_exit_code).
