@@ -24,6 +24,10 @@ from agentdb.models import Lease, Task
 __all__ = ["Release", "bury_exhausted", "claim", "expire_deadlines", "held", "release", "renew"]
 
 _Q = _db.queries(__name__)
+# The bounds of a task's own lease_ttl (CHECK agent_tasks_lease_ttl_valid), which an
+# override replaces: shorter, a holder loses its task mid-run; longer, a crashed
+# holder's task waits days. At 0 or less the lease would be over before it began.
+_TTL_MIN, _TTL_MAX = timedelta(seconds=1), timedelta(days=1)
 
 
 def _no_string(task_types: object) -> None:
@@ -33,6 +37,11 @@ def _no_string(task_types: object) -> None:
             f"task_types is a list of task types, not the string {task_types!r}: "
             f"pass [{task_types!r}]"
         )
+
+
+def _ttl(lease_ttl: timedelta | None) -> None:
+    if lease_ttl is not None and not _TTL_MIN <= lease_ttl <= _TTL_MAX:
+        raise ConfigurationError(f"lease_ttl must be between 1 second and 1 day, not {lease_ttl}")
 
 
 async def claim(
@@ -60,7 +69,8 @@ async def claim(
 
     Raises:
         ConfigurationError: ``batch`` is not positive; ``task_types`` is a
-            string (a list of task types is meant: ``["send_email"]``).
+            string (a list of task types is meant: ``["send_email"]``); ``lease_ttl``
+            is outside 1 second - 1 day.
         ConcurrencyLimitExceeded: another writer moved one of a capped
             tenant's tasks to running outside the claim at the same moment;
             nothing was claimed: claim again. (On Citus, where each tenant is
@@ -70,6 +80,7 @@ async def claim(
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
     _no_string(task_types)
+    _ttl(lease_ttl)
     types = list(task_types) if task_types is not None else None
     with telemetry.span(
         "agentdb.task.claim", {"agentdb.lease.owner": owner, "agentdb.batch.size": batch}
@@ -115,8 +126,9 @@ async def renew(db: _db.Executor, lease: Lease, *, lease_ttl: timedelta | None =
         LeaseLost: another worker took the task over, or it left 'running';
             stop working on it - nothing you write will land.
         NotFound: no such task.
+        ConfigurationError: ``lease_ttl`` is outside 1 second - 1 day.
     """
-
+    _ttl(lease_ttl)
     row = await _db.fetch_optional(
         db,
         _Q["lease_renew"],

@@ -214,7 +214,7 @@ async def deliver_and_claim(
         the ids marked (see :func:`mark_delivered`), and the messages claimed.
 
     Raises:
-        ConfigurationError: ``batch`` is not positive.
+        ConfigurationError: ``batch`` or ``visibility`` is not positive.
     """
     marked, claimed, _ = await _deliver_and_claim(
         db, relay, delivered, batch, visibility, after_tenant
@@ -234,6 +234,9 @@ async def _deliver_and_claim(
     raises."""
     if batch < 1:
         raise ConfigurationError("batch must be at least 1")
+    if visibility <= timedelta(0):
+        # As for claim: a lease over at once lets another relay publish the message too.
+        raise ConfigurationError(f"visibility must be positive, not {visibility}")
     return await _deliver_and_claim_rows(db, relay, delivered, batch, visibility, after_tenant)
 
 

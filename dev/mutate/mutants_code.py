@@ -402,6 +402,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '        marked: set[uuid.UUID] | None = None\n        if len(claimed) >= self.batch and not self._stopping.is_set():\n            # A full batch: more is probably due. Mark and claim the next at once.\n            try:\n                marked, self._next, buried = await outbox._deliver_and_claim(\n                    self.pool, self.relay_id, ok, self.batch, self.visibility,\n                    self._claim_after,\n                )  # fmt: skip\n                self.stats.dead += buried\n            except (TransientError, OSError) as exc:\n                # As a failed claim is: logged, retried - the mark alone, at once.\n                log.warning("mark and claim failed, marking alone: %s", exc)\n            if self._next:\n                self._count_claim(self._next)\n        if marked is None:\n            marked = await outbox.mark_delivered(self.pool, ok)\n        self.stats.delivered += len(marked)\n        self.stats.lost_claims += len(ok) - len(marked)\n        await self._record_failures(claimed, results)\n        return len(claimed)\n',
         (T + "test_relay.py",),
         "relay: a full batch's failures are recorded after the merged claim (which re-leases them)",
+        within="Relay.run_once",
     ),
     m(
         "worker-reservations-lost-answer-not-checked",

@@ -602,6 +602,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if came is not None and not done:\n        raise came\n",
         (EMBEDDED + "::test_a_signal_before_the_cleanup_holds_signals_restarts_it_and_still_acts",),
         "a Ctrl-C that restarted the cleanup is swallowed: the process carries on",
+        within="_remove",
     ),
     m(
         "loop-made-with-ctrl-c-unheld",

@@ -238,5 +238,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "                pass\n",
         (TESTS + "::test_G20_a_cancel_stops_a_handler_inside_a_long_step_by_the_lease_watch",),
         "worker: the lease watch never tells a job its lease went",
+        within="Worker._watch",
     ),
 )
