@@ -11,16 +11,18 @@ import asyncio
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
 
-from agentdb import leases, operations, tasks
+from agentdb import children, leases, operations, signals, tasks
 from agentdb.errors import ConfigurationError, DeadlineExceeded, LeaseLost, PastDeadline
 from agentdb.models import Task
 from agentdb.worker import Job, Succeed, Worker
+from tests import _pg
 from tests import factories as F
-from tests.conftest import Tenants
+from tests.conftest import Database, Tenants
 
 SOON = timedelta(milliseconds=600)
 
@@ -107,6 +109,10 @@ async def test_G21_a_finish_after_the_deadline_is_refused_by_the_database(
                 to_state=to_state, lease=lease,
             )  # fmt: skip
         assert refused.value.guarantee == "G21"
+    # Nor put to sleep: a wait keeps it alive as a finish would
+    # (kills edges-deadline-guard-lets-a-late-task-wait).
+    with pytest.raises(DeadlineExceeded):
+        await tasks.wait_for_signal(pool, held, "approval", lease=lease)
     with pytest.raises(DeadlineExceeded):
         await leases.release(pool, lease)
     with pytest.raises(DeadlineExceeded):  # not even kept alive by a heartbeat
@@ -234,3 +240,154 @@ async def test_G21_a_late_task_under_an_expired_lease_is_not_taken_over(
     await _passed(admin_conn, task.id)
     assert await leases.claim(pool, "rescuer", task_types=["d-recover"]) == []
     assert await leases.expire_deadlines(pool) == [(tenants.a, task.id)]
+
+
+# ---- every non-final state (issue 35's blind class "deadline rules") -------------------
+
+_WAITS = ("timer", "signal", "approval", "children")
+
+
+async def _waiting(pool: asyncpg.Pool, tenant: uuid.UUID, wait: str) -> tuple[Task, int]:
+    """A task of ``d-wait-<wait>`` put to wait by its holder, as a handler does; and the
+    holder's lease token."""
+    kind = f"d-wait-{wait}"
+    await tasks.create(pool, tenant, kind, deadline=datetime.now(UTC) + timedelta(hours=1))
+    [held] = await leases.claim(pool, "holder", task_types=[kind])
+    assert held.lease is not None
+    lease = held.lease
+    if wait == "timer":  # due again at once: only the deadline keeps a claim off it
+        return await tasks.wait_until(pool, held, datetime.now(UTC), lease=lease), lease.token
+    if wait == "children":
+        await children.spawn(pool, held, "d-child", "only")
+        return await children.wait_for(pool, held, lease=lease), lease.token
+    name = "approval" if wait == "approval" else "go"
+    return await tasks.wait_for_signal(pool, held, name, lease=lease), lease.token
+
+
+@pytest.mark.parametrize("wait", _WAITS)
+async def test_G21_a_waiting_task_past_its_deadline_only_ends_whatever_it_waits_for(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, wait: str
+) -> None:
+    """Closes issue 35's blind class "deadline rules in every non-final state": 'waiting'
+    (on a timer, a signal, an approval, its children), beside the pending and running ones
+    above. Past its deadline a waiting task is not claimed, a write that keeps it alive -
+    its claim, its deadline pushed back, a wake - is refused whoever writes it (AG013),
+    it takes no signal or approval, and the sweep moves it to dead from 'waiting'. Kills
+    the hand mutants edges-deadline-guard-skips-waiting (agent_tasks_deadline_guard's
+    WHEN without 'waiting', as gen-0013.operator-agent_tasks_deadline_guard-list-2, whose
+    mapped tests have no waiting task) and edges-sweep-spares-waiting (the sweep without
+    'waiting', as gen-leases-lease_expire_deadlines-list-2, mapped to test_leases.py,
+    which never sweeps)."""
+    waiting, token = await _waiting(pool, tenants.a, wait)
+    assert waiting.state == "waiting"
+    # The deadline passes while the task waits: one not passed yet may move, versioned.
+    passed = await admin_conn.fetchval("SELECT now() - interval '1 second'")
+    version = await F.update_task(admin_conn, tenants.a, waiting.id, deadline_at=passed,
+                                  state_version=waiting.state_version + 1)  # fmt: skip
+
+    assert await leases.claim(pool, "rescuer", task_types=[waiting.task_type]) == []
+    keep_alive: list[dict[str, object]] = [
+        {"state": "running", "lease_owner": "rogue", "lease_token": token + 1,
+         "lease_acquired_at": passed, "lease_expires_at": passed + timedelta(hours=1)},
+        {"deadline_at": passed + timedelta(hours=1)},
+    ]  # fmt: skip
+    for write in keep_alive:
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await F.update_task(admin_conn, tenants.a, waiting.id, **write,
+                                state_version=version + 1)  # fmt: skip
+        assert refused.value.sqlstate == "AG013"
+        assert _pg.constraint_of(refused.value) == _pg.guard("agent_tasks_deadline_guard")
+    late = await tasks.get(pool, tenants.a, waiting.id)
+    with pytest.raises(DeadlineExceeded):
+        await tasks.wake(pool, late)
+    with pytest.raises(DeadlineExceeded):
+        await tasks.signal(pool, tenants.a, late.id, "go")
+    with pytest.raises(DeadlineExceeded):
+        await signals.approve(pool, tenants.a, late.id, approver="reviewer")
+    assert (await tasks.get(pool, tenants.a, late.id)).state_version == version
+
+    assert await leases.expire_deadlines(pool, actor="sweeper") == [(tenants.a, late.id)]
+    dead = await tasks.get(pool, tenants.a, late.id)
+    assert (dead.state, dead.lease_owner) == ("dead", None)
+    last = (await _events(admin_conn, late.id))[-1]
+    assert (last["event_type"], last["from_state"], last["to_state"]) == (
+        "task.deadline_passed", "waiting", "dead",
+    )  # fmt: skip
+
+
+async def test_G21_a_deadline_has_passed_at_its_own_instant_for_the_guard_and_the_sweep(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Closes issue 35's blind class "deadline rules": the instant itself. A write's instant
+    is its transaction's start, so in one transaction a deadline of now() is exactly now:
+    the guard refuses a claim then, and the sweep ends the task then - the two agree the
+    deadline has passed. Kills edges-deadline-guard-open-at-its-instant (as gen-0006.
+    control_flow-agentdb_guard_deadline-cmp-1, `>=`) and edges-sweep-spares-its-instant (as
+    gen-leases-lease_expire_deadlines-cmp-1, `<`)."""
+    async with admin_conn.transaction():
+        now = await admin_conn.fetchval("SELECT now()")
+        task_id = await F.create_task(admin_conn, tenants.a, deadline_at=now)
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await F.claim_task(admin_conn, tenants.a, task_id)  # in a savepoint of its own
+        assert refused.value.sqlstate == "AG013"
+        assert await leases.expire_deadlines(admin_conn) == [(tenants.a, task_id)]
+    assert (await tasks.get(pool, tenants.a, task_id)).state == "dead"
+
+
+async def test_G21_the_sweep_ends_the_late_task_not_another_tenant_s_of_the_same_id(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Closes issue 35's blind class "deadline rules": what the sweep ends. A task id is
+    unique per tenant only (agent_tasks_pkey is (tenant_id, id)): tenant b may hold a task
+    of the id of a's late one, and the sweep must leave it as it is. Kills
+    edges-sweep-joins-by-id-alone (as gen-leases-lease_expire_deadlines-tenant-1)."""
+    passed = await admin_conn.fetchval("SELECT now() - interval '1 second'")
+    late = await F.create_task(admin_conn, tenants.a, deadline_at=passed)
+    await F.create_task(admin_conn, tenants.b, id=late)  # no deadline: b's work
+    assert await leases.expire_deadlines(pool) == [(tenants.a, late)]
+    assert (await tasks.get(pool, tenants.a, late)).state == "dead"
+    other = await tasks.get(pool, tenants.b, late)
+    assert (other.state, other.state_version) == ("pending", 0)
+
+
+@pytest.mark.plain_postgres("reads pg_stat_activity for the sweep's backend")
+async def test_G21_the_sweep_skips_a_late_task_another_writer_holds(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection,
+    other_conn: asyncpg.Connection, db: Database,
+) -> None:  # fmt: skip
+    """Closes issue 35's blind class "deadline rules": the sweep against a writer that holds
+    the late task - here a cancel, open in its transaction on another connection. The
+    sweep neither waits for it nor ends the task under it (rows another writer holds are
+    left for the next sweep), and once the cancel commits, the task is cancelled with one
+    event and no sweep takes it. Kills edges-sweep-waits-for-a-held-task (as
+    gen-leases-lease_expire_deadlines-lock-2) and edges-sweep-locks-nothing (as -lock-1),
+    by the interleaving, observed in pg_stat_activity - not by a timeout."""
+    passed = await admin_conn.fetchval("SELECT now() - interval '1 second'")
+    late = await F.create_task(admin_conn, tenants.a, task_type="d-held", deadline_at=passed)
+    sweeper = await db.connect()
+    try:
+        async with other_conn.transaction():
+            cancelled = await tasks.cancel(other_conn, tenants.a, late, reason="withdrawn")
+            assert cancelled.state == "cancelled"
+            sweep = asyncio.ensure_future(leases.expire_deadlines(sweeper))
+            await _done_or_blocked(admin_conn, sweeper.get_server_pid(), sweep)
+            assert sweep.done()  # it skipped the held row: it did not queue behind the cancel
+            assert await sweep == []
+        assert await leases.expire_deadlines(sweeper) == []
+    finally:
+        await sweeper.close()
+    assert (await tasks.get(pool, tenants.a, late)).state == "cancelled"
+    assert [e["event_type"] for e in await _events(admin_conn, late)] == [
+        "test", "task.cancelled",
+    ]  # fmt: skip
+
+
+async def _done_or_blocked(admin: asyncpg.Connection, pid: int, work: asyncio.Future[Any]) -> None:
+    """Until ``work`` is over or backend ``pid`` waits on a lock - observed, not slept for."""
+    for _ in range(1000):
+        if work.done() or await admin.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+        ):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} neither finished nor blocked")

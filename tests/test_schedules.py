@@ -373,3 +373,149 @@ async def test_G24_firing_one_schedule_fires_that_schedule_of_that_tenant_only(
     assert [t for t, _ in await _made(admin_conn, two)] == [r["fired_tick"] for r in fired]
     made = [await tasks.get(pool, tenants.a, r["fired_task"]) for r in fired]
     assert {t.task_type for t in made} == {"s-two"}  # two's own row, not one's
+
+
+# ---- the edges (issue 35's blind class "schedule edges") -------------------------------
+
+
+async def test_G24_catch_up_all_fires_exactly_100_ticks_a_call_and_the_rest_on_the_next(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Closes issue 35's blind class "schedule edges": the catch-up cap exactly. With more
+    than 100 ticks missed, one call fires ticks 1 to 100, not one more nor one fewer, and
+    leaves the 101st for the next call. Kills gen-0016.partial_keys-agentdb_fire_schedule-
+    int-1 (the cap 101; it survived every test before this one), -int-2 (99), -cmp-6
+    (`<= 100`) and -and-4 (no cap)."""
+    start = _ago(seconds=130)  # 131 ticks due, one a second: more than one call's cap
+    s = await schedules.create(pool, tenants.a, "cap", "s-cap", every=timedelta(seconds=1),
+                               start_at=start, catch_up="all")  # fmt: skip
+    first = await schedules.fire_due(pool)
+    assert [f.tick for f in first] == [start + timedelta(seconds=i) for i in range(100)]
+    after = await schedules.get(pool, tenants.a, "cap")
+    assert (after.last_tick_at, after.next_tick_at) == (
+        start + timedelta(seconds=99),
+        start + timedelta(seconds=100),
+    )
+    rest = await schedules.fire_due(pool)
+    assert len(rest) >= 31
+    assert [f.tick for f in rest] == [start + timedelta(seconds=100 + i) for i in range(len(rest))]
+    assert len(await _made(admin_conn, s)) == 100 + len(rest)
+
+
+async def test_G24_a_start_exactly_on_a_cron_tick_fires_that_tick(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Closes issue 35's blind class "schedule edges": a start that falls on a cron tick.
+    schedule_create's first tick is "the first of the rule at or after its anchor", so the
+    tick at start_at is the schedule's first and fires - under either catch-up policy.
+    Kills gen-0007.schedules-agentdb_schedule_tick-cmp-1 (`found > p_anchor`: the latest
+    tick at the anchor is no tick) and the hand mutant edges-cron-start-tick-skipped (the
+    first cron tick strictly after the anchor)."""
+    # A daily rule whose tick is this minute's start: due now, the next one a day away, so
+    # what fires does not depend on when in the minute the test runs.
+    start = await admin_conn.fetchval("SELECT date_trunc('minute', clock_timestamp())")
+    cron = f"{start.minute} {start.hour} * * *"
+    made: dict[str, Schedule] = {}
+    for policy in ("latest", "all"):
+        s = await schedules.create(pool, tenants.a, f"on-{policy}", "s-on-tick", cron=cron,
+                                   start_at=start, catch_up=policy)  # fmt: skip
+        assert s.next_tick_at == start
+        made[policy] = s
+    fired = await schedules.fire_due(pool)
+    assert sorted((f.schedule_id, f.tick) for f in fired) == sorted(
+        (s.id, start) for s in made.values()
+    )
+    [(_, payload)] = await _made(admin_conn, made["latest"])
+    assert "skipped_from" not in json.loads(payload)  # nothing before its first tick
+    for s in made.values():
+        again = await schedules.get(pool, tenants.a, s.name)
+        assert (again.last_tick_at, again.next_tick_at) == (start, start + timedelta(days=1))
+
+
+async def _done_or_blocked(admin: asyncpg.Connection, pid: int, work: asyncio.Task[Any]) -> None:
+    """Until ``work`` is over or backend ``pid`` waits on a lock - observed, not slept for."""
+    for _ in range(1000):
+        if work.done() or await admin.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+        ):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} neither finished nor blocked")
+
+
+@pytest.mark.plain_postgres("reads pg_stat_activity for the firing's backend")
+async def test_G24_a_schedule_paused_while_it_fires_fires_nothing_after_the_pause(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Closes issue 35's blind class "schedule edges": a definition changed while firing,
+    on two connections. A pause held open in one transaction: a firing on another neither
+    waits for it nor fires, and once the pause commits nothing was made. A firing held open
+    in one transaction: a pause on another waits for it and keeps the next tick the firing
+    moved to. Kills gen-0016.partial_keys-agentdb_fire_schedule-lock-1 (the unlocked firing
+    reads the row from before the pause and commits a task after it) and -lock-2 (the
+    firing queues behind the pause) by the interleaving, not by a timeout."""
+    start = _ago(minutes=2, seconds=30)
+    s = await schedules.create(pool, tenants.a, "pausing", "s-pause", every=timedelta(minutes=1),
+                               start_at=start, catch_up="all")  # fmt: skip
+    pauser, firer = await asyncpg.connect(db.dsn), await asyncpg.connect(db.dsn)
+    try:
+        pid = await firer.fetchval("SELECT pg_backend_pid()")
+        async with pauser.transaction():
+            assert (await schedules.pause(pauser, tenants.a, "pausing")).paused
+            fire = asyncio.ensure_future(
+                firer.fetch("SELECT * FROM agentdb_fire_schedule($1, $2)", s.tenant_id, s.id)
+            )
+            await _done_or_blocked(admin_conn, pid, fire)
+            assert fire.done()  # it skipped the held row: it did not queue behind the pause
+        assert await fire == []
+        assert await _made(admin_conn, s) == []
+        assert await schedules.fire_due(pool) == []
+
+        # Now the other way round: the firing holds the row, the pause waits for it.
+        await schedules.resume(pool, tenants.a, "pausing")
+        await admin_conn.execute(  # due again, its three ticks missed
+            "UPDATE agent_schedules SET next_tick_at = $3 WHERE tenant_id = $1 AND id = $2",
+            s.tenant_id, s.id, start,
+        )  # fmt: skip
+        pid = await pauser.fetchval("SELECT pg_backend_pid()")
+        async with firer.transaction():
+            fired = await firer.fetch(
+                "SELECT * FROM agentdb_fire_schedule($1, $2)", s.tenant_id, s.id
+            )
+            assert [r["fired_tick"] for r in fired] == [
+                start + timedelta(minutes=i) for i in range(3)
+            ]
+            pause = asyncio.ensure_future(schedules.pause(pauser, tenants.a, "pausing"))
+            await _done_or_blocked(admin_conn, pid, pause)
+            assert not pause.done()
+        paused = await pause
+        assert (paused.paused, paused.next_tick_at) == (True, start + timedelta(minutes=3))
+    finally:
+        await pauser.close()
+        await firer.close()
+    assert len(await _made(admin_conn, s)) == 3
+
+
+async def test_G24_firing_a_schedule_moves_only_its_own_tenant_s_row(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Closes issue 35's blind class "schedule edges": a schedule id is unique per tenant
+    only (agent_schedules_pkey is (tenant_id, id)), so another tenant may hold a schedule
+    of the same id - one inserted with its id, as a copy of a tenant's schedules is. Firing
+    a's must not move b's next tick: b's missed ticks would be lost unfired. Kills
+    gen-0016.partial_keys-agentdb_fire_schedule-tenant-2 (the final UPDATE without its
+    tenant condition), so that mutant is not equivalent."""
+    start = _ago(minutes=2, seconds=30)
+    a = await schedules.create(pool, tenants.a, "twin", "s-twin", every=timedelta(minutes=1),
+                               start_at=start, catch_up="all")  # fmt: skip
+    await admin_conn.execute(
+        "INSERT INTO agent_schedules (tenant_id, id, name, task_type, every, anchor, catch_up,"
+        " next_tick_at) VALUES ($1, $2, 'twin', 's-twin', $3, $4, 'all', $4)",
+        tenants.b, a.id, timedelta(minutes=1), start,
+    )  # fmt: skip
+    fired = await admin_conn.fetch("SELECT * FROM agentdb_fire_schedule($1, $2)", tenants.a, a.id)
+    assert len(fired) == 3
+    b = await schedules.get(pool, tenants.b, "twin")
+    assert (b.last_tick_at, b.next_tick_at) == (None, start)  # untouched by a's firing
+    fired_b = await admin_conn.fetch("SELECT * FROM agentdb_fire_schedule($1, $2)", tenants.b, a.id)
+    assert [r["fired_tick"] for r in fired_b] == [start + timedelta(minutes=i) for i in range(3)]

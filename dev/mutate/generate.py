@@ -125,6 +125,11 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     # A state dropped from the list is refused only when a task reaches it: a failure
     # (tests/test_tasks.py), a worker's failed attempt (tests/test_worker.py).
     "agent_tasks_state_valid": ("tests/test_tasks.py", "tests/test_worker.py"),
+    # The deadline sweep and guard, in every state a task can be late in: the sweep's
+    # module tests (test_leases) never run it, and no attack case holds a waiting task.
+    "lease_expire_deadlines": ("tests/test_deadlines.py",),
+    "agent_tasks_deadline_guard": ("tests/test_deadlines.py",),
+    "agentdb_guard_deadline": ("tests/test_deadlines.py",),
 }
 # routed_<word>_...: the plain statements' module whose twin it is.
 _ROUTED_TESTS: dict[str, str] = {
