@@ -148,6 +148,9 @@ def test_known_vectors() -> None:
         b'{"a":[1e2,15e-1,1,0,1e-1],"b":1}'
     )
     assert canonical_json(True) != canonical_json(1)
+    # mutmut's _encode mutant 11: False taken for the number 0 (it is an int too).
+    assert canonical_json(False) == b"false"
+    assert canonical_json([False, 0]) == b"[false,0]"
     assert canonical_json("1") != canonical_json(1)
     assert input_hash({}) == "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
     # Stored hashes stay valid across upgrades: these are what earlier versions computed.
@@ -159,12 +162,31 @@ def test_known_vectors() -> None:
     )
 
 
+_JSON_TYPES = "use JSON types (dict, list, str, int, float, Decimal, bool, None)"
+_DEEP: list[Any] = []
+for _ in range(5000):
+    _DEEP = [_DEEP]
+
+
 @pytest.mark.parametrize(
-    "bad", [float("nan"), float("inf"), b"bytes", {1: "int key"}, {"é": 1, "e\u0301": 2}, {1, 2}]
+    ("bad", "message"),
+    [
+        (float("nan"), "cannot hash a non-finite number: nan"),
+        (float("inf"), "cannot hash a non-finite number: inf"),
+        (b"bytes", f"cannot hash a value of type bytes: {_JSON_TYPES}"),
+        ({1, 2}, f"cannot hash a value of type set: {_JSON_TYPES}"),
+        ({1: "int key"}, "cannot hash an object key of type int"),
+        ({"é": 1, "e\u0301": 2}, "two keys are equal after NFC normalisation: 'é'"),
+        ("\ud800", "cannot hash a string that is not valid Unicode: 'utf-8' codec can't encode"),
+        (_DEEP, "cannot hash a value nested this deeply"),
+    ],
 )
-def test_non_json_inputs_are_refused(bad: Any) -> None:
-    with pytest.raises(ConfigurationError):
+def test_non_json_inputs_are_refused_saying_what_is_wrong(bad: Any, message: str) -> None:
+    """Kills mutmut's messages-lost mutants: _encode 32, 33, 42, 60-64, _number 8 and
+    canonical_json 11-14."""
+    with pytest.raises(ConfigurationError) as raised:
         input_hash(bad)
+    assert str(raised.value).startswith(message), raised.value
 
 
 # ---- every field of a request is in the hash that answers its replay ---------------------
