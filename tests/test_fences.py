@@ -17,12 +17,24 @@ import asyncpg
 import pytest
 from asyncpg.transaction import Transaction
 
-from agentdb import leases, operations, outbox, tasks
-from agentdb.errors import LeaseLost, OperationInFlight, OutboxLeaseLost, StaleVersion
+from agentdb import leases, operations, outbox, signals, tasks
+from agentdb.errors import (
+    LeaseLost,
+    OperationInFlight,
+    OutboxLeaseLost,
+    SignalRuleViolation,
+    StaleVersion,
+)
 from agentdb.models import Lease, OutboxMessage, Task
 from agentdb.operations import Completion, ReserveRequest
+from agentdb.worker import Job, Worker
 from tests import factories as F
 from tests.conftest import RUNTIME, Database, Tenants
+from tests.test_worker import (
+    _until,
+    asyncio_errors,  # noqa: F401 - autouse: guards these tests too
+    running,
+)
 
 OWNER = "worker-on-host-1"  # a restarted worker reusing its id: the owner alone fences nothing
 
@@ -102,6 +114,49 @@ async def test_G12_a_stale_holder_with_the_same_owner_name_is_fenced_by_its_toke
     assert done.state == "succeeded"
 
 
+async def test_G12_a_worker_stops_the_attempt_a_same_owner_restart_took_over(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Blind class of issue 35: what the holder taken over from may no longer do. A
+    worker stalled past its lease; a restart under the same worker id took the task over
+    (token 2). The lease watch finds the task still under the worker's name - only the
+    token says the lease is no longer this attempt's - and stops the stale handler long
+    before its heartbeat (a third of a 30-minute lease) would. Kills
+    reclaim-watch-by-owner-only."""
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+
+    task = await tasks.create(pool, tenants.a, "t", lease_ttl=timedelta(minutes=30))
+    # One slot, held by the stalled attempt: the worker cannot take the task over itself.
+    stale = Worker(pool, {"t": handler}, worker_id=OWNER, poll_interval=0.05, concurrency=1)
+    async with running(stale):
+        await asyncio.wait_for(started.wait(), 10)
+        await F.expire_lease(admin_conn, task.id)
+        [current] = await leases.claim(pool, OWNER)
+        assert (current.id, current.lease_token) == (task.id, 2)
+        await asyncio.wait_for(stopped.wait(), 20)
+        await _until(lambda: _lease_lost(stale))
+    now = await tasks.get(pool, tenants.a, task.id)
+    assert (now.state, now.lease_owner, now.lease_token) == ("running", OWNER, 2)
+    assert (stale.stats.succeeded, stale.stats.released_unfinished) == (0, 0)
+    events = await admin_conn.fetch(
+        "SELECT event_type FROM agent_events WHERE task_id = $1 ORDER BY id", task.id
+    )
+    assert [e["event_type"] for e in events] == ["task.created", "task.claimed", "task.reclaimed"]
+
+
+async def _lease_lost(worker: Worker) -> bool:
+    return worker.stats.lease_lost == 1
+
+
 async def test_G12_batches_fence_a_same_owner_stale_holder_by_its_token(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
@@ -142,6 +197,38 @@ async def test_G12_batches_fence_a_same_owner_stale_holder_by_its_token(
     [finished] = await tasks.finish_many(pool, [current])
     assert isinstance(finished, Task)
     assert finished.state == "succeeded"
+
+
+async def test_G22_a_holder_that_took_the_task_over_cannot_approve_it_once_its_lease_ended(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Blind class of issue 35: reclaim-then-act. The only record that the rescuer
+    held the task is its take-over's event, ``task.reclaimed`` (not ``task.claimed``):
+    once it waits, its lease gone, that event alone must refuse its approval. Kills
+    gen-0006.control_flow-agentdb_guard_signal-list-6 (the guard reads claim events only)."""
+    await tasks.create(pool, tenants.a, "t")
+    [first] = await leases.claim(pool, "crashed-worker")
+    await F.expire_lease(admin_conn, first.id)
+    [rescued] = await leases.claim(pool, "rescuer")
+    assert (rescued.id, rescued.lease_token) == (first.id, 2)
+    assert (
+        await admin_conn.fetchval(
+            "SELECT event_type FROM agent_events WHERE task_id = $1 AND actor_id = 'rescuer'",
+            rescued.id,
+        )
+        == "task.reclaimed"
+    )
+    waiting = await tasks.wait_for_signal(pool, rescued, "approval", lease=_lease(rescued))
+    assert (waiting.state, waiting.lease_owner) == ("waiting", None)
+
+    for holder in ("rescuer", "crashed-worker"):
+        with pytest.raises(SignalRuleViolation) as refused:
+            await signals.approve(pool, tenants.a, rescued.id, approver=holder)
+        assert refused.value.sqlstate == "AG014"
+    assert (await tasks.get(pool, tenants.a, rescued.id)).state == "waiting"
+    # Control: a reviewer who never held it approves, and the task wakes.
+    await signals.approve(pool, tenants.a, rescued.id, approver="reviewer")
+    assert (await tasks.get(pool, tenants.a, rescued.id)).state == "pending"
 
 
 async def test_G7_a_stale_operation_version_is_refused_while_the_state_still_fits(
@@ -341,6 +428,24 @@ async def test_G12_a_live_lease_and_a_future_wake_up_are_not_claimed(
     [held] = await leases.claim(pool, "w1", lease_ttl=timedelta(minutes=5))
     assert await leases.claim(pool, "w2", batch=5) == []
     assert held.lease_token == 1
+
+
+async def test_G12_a_claim_takes_over_only_expired_leases_of_the_types_it_asked_for(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Blind class of issue 35: reclaim-then-act. A take-over is a claim like any other: a
+    worker that runs only type 't' must not rescue an expired 'other' it has no handler
+    for (it could only give it back, an attempt spent). Nothing else is due, so only the
+    expired lease's own type filter can refuse it. Kills gen-leases-lease_claim-and-27."""
+    await tasks.create(pool, tenants.a, "other")
+    [stalled] = await leases.claim(pool, "w-other", task_types=["other"])
+    await F.expire_lease(admin_conn, stalled.id)
+    assert await leases.claim(pool, "w-t", batch=5, task_types=["t"]) == []
+    now = await tasks.get(pool, tenants.a, stalled.id)
+    assert (now.lease_owner, now.lease_token, now.attempts) == ("w-other", 1, 1)
+    # Control: a worker for 'other' takes it over.
+    [rescued] = await leases.claim(pool, "w-other-2", task_types=["other"])
+    assert (rescued.id, rescued.lease_token, rescued.attempts) == (stalled.id, 2, 2)
 
 
 async def test_G10_a_relay_that_lost_its_claim_cannot_mark_it_failed_or_delivered_twice(

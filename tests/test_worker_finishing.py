@@ -2,8 +2,10 @@
 
 The database refuses the write, the connection is lost under it, it keeps
 failing, even the release fails: the task still leaves 'running', by the
-worker that ran it, within seconds - never at lease expiry. SIGTERM releases
-every lease still held, mid-handler or mid-finish.
+worker that ran it, within seconds - never at lease expiry. A write whose answer
+was lost after it committed is found landed - on the last attempt too - and told
+apart from another worker's finish. SIGTERM releases every lease still held,
+mid-handler or mid-finish.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import pytest
 from agentdb import leases, tasks
 from agentdb.errors import PoolerMismatch, TransientError
 from agentdb.models import Lease, Message, Task
-from agentdb.worker import Job, Succeed, Worker
+from agentdb.worker import Job, Retry, Succeed, Worker
 from agentdb.worker.finish import WRITE_TRIES
+from tests import factories as F
 from tests.conftest import Database, Tenants
 from tests.test_worker import (
     _exists,
@@ -261,6 +264,176 @@ async def test_a_heartbeat_error_it_does_not_understand_neither_kills_it_nor_the
         await _serves_another(pool, tenants.a)
     assert renewals[0] >= 2
     assert worker.stats.lease_lost == 0
+
+
+# ---- finishing writes whose answer was lost ----------------------------------------
+
+
+def _answer_lost_once(
+    monkeypatch: pytest.MonkeyPatch, module: Any, name: str, task_id: uuid.UUID
+) -> list[int]:
+    """``module.name`` (a write that takes the task's lease: ``tasks.transition``,
+    ``leases.release``): its first call for ``task_id`` commits, then raises as if the
+    connection was lost before the answer came back; every other call is served."""
+    real = getattr(module, name)
+    lost: list[int] = []
+
+    async def answer_lost(*args: Any, **kw: Any) -> Any:
+        done = await real(*args, **kw)
+        leases_given = [a for a in (*args, *kw.values()) if isinstance(a, Lease)]
+        if not lost and any(lease.task_id == task_id for lease in leases_given):
+            lost.append(1)
+            raise TransientError("connection lost after the commit: test")
+        return done
+
+    monkeypatch.setattr(module, name, answer_lost)
+    return lost
+
+
+async def test_a_lone_success_on_the_last_attempt_whose_answer_was_lost_is_found_landed(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blind class of issue 35: a finishing write whose answer was lost, on the task's last
+    attempt. The success commits alone (no group commit to share) and its answer is lost;
+    the retry is refused by the fence and must find the success landed: succeeded once,
+    nothing released, no attempt more, not dead. Kills reclaim-lone-lost-answer-not-checked."""
+
+    async def done(job: Job) -> Succeed:
+        return Succeed(payload={"n": 1}, outbox=(Message("fixture.done", {"n": 1}),))
+
+    task = await tasks.create(pool, tenants.a, "bad", max_attempts=1, lease_ttl=LONG)
+    lost = _answer_lost_once(monkeypatch, tasks, "transition", task.id)
+    worker = _worker(pool, done)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "succeeded"))
+        await _serves_another(pool, tenants.a)
+    assert lost == [1]
+    now = await tasks.get(pool, tenants.a, task.id)
+    assert (now.state, now.attempts, now.lease_owner, now.last_error) == (
+        "succeeded",
+        1,
+        None,
+        None,
+    )
+    assert (await _events(admin_conn, task.id))[-2:] == ["task.claimed", "task.succeeded"]
+    assert await _outbox_rows(admin_conn, task.id) == 1
+    s = worker.stats
+    assert (s.succeeded, s.late_writes_refused, s.released_unfinished, s.failed) == (2, 0, 0, 0)
+
+
+async def test_a_give_back_on_the_last_attempt_whose_answer_was_lost_is_found_dead(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blind class of issue 35: a finishing write whose answer was lost, on the task's last
+    attempt. The handler asks for a retry; with no attempt left the release lands the task
+    in 'dead', and its answer is lost. The retry of the release is refused (the lease is
+    gone) and must find that 'dead' landed: counted as a task that died, not as a retry
+    and not as a lease taken over; nothing written twice. Kills
+    reclaim-lost-release-dead-not-landed."""
+
+    async def again(job: Job) -> Retry:
+        return Retry("the provider said later")
+
+    task = await tasks.create(pool, tenants.a, "bad", max_attempts=1, lease_ttl=LONG)
+    lost = _answer_lost_once(monkeypatch, leases, "release", task.id)
+    worker = _worker(pool, again)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "dead"))
+        await _serves_another(pool, tenants.a)
+    assert lost == [1]
+    now = await tasks.get(pool, tenants.a, task.id)
+    assert (now.state, now.attempts, now.lease_owner) == ("dead", 1, None)
+    assert now.last_error == "the provider said later"
+    assert (await _events(admin_conn, task.id))[-2:] == ["task.claimed", "task.retry"]
+    s = worker.stats
+    assert (s.failed, s.retried, s.late_writes_refused, s.released_unfinished) == (1, 0, 0, 0)
+
+
+async def test_a_last_attempt_released_after_its_finish_kept_failing_is_logged_dead(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Blind class of issue 35: a finishing write whose answer was lost, on the task's last
+    attempt. The success never gets through, so the lease is given back - which, with no
+    attempt left, lands the task in 'dead' - and the give-back's answer is lost too. Its
+    retry finds the release landed, and the log says where the task is: dead, not
+    pending. Kills reclaim-give-back-logged-pending."""
+    task = await tasks.create(pool, tenants.a, "bad", max_attempts=1, lease_ttl=LONG)
+    transition, calls = _refusing(task.id)
+    monkeypatch.setattr(tasks, "transition", transition)
+    lost = _answer_lost_once(monkeypatch, leases, "release", task.id)
+    worker = _worker(pool, _ok)
+    with caplog.at_level(logging.WARNING, logger="agentdb.worker"):
+        async with running(worker):
+            await _until(lambda: _state_is(pool, tenants.a, task.id, "dead"))
+            await _serves_another(pool, tenants.a)
+    assert (calls[0], lost) == (WRITE_TRIES, [1])
+    assert (await _events(admin_conn, task.id))[-2:] == ["task.claimed", "task.released"]
+    assert (worker.stats.released_unfinished, worker.stats.late_writes_refused) == (1, 0)
+    released = [r.getMessage() for r in caplog.records if "lease released" in r.getMessage()]
+    assert len(released) == 1
+    assert f"task {task.id}: lease released (now dead)" in released[0]
+
+
+async def test_a_finishing_write_lost_while_another_worker_took_over_is_a_late_write(
+    pool: asyncpg.Pool,
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blind class of issue 35: a finishing write whose answer was lost while another worker
+    moved the task. The success does not land; before its retry the lease runs out, a
+    rival reclaims the task and finishes it. The retry is refused, and the task is
+    'succeeded' with no lease - but two versions on, by the rival: the worker must count
+    a late write refused, not its own success (nor release anything). Kills
+    reclaim-landed-any-version."""
+    task = await tasks.create(pool, tenants.a, "bad", lease_ttl=LONG)
+    real = tasks.transition
+    rival: list[Task] = []
+    lost: list[int] = []
+
+    async def transition(db: Any, tenant_id: uuid.UUID, tid: uuid.UUID, **kw: Any) -> Task:
+        lease: Lease | None = kw.get("lease")
+        if tid == task.id and lease is not None and lease.owner == "flaky" and not lost:
+            lost.append(1)
+            # The write is lost before it commits; meanwhile the lease runs out and the
+            # rival takes the task over and finishes it.
+            await F.expire_lease(admin_conn, task.id)
+            [took] = await leases.claim(pool, "rival", task_types=["bad"])
+            assert took.lease is not None
+            rival.append(
+                await real(
+                    pool, tenants.a, task.id, expected_version=took.state_version,
+                    to_state="succeeded", lease=took.lease,
+                )
+            )  # fmt: skip
+            raise TransientError("lost the database connection: test")
+        return await real(db, tenant_id, tid, **kw)
+
+    monkeypatch.setattr(tasks, "transition", transition)
+    # One slot, held by the finishing job: the worker cannot take its own expired task
+    # over before the rival does.
+    worker = _worker(pool, _ok, worker_id="flaky", concurrency=1)
+    async with running(worker):
+        await _until(lambda: _state_is(pool, tenants.a, task.id, "succeeded"))
+        await _serves_another(pool, tenants.a)
+    [theirs] = rival
+    now = await tasks.get(pool, tenants.a, task.id)
+    assert (now.state_version, now.attempts, now.lease_token) == (theirs.state_version, 2, 2)
+    events = await _events(admin_conn, task.id)
+    assert events[-3:] == ["task.claimed", "task.reclaimed", "task.succeeded"]
+    assert events.count("task.succeeded") == 1
+    s = worker.stats
+    assert (s.succeeded, s.late_writes_refused, s.released_unfinished) == (1, 1, 0)
 
 
 MISMATCH = "a transaction-pooling proxy is in the way (test)"

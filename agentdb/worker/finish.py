@@ -276,10 +276,17 @@ class Finisher:
             ),
             lands_in=("pending", "dead"),
         )
-        if released is not None and released.state == "dead":
+        # A release whose answer was lost but which landed (None) decided as the
+        # statement does: on the row the job holds, whose attempts no one else moved.
+        died = (
+            released.state == "dead"
+            if released is not None
+            else not outcome.refund_attempt and task.attempts >= task.max_attempts
+        )
+        if died:
             self.stats.failed += 1
             log.warning(
-                "task %s is dead after %d attempts: %s", task.id, released.attempts, outcome.error
+                "task %s is dead after %d attempts: %s", task.id, task.attempts, outcome.error
             )
         else:
             self.stats.retried += 1
@@ -369,7 +376,10 @@ class Finisher:
             return
         self._held.pop(job.task.id, None)
         self.stats.released_unfinished += 1
-        state = released.state if released is not None else "pending"
+        if released is not None:
+            state = released.state
+        else:  # its answer was lost: where the release statement puts an unrefunded attempt
+            state = "dead" if job.task.attempts >= job.task.max_attempts else "pending"
         log.warning("task %s: lease released (now %s): %s", job.task.id, state, error)
 
     async def release_held(self) -> None:

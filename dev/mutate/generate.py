@@ -116,10 +116,15 @@ _MODULE_TESTS: dict[str, tuple[str, ...]] = {
 # sample: these mutants survived tests/test_<module>.py and were killed by these); also
 # migration objects (a CHECK, trigger or policy by name) whose attack cases miss them.
 _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
-    "lease_claim": ("tests/test_fairness.py",),
+    # The fences (a take-over, a stale holder's write) and the deadlines (a late task
+    # under an expired lease) are proven apart from the statements' module tests.
+    "lease_claim": ("tests/test_fairness.py", FENCES, "tests/test_deadlines.py"),
+    "lease_release": (FENCES,),
+    "lease_renew": (FENCES,),
+    "task_transition": (FENCES,),
     "operation_complete_many": ("tests/test_complete_many.py",),
     "operation_reserve_many": ("tests/test_complete_many.py", "tests/test_tenant_isolation.py"),
-    "task_finish_many": ("tests/test_complete_many.py",),
+    "task_finish_many": ("tests/test_complete_many.py", FENCES),
     "operation_get": (FENCES, "tests/test_tenant_isolation.py", "tests/test_complete_many.py"),
     "outbox_deliver_and_claim": ("tests/test_relay.py", FENCES),
     # A state dropped from the list is refused only when a task reaches it: a failure
