@@ -262,6 +262,67 @@ async def test_G19_a_day_budget_starts_again_in_a_new_window(
     assert (now.spent, now.held) == (0, 100)
 
 
+@pytest.mark.parametrize("outcome", ["succeeded", "reconciled", "failed"])
+async def test_G19_a_hold_settled_after_its_window_rolled_over_is_charged_to_the_new_window(
+    outcome: str, admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Blind class "windows the suite never ran" (issue 35): the test above rolls a day
+    budget over through a reserve; here the first write of the new window is the
+    settlement of a hold made in the old one (a call in flight, or unknown until it is
+    reconciled, across midnight UTC).
+
+    The first write in a new window starts ``spent`` again from 0 and what is held stays
+    held (docs/guides/budgets.md, "Windows"; agentdb_guard_budget does it). A hold settled
+    then is that write, so its actual cost is charged to the window it is settled in -
+    the new window's whole spend - and the old window's spend is not carried over; a
+    failed one releases its hold and the new window starts at 0. Its room is then the
+    limit less its own spend. Kills windows-rollover-drops-the-settlement (the rollover
+    resets ``spent`` to 0 on a write that spends too: the settled cost is lost, a free
+    call) and windows-rollover-keeps-the-old-spend (it keeps the old window's spend on
+    such a write: yesterday's spend is charged again today).
+    """
+    b = await budgets.set_budget(admin_conn, tenants.a, "tokens", 100, period="day")
+    task = await _task(admin_conn, tenants.a)
+    earlier = await operations.reserve(
+        admin_conn, tenants.a, task, "k0", "llm", {}, cost={"tokens": 40}
+    )
+    await operations.complete(admin_conn, earlier.operation)
+    res = await operations.reserve(
+        admin_conn, tenants.a, task, "k1", "llm", {}, cost={"tokens": 60}
+    )
+    op = res.operation
+    if outcome == "reconciled":
+        op = await operations.mark_unknown(admin_conn, op, error="timeout")
+    [old] = await budgets.list_budgets(admin_conn, tenants.a)
+    assert (old.spent, old.held) == (40, 60)
+    # Yesterday's window, as the day test moves it (the guard off: time cannot move).
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_budgets SET window_start = $2 WHERE id = $1",
+            b.id,
+            old.window_start - timedelta(days=1),
+        )
+    if outcome == "succeeded":
+        await operations.complete(admin_conn, op, cost={"tokens": 50})
+    elif outcome == "reconciled":
+        await operations.reconcile(
+            admin_conn, op, succeeded=True, provider_reference="r1", cost={"tokens": 50}
+        )
+    else:
+        await operations.fail(admin_conn, op, "503")
+    charged = 0 if outcome == "failed" else 50
+    [now] = await budgets.list_budgets(admin_conn, tenants.a)
+    assert (now.spent, now.held) == (charged, 0)
+    assert now.window_start == await admin_conn.fetchval("SELECT date_trunc('day', now(), 'UTC')")
+    # The new window's room is what its own spend leaves, to the unit.
+    await operations.reserve(
+        admin_conn, tenants.a, task, "k2", "llm", {}, cost={"tokens": 100 - charged}
+    )
+    with pytest.raises(BudgetExceeded):
+        await operations.reserve(admin_conn, tenants.a, task, "k3", "llm", {}, cost={"tokens": 1})
+
+
 # ---- the stateful model ---------------------------------------------------------------
 
 LIMIT = 5_000
@@ -510,6 +571,32 @@ async def test_G19_a_rate_limit_refuses_the_call_over_it_and_says_when(
     assert (rl.max_calls, rl.used) == (3, 3)
 
 
+async def test_G19_a_call_is_counted_against_its_own_limits_only(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Found running the generated mutants of this rate-limit code (issue 35): the call's
+    count is written back to its tenant's limit of its action only. Another action's
+    limit of the same tenant, and another tenant's limit of the same action, keep their
+    count and their window (both would otherwise be refused, or let through, by calls
+    they never saw). Kills gen-0009.budgets-agentdb_count_call-tenant-2 (the write
+    names no tenant) and gen-0009.budgets-agentdb_count_call-and-5 (no action).
+    """
+    for tenant, action in ((tenants.a, "chat"), (tenants.a, "email"), (tenants.b, "chat")):
+        await budgets.set_rate_limit(pool, tenant, action, 3, timedelta(hours=1))
+    task = await _task(pool, tenants.a)
+    for i in range(3):
+        await operations.reserve(pool, tenants.a, task, f"k{i}", "chat", {})
+    used = {
+        (rl.tenant_id, rl.action): rl.used
+        for t in (tenants.a, tenants.b)
+        for rl in await budgets.list_rate_limits(pool, t, include_global=False)
+    }
+    assert used == {(tenants.a, "chat"): 3, (tenants.a, "email"): 0, (tenants.b, "chat"): 0}
+    # ...and each still has all its room.
+    await operations.reserve(pool, tenants.a, task, "e", "email", {})
+    await operations.reserve(pool, tenants.b, await _task(pool, tenants.b), "c", "chat", {})
+
+
 async def test_G19_a_retry_over_the_rate_limit_is_refused_with_its_event_and_when(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
@@ -546,6 +633,82 @@ async def test_G19_a_global_rate_limit_spans_tenants(pool: asyncpg.Pool, tenants
     await operations.reserve(pool, tenants.b, await _task(pool, tenants.b), "k", action, {})
     with pytest.raises(RateLimited):
         await operations.reserve(pool, tenants.a, await _task(pool, tenants.a), "k2", action, {})
+
+
+async def _waiting_for_a_lock(
+    probe: asyncpg.Connection, pid: int, racing: asyncio.Future[Any]
+) -> None:
+    """Until the session ``pid`` waits on a lock; it must not be done first."""
+    while not await probe.fetchval(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+    ):
+        assert not racing.done(), racing.result()  # it went through instead of waiting
+        await asyncio.sleep(0.02)
+
+
+# A window no run of the test straddles (bins of ten years from 2000-01-01): the two
+# reservations must count in one window, whenever the test runs.
+_LONG = timedelta(days=3650)
+
+
+@pytest.mark.plain_postgres(
+    "global rate limits are refused on Citus by design, and the wait is watched in"
+    " pg_stat_activity (on Citus the lock is waited for on a worker)"
+)
+@pytest.mark.parametrize("room", [1, 2], ids=["last-call", "room-for-both"])
+@pytest.mark.parametrize("scope", ["global", "tenant"])
+async def test_G19_two_reservers_racing_for_the_last_call_of_a_rate_limit(
+    scope: str, room: int, db: Database, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Blind class "races the suite never ran" (issue 35): the rate limit under
+    concurrent reservers, where every other test reserves one call at a time.
+
+    An explicit interleaving on two connections: the first reserves the limit's last
+    call and holds its transaction open; the second reserves and must wait for the
+    limit's row lock; the first commits; the second is then refused - or, the control,
+    goes through when the limit has room for both. Kills
+    gen-0009.budgets-agentdb_count_call-lock-2 (global) and
+    gen-0009.budgets-agentdb_count_call-lock-1 (tenant): without the FOR UPDATE the
+    second reads the count before the first's call, waits only at its own UPDATE and
+    then writes that same count back - two calls counted as one, the CHECK none the
+    wiser.
+    """
+    action = f"provider-{uuid.uuid4().hex[:8]}"
+    # Global: two tenants share the provider's limit; per tenant: one tenant, twice.
+    second_tenant = tenants.b if scope == "global" else tenants.a
+    if scope == "global":
+        await budgets.set_global_rate_limit(pool, action, room, _LONG)
+    else:
+        await budgets.set_rate_limit(pool, tenants.a, action, room, _LONG)
+    task_a, task_b = await _task(pool, tenants.a), await _task(pool, second_tenant)
+    first, second = await db.connect(RUNTIME), await db.connect(RUNTIME)
+    probe = await db.connect()  # the superuser: every session's wait, every tenant's events
+    try:
+        held = first.transaction()
+        await held.start()
+        await operations.reserve(first, tenants.a, task_a, "k1", action, {})
+        racing = asyncio.ensure_future(
+            operations.reserve(second, second_tenant, task_b, "k2", action, {})
+        )
+        await _waiting_for_a_lock(probe, second.get_server_pid(), racing)
+        await held.commit()
+        if room == 1:
+            with pytest.raises(RateLimited) as refused:
+                await racing
+            assert refused.value.action == action
+        else:
+            assert (await racing).fresh
+        counted = await probe.fetchval(
+            "SELECT count(*) FROM agent_events WHERE event_type = 'operation.reserved'"
+            " AND payload->>'action' = $1",
+            action,
+        )
+    finally:
+        for c in (first, second, probe):
+            await c.close()
+    limits = await budgets.list_rate_limits(pool, None if scope == "global" else tenants.a)
+    [limit] = [rl for rl in limits if rl.action == action]
+    assert (limit.used, counted) == (room, room)
 
 
 @pytest.mark.parametrize(
@@ -606,6 +769,113 @@ _WINDOW_START = {
     "tenant-rearm": "SELECT window_start FROM agent_rate_limits WHERE action = 'tick'",
     "global": "SELECT window_start FROM agent_global_rate_limits WHERE action = 'tick'",
 }
+
+
+# A limit's window moved by hand (no guard stands on a limit's row): its start and count.
+_SET_WINDOW = {
+    "tenant": "UPDATE agent_rate_limits SET window_start = $2, used = $3 WHERE action = $1",
+    "global": "UPDATE agent_global_rate_limits SET window_start = $2, used = $3 WHERE action = $1",
+}
+_LIMIT_ROW = {
+    "tenant": "SELECT used, window_start FROM agent_rate_limits WHERE action = $1",
+    "global": "SELECT used, window_start FROM agent_global_rate_limits WHERE action = $1",
+}
+_SCOPES = [
+    "tenant",
+    pytest.param(
+        "global",
+        marks=pytest.mark.plain_postgres("global rate limits are refused on Citus by design"),
+    ),
+]
+
+
+async def _limited(
+    conn: asyncpg.Connection, scope: str, tenant: uuid.UUID, action: str, max_calls: int
+) -> None:
+    if scope == "tenant":
+        await budgets.set_rate_limit(conn, tenant, action, max_calls, timedelta(hours=1))
+    else:
+        await budgets.set_global_rate_limit(conn, action, max_calls, timedelta(hours=1))
+
+
+async def _limit_row(conn: asyncpg.Connection, scope: str, action: str) -> tuple[int, datetime]:
+    row = await conn.fetchrow(_LIMIT_ROW[scope], action)
+    assert row is not None
+    return row["used"], row["window_start"]
+
+
+@pytest.mark.parametrize("scope", _SCOPES)
+async def test_G19_a_window_that_starts_after_the_clock_counts_the_call_in_it(
+    scope: str, admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Blind class "windows the suite never ran" (issue 35): a limit whose current window
+    starts after this transaction's clock - started by a server whose clock ran ahead,
+    or before this one's stepped back. The call is counted in that window rather than
+    refused as late until the clock catches up (agentdb_count_call, "a clock that
+    stepped back"): it is late only when its window has really begun. Kills
+    gen-0009.budgets-agentdb_count_call-and-4 (tenant) and -and-10 (global), which drop
+    the clock_timestamp() check and refuse every such call for up to a window.
+    """
+    action = f"tick-{uuid.uuid4().hex[:8]}"
+    await _limited(admin_conn, scope, tenants.a, action, 2)
+    # The next window of the hour, one call in it already; computed first (Citus
+    # refuses a STABLE function in the SET of a distributed UPDATE).
+    ahead = await admin_conn.fetchval(
+        "SELECT date_bin(interval '1 hour', now() + interval '1 hour',"
+        " timestamptz '2000-01-01 00:00:00+00')"
+    )
+    await admin_conn.execute(_SET_WINDOW[scope], action, ahead, 1)
+    task = await _task(admin_conn, tenants.a)
+    assert (await operations.reserve(admin_conn, tenants.a, task, "k1", action, {})).fresh
+    assert await _limit_row(admin_conn, scope, action) == (2, ahead)
+    with pytest.raises(RateLimited):  # the control: that window is full now
+        await operations.reserve(admin_conn, tenants.a, task, "k2", action, {})
+
+
+@pytest.mark.parametrize("scope", _SCOPES)
+async def test_G19_a_call_at_the_instant_its_window_starts_is_counted_in_it(
+    scope: str, admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Blind class "windows the suite never ran" (issue 35): the boundary of the late
+    call. A call is late - refused, since its window's count is gone - only when its
+    transaction began before the current window; one that began at the very instant
+    the window starts belongs to it and is counted. Here the window is made to start at
+    this transaction's own start. Kills gen-0009.budgets-agentdb_count_call-cmp-4
+    (tenant) and -cmp-10 (global): ``<=`` for ``<`` refuses it.
+    """
+    action = f"tick-{uuid.uuid4().hex[:8]}"
+    await _limited(admin_conn, scope, tenants.a, action, 2)
+    task = await _task(admin_conn, tenants.a)
+    async with admin_conn.transaction():
+        at = await admin_conn.fetchval("SELECT now()")
+        await admin_conn.execute(_SET_WINDOW[scope], action, at, 0)
+        assert (await operations.reserve(admin_conn, tenants.a, task, "k1", action, {})).fresh
+    assert await _limit_row(admin_conn, scope, action) == (1, at)
+
+
+async def test_G19_a_call_at_the_instant_its_window_ends_starts_the_next_one(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Blind class "windows the suite never ran" (issue 35): the other boundary. A window
+    of ``per`` from its start holds the calls before start + per; a call at that very
+    instant is the next window's first (agentdb_rate_step), even when the one ending is
+    full. Here a full window is made to end at this transaction's own start. Kills
+    gen-0009.budgets-agentdb_rate_step-cmp-1 (``<`` for ``<=``: it is counted in the
+    window that ended, and refused).
+    """
+    action = f"tick-{uuid.uuid4().hex[:8]}"
+    await budgets.set_rate_limit(admin_conn, tenants.a, action, 2, timedelta(hours=1))
+    task = await _task(admin_conn, tenants.a)
+    async with admin_conn.transaction():
+        at = await admin_conn.fetchval("SELECT now()")
+        await admin_conn.execute(_SET_WINDOW["tenant"], action, at - timedelta(hours=1), 2)
+        assert (await operations.reserve(admin_conn, tenants.a, task, "k1", action, {})).fresh
+        bin_of_at = await admin_conn.fetchval(
+            "SELECT date_bin(interval '1 hour', $1::timestamptz,"
+            " timestamptz '2000-01-01 00:00:00+00')",
+            at,
+        )
+    assert await _limit_row(admin_conn, "tenant", action) == (1, bin_of_at)
 
 
 def test_G19_a_rate_limit_holds_under_load_from_worker_processes(

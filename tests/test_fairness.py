@@ -151,6 +151,64 @@ async def test_G18_one_claim_shares_its_batch_between_the_tenants(
     assert Counter(t.tenant_id for t in got) == {big: 6}
 
 
+async def _claim_as(
+    how: str, conn: asyncpg.Connection, batch: int, after: uuid.UUID | None
+) -> list[Task]:
+    """``leases.claim`` (what this database runs), or the Citus claim's walk itself."""
+    if how == "statement":
+        return await leases.claim(conn, "w", batch=batch, after_tenant=after)
+    rows = await routed.claim(
+        conn, "w", batch=batch, lease_ttl=None, task_types=None, after_tenant=after
+    )
+    return [Task.from_record(r) for r in rows]
+
+
+@pytest.mark.parametrize("how", ["statement", "routed"])
+@pytest.mark.parametrize("batch", [4, 5])
+async def test_G18_a_batch_not_a_multiple_of_the_tenants_is_filled_and_shared(
+    batch: int, how: str, db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """Blind class "windows the suite never ran" (issue 35): a claim batch that is not
+    a multiple of the tenants with due work - every other test's batch divides evenly,
+    or is 1, or is bounded only from above.
+
+    Three tenants with due work and a batch of 4 or 5: each offers ceil(B/3) = 2, and
+    the batch takes every tenant's first task, then second ones in the walk's order:
+    exactly B tasks, every tenant at least one, none more than its share. The worker's
+    next claim starts after the tenant of the last task it was given, so the extra
+    tasks rotate: over three claims each tenant starts B. Kills
+    windows-claim-share-rounds-down (a share of floor(B/3) = 1: the batch comes back
+    under-filled with 3), windows-claim-takes-a-tenant-whole-first (shares taken tenant
+    by tenant: the last tenant of the walk starves) and windows-claim-batch-unbounded
+    (no LIMIT on the pick: the three shares, 6 tasks, for a batch of 4 or 5).
+
+    ``routed``: the Citus claim's walk (agentdb._citus.routed.claim, which runs here
+    too) must share the same way. It took each tenant's whole share in the walk's order
+    and returned the rows tenant by tenant: with a batch of 4 the third tenant got
+    nothing, and with 5 it got 1 to the others' 2 in every claim, for ever, since the
+    next walk started after it again (windows-routed-claim-takes-a-tenant-whole-first,
+    windows-routed-claim-rows-tenant-by-tenant).
+    """
+    ts = sorted([await _tenant(admin_conn, f"t{i}") for i in range(3)])
+    for t in ts:
+        await _seed(admin_conn, t, 10)
+    started: Counter[uuid.UUID] = Counter()
+    after: uuid.UUID | None = None
+    conn = await db.connect(RUNTIME)
+    try:
+        for _ in range(3):
+            got = await _claim_as(how, conn, batch, after)
+            per = Counter(t.tenant_id for t in got)
+            assert len(got) == batch, per
+            assert set(per) == set(ts), per  # no tenant starves
+            assert max(per.values()) == 2, per  # ceil(B/3), and no more
+            started.update(per)
+            after = got[-1].tenant_id
+    finally:
+        await conn.close()
+    assert started == dict.fromkeys(ts, batch)
+
+
 async def test_G18_a_cap_holds_the_claim_to_the_free_slots(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

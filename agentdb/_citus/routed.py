@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -180,11 +180,12 @@ async def claim(
     """The fair claim (G18) on Citus: tenants with work after ``after_tenant`` each
     offer their share of ``batch``, each tenant in its own single-worker transaction.
 
-    Rows come back tenant by tenant in the walk's order. A tenant whose cap
-    another writer filled while its claim ran (AG009) gives nothing this time;
-    the tenants claimed before it in the walk stay claimed and are returned.
-    A lost connection (or a failover) ends the walk: what it claimed by then
-    is returned, and only a walk that claimed nothing raises.
+    Rows come back in the order the one-statement claim takes them: every
+    tenant's first task in the walk's order, then their second ones, and so on.
+    A tenant whose cap another writer filled while its claim ran (AG009) gives
+    nothing this time; the tenants claimed before it in the walk stay claimed and
+    are returned. A lost connection (or a failover) ends the walk: what it claimed
+    by then is returned, and only a walk that claimed nothing raises.
 
     Raises:
         TransientError: the connection was lost before any tenant was claimed.
@@ -214,12 +215,15 @@ async def _claim_walk(
     """The claim of :func:`claim` over ``tenants``, in their order."""
     if not tenants:
         return []
-    share = -(-batch // min(batch, len(tenants)))
+    # As the one-statement claim: each offers ceil(batch / n) and the batch takes the
+    # tenants' first tasks, then their second ones, so the first batch % n tenants of
+    # the walk get one more than the others, and none of the first n gets nothing.
+    base, extra = divmod(batch, min(batch, len(tenants)))
     out: list[_db.Record] = []
     gave: dict[uuid.UUID, int] = {}
     try:
-        for tenant in tenants:
-            want = min(share, batch - len(out))
+        for i, tenant in enumerate(tenants):
+            want = min(base + 1 if i < extra else base, batch - len(out))
             if want <= 0:
                 break
             rows = await _claim_tenant(db, tenant, owner, want, lease_ttl, task_types)
@@ -244,7 +248,24 @@ async def _claim_walk(
         # already made would sit leased and unworked until their leases ran out.
         if not out:
             raise
-    return out
+    return _as_taken(out)
+
+
+def _as_taken(rows: list[_db.Record]) -> list[_db.Record]:
+    """``rows``, claimed tenant by tenant, in the order the one-statement claim takes
+    them (every tenant's first, then every tenant's second, ...). The worker's next
+    walk starts after the last row's tenant: tenant by tenant that is the walk's last
+    one, which has the short share, and would have it again in every claim; taken
+    this way it is the last tenant that got one more, so the extra ones rotate."""
+    step: dict[uuid.UUID, int] = {}
+    nth: Counter[uuid.UUID] = Counter()
+    keyed = []
+    for row in rows:
+        tenant = row["tenant_id"]
+        step.setdefault(tenant, len(step))
+        nth[tenant] += 1
+        keyed.append((nth[tenant], step[tenant], row))
+    return [row for _, _, row in sorted(keyed, key=lambda k: (k[0], k[1]))]
 
 
 _PROBE = 8
