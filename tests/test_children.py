@@ -3,8 +3,11 @@
 The raw-SQL attacks on the keys, CHECKs and the child guard are in
 tests/test_attacks.py; here the fan-in: children finishing at once on
 separate connections (the parent is woken once, by whichever commits last),
-a wait that begins after its children finished, a quorum, the worker's
-fan-out and fan-in, and retention keeping a parent while its children stay.
+a wait that begins after its children finished, a quorum, children that end
+other than by success (failed, cancelled, swept dead) and what the parent reads
+of them, a parent whose deadline passes while it waits, a child made while its
+parent finishes (two connections, both orders), the worker's fan-out and
+fan-in, and retention keeping a parent while its children stay.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -27,10 +32,13 @@ from agentdb.errors import (
     TenantMismatch,
 )
 from agentdb.models import Lease, Task
+from agentdb.testing import drain
 from agentdb.worker import Job, Succeed, Wait, Worker
 from tests import _pg
 from tests import factories as F
 from tests.conftest import Database, Tenants
+
+T_ = TypeVar("T_")
 
 #: Schema objects shown at work here rather than by a refusal (tests/test_catalogue.py).
 BEHAVIOUR_NAMES = {"agent_tasks_fan_in", "agent_tasks_children_guard", "agent_tasks_keep_parent"}
@@ -79,17 +87,33 @@ async def test_G23_a_child_is_created_once_per_key_in_its_parents_tenant(
     ]
 
 
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled", "dead"])
 async def test_G23_a_finished_parent_takes_no_new_child(
-    pool: asyncpg.Pool, tenants: Tenants
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, end: str
 ) -> None:
+    """Every way a parent ends, not only a cancel: closes issue 35's blind class "children
+    that end other than by success" for agent_tasks_child_guard's list of ends - kills
+    gen-0006.control_flow-agentdb_guard_child-list-1, -list-2 and -list-4 (a succeeded,
+    failed or dead parent takes a child; their mapped attack only cancels the parent)."""
     parent = await tasks.create(pool, tenants.a, "c-over")
-    await tasks.cancel(pool, tenants.a, parent.id)
+    if end in ("succeeded", "failed"):
+        [held] = await leases.claim(pool, "parent-worker", task_types=["c-over"])
+        assert held.lease is not None
+        await tasks.transition(pool, tenants.a, held.id, expected_version=held.state_version,
+                               to_state=end, lease=held.lease)  # fmt: skip
+    elif end == "cancelled":
+        await tasks.cancel(pool, tenants.a, parent.id)
+    else:  # as the claim path buries a task whose attempts are used up
+        await F.update_task(admin_conn, tenants.a, parent.id, state="dead",
+                            state_version=parent.state_version + 1)  # fmt: skip
+    assert (await tasks.get(pool, tenants.a, parent.id)).state == end
     with pytest.raises(TaskFinished):
         await children.spawn(pool, parent, "c-line", "late")
+    assert await children.count(pool, tenants.a, parent.id) == 0
 
 
 async def test_G23_a_parent_past_its_deadline_takes_no_new_child(
-    pool: asyncpg.Pool, tenants: Tenants
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
     soon = await tasks.create(
         pool, tenants.a, "c-late", deadline=datetime.now(UTC) + timedelta(days=1)
@@ -102,6 +126,19 @@ async def test_G23_a_parent_past_its_deadline_takes_no_new_child(
         await children.spawn(pool, late, "c-line", "too-late")
     # Citus drops the constraint field of a worker's error (README, "Scaling out with Citus").
     assert refused.value.constraint == (None if _pg.ON_CITUS else "agent_tasks_child_guard")
+    # A deadline at the spawn's own instant has passed too: the clock is the database's, a
+    # write's instant its transaction's start (docs/guides/cancellation.md, "Whose clock").
+    # Kills gen-0006.control_flow-agentdb_guard_child-cmp-3 (`<` for `<=`).
+    edge = await tasks.create(
+        pool, tenants.a, "c-late", deadline=datetime.now(UTC) + timedelta(days=1)
+    )
+    async with admin_conn.transaction():
+        now = await admin_conn.fetchval("SELECT now()")
+        await F.update_task(admin_conn, tenants.a, edge.id, deadline_at=now,
+                            state_version=edge.state_version + 1)  # fmt: skip
+        with pytest.raises(DeadlineExceeded):
+            await children.spawn(admin_conn, edge, "c-line", "on-the-dot")
+    assert await children.count(pool, tenants.a, edge.id) == 0
 
 
 async def test_G23_no_task_takes_a_childs_key_before_its_parent_creates_it(
@@ -115,6 +152,118 @@ async def test_G23_no_task_takes_a_childs_key_before_its_parent_creates_it(
     assert refused.value.constraint == "agent_tasks_child_dedupe_reserved"
     child = await children.spawn(pool, parent, "c-line", "line-1")
     assert (child.created, child.task_type) == (True, "c-line")
+
+
+class _Calls(list[asyncio.Task[Any]]):
+    """The concurrent calls a test started, to be waited for before their connections close."""
+
+    def add(self, call: Coroutine[Any, Any, T_]) -> asyncio.Task[T_]:
+        task = asyncio.create_task(call)
+        self.append(task)
+        return task
+
+
+async def _reached(flag: asyncio.Event, call: asyncio.Task[Any]) -> None:
+    """Until ``call`` sets ``flag`` (its write is in, its transaction open); its error if it
+    ends first."""
+    flagged = asyncio.create_task(flag.wait())
+    await asyncio.wait({flagged, call}, return_when=asyncio.FIRST_COMPLETED)
+    if not flag.is_set():
+        flagged.cancel()
+        call.result()
+        raise AssertionError("ended without reaching its flag")
+
+
+async def _waits_for_a_lock(
+    admin: asyncpg.Connection,
+    conn: asyncpg.Connection,
+    call: asyncio.Task[Any],
+    past: asyncio.Event,
+) -> bool:
+    """Whether ``call`` on ``conn`` waits on a lock (True) or gets ``past`` its write without
+    waiting (False) - observed in the server, not slept for (on Citus: on a worker, on its
+    behalf)."""
+    query = (
+        "SELECT count(*) > 0 FROM citus_lock_waits WHERE waiting_gpid % 10000000000 = $1"
+        if _pg.ON_CITUS
+        else "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1"
+    )
+    pid = conn.get_server_pid()
+    for _ in range(2000):
+        if past.is_set():
+            return False
+        if call.done():
+            call.result()  # its error
+            return False
+        if await admin.fetchval(query, pid):
+            return True
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} neither blocked on a lock nor got past its write")
+
+
+@pytest.mark.parametrize("first", ["finish", "spawn"])
+async def test_G23_a_child_made_while_its_parent_finishes_is_refused_or_came_first(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection,
+    first: str,
+) -> None:  # fmt: skip
+    """Closes issue 35's blind class "a child created while its parent finishes": the
+    parent's finishing transaction and a child's insert on two connections take turns on
+    the parent's row (the child guard's FOR SHARE against the finish's row lock), so a
+    child is either refused by the finished parent or was there before the finish - never
+    inserted beside a finish it did not see. ``finish`` first: the spawn waits for it, then
+    raises TaskFinished. ``spawn`` first: the finish waits for the child's transaction,
+    then goes on. Kills gen-0006.control_flow-agentdb_guard_child-lock-1 (the guard reads
+    the parent without the lock: the spawn reads 'running' and inserts beside the finish)."""
+    parent, lease = await _held(pool, tenants.a, "c-racing-parent")
+    finisher, spawner = await db.connect(), await db.connect()
+    finished, spawned, go = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    calls = _Calls()
+
+    async def finish() -> None:
+        async with finisher.transaction():
+            await tasks.transition(finisher, tenants.a, parent.id, to_state="succeeded",
+                                   expected_version=parent.state_version, lease=lease)  # fmt: skip
+            finished.set()  # written, not committed
+            await go.wait()
+
+    async def spawn() -> Task:
+        async with spawner.transaction():
+            child = await children.spawn(spawner, parent, "c-racing-kid", "k")
+            spawned.set()
+            await go.wait()
+        return child
+
+    try:
+        if first == "finish":
+            finishing = calls.add(finish())
+            await _reached(finished, finishing)
+            spawning = calls.add(spawn())
+            assert await _waits_for_a_lock(admin_conn, spawner, spawning, spawned), (
+                "the spawn went on beside an uncommitted finish of its parent"
+            )
+            go.set()
+            await asyncio.wait_for(finishing, 30)
+            with pytest.raises(TaskFinished):
+                await asyncio.wait_for(spawning, 30)
+            assert await children.count(pool, tenants.a, parent.id) == 0
+        else:
+            spawning = calls.add(spawn())
+            await _reached(spawned, spawning)
+            finishing = calls.add(finish())
+            assert await _waits_for_a_lock(admin_conn, finisher, finishing, finished), (
+                "the parent finished beside a child's uncommitted insert"
+            )
+            go.set()
+            child = await asyncio.wait_for(spawning, 30)
+            await asyncio.wait_for(finishing, 30)
+            kids = await children.children(pool, tenants.a, parent.id)
+            assert [c.task.id for c in kids] == [child.id]
+    finally:
+        go.set()  # both transactions end before their connections close
+        await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+        await finisher.close()
+        await spawner.close()
+    assert (await tasks.get(pool, tenants.a, parent.id)).state == "succeeded"
 
 
 async def _finish_in_tx(conn: asyncpg.Connection, child: Task, go: asyncio.Event) -> None:
@@ -173,6 +322,30 @@ async def test_G23_a_wait_that_begins_after_the_children_finished_is_due_at_once
     assert await _wakes(admin_conn, parent.id) == []  # due by its own wait, not woken
 
 
+async def test_G23_a_child_that_only_starts_leaves_its_waiting_parent_alone(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Only a child's finish counts for its parent: one claimed (or otherwise moved short of
+    an end) writes nothing to it. Seen on a parent due by its own wait (its quorum had
+    finished before it waited), which the fan-in would otherwise wake a second time. Kills
+    the hand mutant children-fan-in-on-any-move (twin of
+    gen-0006.control_flow-agent_tasks_fan_in-and-2, the fan-in's WHEN without its test of
+    the new state, whose mapped tests claim no child of a waiting parent)."""
+    parent, lease = await _held(pool, tenants.a, "c-start")
+    await children.spawn(pool, parent, "c-start-done", "done")
+    await children.spawn(pool, parent, "c-start-open", "open")
+    [done] = await leases.claim(pool, "w", task_types=["c-start-done"])
+    await _finish_claimed(pool, done, "succeeded")
+    waiting = await children.wait_for(pool, parent, lease=lease, finished=1)
+    assert waiting.wake_at is not None
+    assert waiting.wake_at <= datetime.now(UTC)  # due at once, not woken
+    [started] = await leases.claim(pool, "w", task_types=["c-start-open"])
+    assert started.state == "running"
+    still = await tasks.get(pool, tenants.a, parent.id)
+    assert (still.state, still.state_version) == ("waiting", waiting.state_version)
+    assert await _wakes(admin_conn, parent.id) == []
+
+
 async def test_G23_a_quorum_wakes_the_parent_once_and_later_finishes_do_nothing(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
@@ -189,6 +362,102 @@ async def test_G23_a_quorum_wakes_the_parent_once_and_later_finishes_do_nothing(
     assert (await tasks.get(pool, tenants.a, parent.id)).state == "pending"
     await _finish_claimed(pool, lines[2], "succeeded")
     assert len(await _wakes(admin_conn, parent.id)) == 1
+
+
+@pytest.mark.parametrize("end", ["failed", "cancelled", "dead"])
+async def test_G23_a_child_that_ends_other_than_by_success_wakes_its_waiting_parent(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, end: str
+) -> None:
+    """Closes issue 35's blind class "a child that finishes other than by success, and the
+    parent waiting on it": the last child to end - failed by its holder, cancelled from
+    outside, or swept dead past its own deadline - wakes the parent once, and the parent
+    reads how it ended. Kills gen-0006.control_flow-agent_tasks_fan_in-list-2, -list-3,
+    -list-4 (the fan-in's WHEN without 'failed', 'cancelled', 'dead'; their mapped tests
+    miss -list-2 and -list-4, so the hand twins children-fan-in-skips-a-failed-child and
+    children-fan-in-skips-a-dead-child run this test) and
+    gen-0006.control_flow-agentdb_children_done-list-3, -list-4 (the count without
+    'cancelled', 'dead'); and, through the finished task of the same tenant that is no
+    child, gen-0006.control_flow-agentdb_children_done-and-1 (counting the tenant's
+    finished tasks) and gen-0006.control_flow-agentdb_fan_in-and-1 (locking the tenant's
+    first task as the parent)."""
+    stranger = await tasks.create(pool, tenants.a, "c-end-stranger")
+    await tasks.cancel(pool, tenants.a, stranger.id)
+    parent, lease = await _held(pool, tenants.a, "c-end")
+    ok = await children.spawn(pool, parent, "c-end-ok", "ok", params={"line": 0})
+    other = await children.spawn(pool, parent, "c-end-other", "other", params={"line": 1},
+                                 deadline=datetime.now(UTC) + timedelta(days=1))  # fmt: skip
+    waiting = await children.wait_for(pool, parent, lease=lease)
+    [held_ok] = await leases.claim(pool, "w", task_types=["c-end-ok"])
+    assert held_ok.id == ok.id
+    await _finish_claimed(pool, held_ok, "succeeded")
+    assert (await tasks.get(pool, tenants.a, parent.id)).state == "waiting"  # one of two
+    if end == "failed":
+        [held] = await leases.claim(pool, "w", task_types=["c-end-other"])
+        await _finish_claimed(pool, held, "failed")
+    elif end == "cancelled":
+        await tasks.cancel(pool, tenants.a, other.id, reason="customer withdrew")
+    else:
+        passed = await admin_conn.fetchval("SELECT now() - interval '1 second'")
+        await F.update_task(admin_conn, tenants.a, other.id, deadline_at=passed,
+                            state_version=other.state_version + 1)  # fmt: skip
+        assert await leases.expire_deadlines(pool) == [(tenants.a, other.id)]
+    woken = await tasks.get(pool, tenants.a, parent.id)
+    assert (woken.state, woken.state_version) == ("pending", waiting.state_version + 1)
+    [wake] = await _wakes(admin_conn, parent.id)
+    assert json.loads(wake) == {"waited_for": 2, "last_child": str(other.id)}
+    got = await children.children(pool, tenants.a, parent.id)
+    assert [(c.key, c.task.state) for c in got] == [("ok", "succeeded"), ("other", end)]
+    assert got[0].result == {"line": 0}
+    assert got[1].result is not None  # its finishing event's payload: how it ended
+    [again] = await leases.claim(pool, "w", task_types=["c-end"])
+    assert again.id == parent.id
+
+
+@pytest.mark.parametrize("deadline", ["passed", "at_the_finish"])
+async def test_G23_a_child_finishing_after_its_waiting_parents_deadline_leaves_it_to_the_sweep(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, deadline: str
+) -> None:
+    """Closes issue 35's blind class "a parent whose own deadline passes while it waits for
+    children": the last child still finishes - its finish is not refused for the parent's
+    sake - and does not wake the late parent (G21 allows it only to end); the sweep ends
+    it. ``at_the_finish``: the deadline is the finishing transaction's own instant, which
+    has passed. Kills the hand mutant children-fan-in-wakes-a-late-parent (the fan-in
+    without its deadline test: the wake is refused, and with it the child's finish) and
+    gen-0006.control_flow-agentdb_fan_in-cmp-3 (`<` for `<=`: at the deadline's instant)."""
+    parent = await tasks.create(
+        pool, tenants.a, "c-late-parent", deadline=datetime.now(UTC) + timedelta(days=1)
+    )
+    [held] = await leases.claim(pool, "parent-worker", task_types=["c-late-parent"])
+    assert held.lease is not None
+    await children.spawn(pool, held, "c-late-kid", "only", params={"line": 7})
+    waiting = await children.wait_for(pool, held, lease=held.lease)
+    [kid] = await leases.claim(pool, "w", task_types=["c-late-kid"])
+    if deadline == "passed":
+        passed = await admin_conn.fetchval("SELECT now() - interval '1 second'")
+        await F.update_task(admin_conn, tenants.a, parent.id, deadline_at=passed,
+                            state_version=waiting.state_version + 1)  # fmt: skip
+        await _finish_claimed(pool, kid, "succeeded")
+    else:
+        async with admin_conn.transaction():
+            now = await admin_conn.fetchval("SELECT now()")
+            await F.update_task(admin_conn, tenants.a, parent.id, deadline_at=now,
+                                state_version=waiting.state_version + 1)  # fmt: skip
+            await _finish_claimed(admin_conn, kid, "succeeded")
+    [done] = await children.children(pool, tenants.a, parent.id)
+    assert (done.task.state, done.result) == ("succeeded", {"line": 7})
+    late = await tasks.get(pool, tenants.a, parent.id)
+    assert (late.state, late.state_version) == ("waiting", waiting.state_version + 1)
+    assert await _wakes(admin_conn, parent.id) == []
+    assert await leases.claim(pool, "w", task_types=["c-late-parent"]) == []
+    assert await leases.expire_deadlines(pool) == [(tenants.a, parent.id)]
+    ended = await admin_conn.fetchrow(
+        "SELECT event_type, from_state, to_state FROM agent_events WHERE task_id = $1"
+        " AND task_state_version = $2",
+        parent.id,
+        late.state_version + 1,
+    )
+    assert ended is not None
+    assert tuple(ended) == ("task.deadline_passed", "waiting", "dead")
 
 
 async def test_G23_a_worker_fans_out_and_is_woken_by_the_last_child(
@@ -226,6 +495,54 @@ async def test_G23_a_worker_fans_out_and_is_woken_by_the_last_child(
     # (By type, not by id: on Citus event ids come from each node's own sequence range.)
     [done] = [r for r in rows if r["event_type"] == "task.succeeded"]
     assert json.loads(done["payload"]) == {"total": 60}
+
+
+async def test_G23_a_parent_reads_how_each_child_ended_not_only_the_successes(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Closes issue 35's blind class "a child that finishes other than by success" on the
+    parent's side: ``job.run_children`` hands back every child - one cancelled from
+    outside, one swept dead past its deadline - with its state, ``succeeded`` false and
+    its error (docs/guides/children.md, "Results"). Kills the hand mutants
+    children-result-succeeded-unless-failed (``ChildResult.succeeded`` true for any end but
+    'failed') and children-result-drops-the-error (the snapshot without the child's
+    ``last_error``)."""
+    seen: list[list[tuple[str, str, bool, str | None]]] = []
+
+    async def order(job: Job) -> Succeed:
+        kids = await job.run_children(
+            "k", [("c-r-ok", {"n": 1}), ("c-r-gone", None), ("c-r-late", None)]
+        )
+        seen.append([(k.key, k.state, k.succeeded, k.error) for k in kids])
+        return Succeed()
+
+    async def ok(job: Job) -> Succeed:
+        return Succeed(payload=job.task.params)
+
+    handlers = {"c-r-order": order, "c-r-ok": ok}  # nothing runs the other two
+    parent = await tasks.create(pool, tenants.a, "c-r-order")
+    await drain(pool, handlers, within=30)
+    assert seen == []
+    assert (await tasks.get(pool, tenants.a, parent.id)).state == "waiting"  # for 3, 1 done
+    kids = {c.key: c.task for c in await children.children(pool, tenants.a, parent.id)}
+    await tasks.cancel(pool, tenants.a, kids["k/1"].id, reason="customer withdrew")
+    late = kids["k/2"]
+    passed = await admin_conn.fetchval("SELECT now() - interval '1 second'")
+    await F.update_task(admin_conn, tenants.a, late.id, deadline_at=passed,
+                        state_version=late.state_version + 1)  # fmt: skip
+    assert await leases.expire_deadlines(pool) == [(tenants.a, late.id)]
+    swept = (await tasks.get(pool, tenants.a, late.id)).last_error
+    assert swept is not None
+    assert swept.startswith("deadline passed at ")
+    await drain(pool, handlers, within=30)
+    assert seen == [
+        [
+            ("k/0", "succeeded", True, None),
+            ("k/1", "cancelled", False, "cancelled: customer withdrew"),
+            ("k/2", "dead", False, swept),
+        ]
+    ]
+    assert (await tasks.get(pool, tenants.a, parent.id)).state == "succeeded"
 
 
 async def test_G23_retention_keeps_a_parent_while_its_children_stay(
