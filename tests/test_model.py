@@ -260,25 +260,33 @@ def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the m
             else:
                 self.lease_refused(tid, leases.renew(h.conns[w], lease))
 
-        @rule(w=st.integers(0, WORKERS - 1), data=st.data())
-        def complete(self, w: int, data: st.DataObject) -> None:
+        @rule(
+            w=st.integers(0, WORKERS - 1), data=st.data(),
+            end=st.sampled_from(("succeeded", "failed", "dead")),
+        )  # fmt: skip
+        def complete(self, w: int, data: st.DataObject, end: str) -> None:
+            """The holder finishes the task: a success with its outbox message, or a failure
+            (failed, or dead when it will not be tried again) - a child that ends other than
+            by success wakes its waiting parent all the same (G23, issue 35)."""
             if not self.held[w]:
                 return
             tid = self.pick_held(data, w)
             lease, version = self.held[w][tid]
             msg = Message("done", {"task": str(tid)})
             call = tasks.transition(
-                h.conns[w], self.tenant, tid, expected_version=version, to_state="succeeded",
-                lease=lease, outbox=[msg],
+                h.conns[w], self.tenant, tid, expected_version=version, to_state=end,
+                lease=lease, outbox=[msg] if end == "succeeded" else (),
+                error=None if end == "succeeded" else "the model's failure",
             )  # fmt: skip
             mt = self.m.tasks[tid]
-            if self.current(w, tid) and mt.late and mt.version == version:
+            if self.current(w, tid) and mt.late and mt.version == version and end != "dead":
                 self.refused_and_unchanged(call, DeadlineExceeded)
             elif self.current(w, tid) and mt.version == version:
                 h.run(call)
-                mt.state, mt.version, mt.owner = "succeeded", mt.version + 1, None
+                mt.state, mt.version, mt.owner = end, mt.version + 1, None
                 self.finished(tid)
-                self.m.committed.add(msg.id)
+                if end == "succeeded":
+                    self.m.committed.add(msg.id)
                 del self.held[w][tid]
             elif self.current(w, tid):  # its lease holds, its version does not (late or not)
                 self.refused_and_unchanged(call, StaleVersion)
