@@ -1038,6 +1038,15 @@ CASES: list[Case] = [
         task(workflow_version="v2"),
         task(workflow_version=""),
     ),
+    # The bounds themselves (the generated sample of issue 35: a bound moved by one
+    # survived every case above it).
+    Case(
+        "agent_tasks_workflow_version_valid",
+        "23514",
+        task(workflow_version="v" * 100),
+        task(workflow_version="v" * 101),
+        label="at-the-limit",
+    ),
     Case(
         "agent_tasks_current_step_valid", "23514", task(current_step="fetch"), task(current_step="")
     ),
@@ -1052,6 +1061,13 @@ CASES: list[Case] = [
         "23514",
         task(attempts=3, max_attempts=3),
         task(attempts=4, max_attempts=3),
+    ),
+    Case(
+        "agent_tasks_attempts_valid",
+        "23514",
+        task(max_attempts=1),
+        task(max_attempts=0),
+        label="at-the-floor",
     ),
     Case("agent_tasks_last_error_valid", "23514", task(last_error="boom"), task(last_error=LONG)),
     Case(
@@ -1668,6 +1684,13 @@ CASES: list[Case] = [
         artifact(content_type="text/plain"),
         artifact(content_type=""),
     ),
+    Case(
+        "agent_artifacts_content_type_valid",
+        "23514",
+        artifact(content_type="x"),
+        artifact(content_type="x" * 201),
+        label="at-the-bounds",
+    ),
     # Credential references are managed by the owner; the runtime may only read them.
     Case("agent_credential_refs_pkey", "23505", cred(id=FIXED), cred(id=FIXED), role="admin"),
     Case(
@@ -2069,6 +2092,13 @@ CASES: list[Case] = [
         _sig(dedupe_key="k", input_hash="nothex"),
     ),
     Case("agent_signals_payload_valid", "23514", _sig(payload='{"n": 1}'), _sig(payload=BIG)),
+    Case(
+        "agent_signals_payload_valid",
+        "23514",
+        _sig(payload='{"n": 1}'),
+        _sig(payload="[1]"),
+        label="not-an-object",
+    ),
     Case(
         "agent_tasks_wait_signal_valid",
         "23514",
