@@ -1878,6 +1878,13 @@ CASES: list[Case] = [
         label="held-with-a-spend",
     ),
     Case(
+        "agent_budget_holds_settled_valid",
+        "23514",
+        hold(state="settled", settled=0),
+        hold(state="settled", settled=-1),
+        label="settled-below-zero",
+    ),
+    Case(
         "agent_budget_holds_guard",
         "AG010",
         hold_change({}, state="settled", settled=2),
