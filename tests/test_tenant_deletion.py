@@ -310,3 +310,52 @@ def test_G17_cli_bad_input_is_one_line(
     assert result.returncode == code, result.stderr
     assert result.stderr.count("\n") == 1
     assert fragment in result.stderr
+
+
+async def test_G17_an_operation_whose_events_retention_ends_now_is_not_anonymised(
+    tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """As the test above, for step 8 (operations): an operation whose every event is
+    retained until this very instant keeps nothing, so it is not anonymised - the dry
+    run agrees. Kills generated ``gen-0011.retention-agentdb_delete_tenant-cmp-43``
+    (the dry run's ``e.retain_until >= now()``)."""
+    task = await F.create_task(admin_conn, tenants.a)
+    op = await F.create_operation(admin_conn, tenants.a, task)
+    await F.update_operation(
+        admin_conn, tenants.a, op, state="succeeded", result='{"n": 1}', state_version=1
+    )
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes, to this very instant
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now(), retain_until = now()"
+            " WHERE tenant_id = $1",
+            tenants.a,
+        )
+        await admin_conn.execute("SET LOCAL session_replication_role = origin")
+        dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+        real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(real)
+    assert {(s.object, s.action): s.affected for s in real.steps}[
+        "agent_operations", "anonymise"
+    ] == 0
+
+
+async def test_G17_a_waiting_task_is_cancelled_and_the_dry_run_says_so(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task waiting (for a signal, with no params, no error, no step) is cancelled by
+    the deletion like a pending or running one, and the dry run counts it. Kills
+    generated ``gen-0011.retention-agentdb_delete_tenant-list-2`` (the dry run's list of
+    open states without 'waiting')."""
+    task = await tasks.create(pool, tenants.a, "t-waiting")
+    [held] = await leases.claim(pool, "w", task_types=["t-waiting"])
+    assert held.lease is not None
+    await tasks.wait_for_signal(pool, held, "go", lease=held.lease)
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(real)
+    assert {(s.object, s.action): s.affected for s in real.steps}[
+        "agent_tasks", "cancel and anonymise"
+    ] == 1
+    state = await admin_conn.fetchval("SELECT state FROM agent_tasks WHERE id = $1", task.id)
+    assert state == "cancelled"
