@@ -22,6 +22,7 @@ import pytest
 
 from agentdb import Message, leases, operations, outbox, signals, steps, tasks
 from agentdb.errors import (
+    Cancelled,
     ConfigurationError,
     LeaseLost,
     PayloadTooLarge,
@@ -43,7 +44,9 @@ from agentdb.worker import (
     Worker,
 )
 from agentdb.worker.durable import running_job
-from tests.conftest import Tenants
+from tests import factories as F
+from tests.conftest import Database, Tenants
+from tests.test_children import _Calls, _reached, _waits_for_a_lock
 
 
 class Provider:
@@ -723,6 +726,80 @@ async def test_G20_a_message_enqueued_for_a_cancelled_task_is_refused(
             await outbox.enqueue(conn, tenants.a, "invoice.sent", {"n": 2}, task_id=task.id)
     sent = await pool.fetchval("SELECT count(*) FROM agent_outbox WHERE task_id = $1", task.id)
     assert sent == 1
+
+
+@pytest.mark.parametrize("first", ["cancel", "step"])
+async def test_G20_G25_a_step_written_while_its_task_is_cancelled_is_refused_or_came_first(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection,
+    first: str,
+) -> None:  # fmt: skip
+    """Closes issue 35's blind class "a write racing a task's end" for steps: a cancel and
+    a step's record on two connections take turns on the task's row (agentdb_guard_step,
+    the trigger agent_steps_guard, reads the task FOR SHARE against the cancel's row
+    lock), so a step is either refused by the cancelled task or was recorded before the
+    cancel - never recorded beside a cancel it did not see. ``cancel`` first: the record
+    waits for it (its fence read the task 'running' before the cancel committed), then the
+    guard refuses it (AG012, TaskFinished, which steps.record tells as the fence would:
+    Cancelled) and nothing is recorded. ``step`` first: the cancel waits for the step's
+    transaction, then goes on, and the step stays. Kills
+    gen-0008.steps-agentdb_guard_step-lock-1 (the guard reads the task without the lock:
+    the record reads 'running' and lands beside the cancel)."""
+    held = await _claimed(pool, tenants.a, "d-racing-cancel")
+    lease = held.lease
+    assert lease is not None
+    canceller, stepper = await db.connect(), await db.connect()
+    cancelled, stepped, go = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    calls = _Calls()
+
+    async def cancel() -> None:
+        async with canceller.transaction():
+            await tasks.cancel(canceller, tenants.a, held.id, reason="racing a step")
+            cancelled.set()  # written, not committed
+            await go.wait()
+
+    async def record() -> steps.Step:
+        args = {"kind": "step", "input_hash": F.HASH, "result": '{"n": 1}', "lease": lease}
+        if first == "cancel":  # its own transaction: a refused statement leaves none open
+            recorded = await steps.record(stepper, tenants.a, held.id, "plan", **args)
+            stepped.set()
+            return recorded
+        async with stepper.transaction():
+            recorded = await steps.record(stepper, tenants.a, held.id, "plan", **args)
+            stepped.set()  # written, not committed
+            await go.wait()
+        return recorded
+
+    try:
+        if first == "cancel":
+            cancelling = calls.add(cancel())
+            await _reached(cancelled, cancelling)
+            recording = calls.add(record())
+            assert await _waits_for_a_lock(admin_conn, stepper, recording, stepped), (
+                "the step was recorded beside an uncommitted cancel of its task"
+            )
+            go.set()
+            await asyncio.wait_for(cancelling, 30)
+            with pytest.raises(Cancelled):
+                await asyncio.wait_for(recording, 30)
+            assert (await steps.ledger(pool, tenants.a, held.id)).steps == {}
+        else:
+            recording = calls.add(record())
+            await _reached(stepped, recording)
+            cancelling = calls.add(cancel())
+            assert await _waits_for_a_lock(admin_conn, canceller, cancelling, cancelled), (
+                "the task was cancelled beside a step's uncommitted record"
+            )
+            go.set()
+            step = await asyncio.wait_for(recording, 30)
+            await asyncio.wait_for(cancelling, 30)
+            assert (step.name, step.state) == ("plan", "done")
+            assert list((await steps.ledger(pool, tenants.a, held.id)).steps) == ["plan"]
+    finally:
+        go.set()  # both transactions end before their connections close
+        await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+        await canceller.close()
+        await stepper.close()
+    assert (await tasks.get(pool, tenants.a, held.id)).state == "cancelled"
 
 
 async def test_G25_code_a_handler_calls_finds_its_job_without_being_passed_it(

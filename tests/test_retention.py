@@ -363,3 +363,23 @@ async def test_G9_bad_purge_options(admin_conn: asyncpg.Connection) -> None:
         await retention.purge(admin_conn, classes=("everything",))
     with pytest.raises(ConfigurationError):
         await retention.purge(admin_conn, batch=0)
+
+
+async def test_G9_a_purge_takes_batches_of_one_and_what_reached_its_age_this_instant(
+    tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The bounds of the purge: a batch of 1 is a batch (the floor is 1, not 2), and an
+    inbox row processed exactly ``older_than`` ago has reached its age (``<=``, as the
+    other classes). In one transaction, where now() stands still. Kills generated
+    ``gen-0011.retention-agentdb_purge-cmp-3`` and ``-cmp-17``."""
+    async with admin_conn.transaction():
+        await admin_conn.execute(
+            "INSERT INTO agent_inbox (tenant_id, consumer, message_id, processed_at)"
+            " SELECT $1::uuid, 'c', gen_random_uuid(), now() - interval '30 days'"
+            " FROM generate_series(1, 2)",
+            tenants.a,
+        )
+        purge = "SELECT agentdb_purge('inbox', $1, interval '30 days')"
+        assert await admin_conn.fetchval(purge, 1) == 1
+        assert await admin_conn.fetchval(purge, 1) == 1
+        assert await admin_conn.fetchval(purge, 1) == 0
