@@ -383,3 +383,30 @@ async def test_G9_a_purge_takes_batches_of_one_and_what_reached_its_age_this_ins
         assert await admin_conn.fetchval(purge, 1) == 1
         assert await admin_conn.fetchval(purge, 1) == 1
         assert await admin_conn.fetchval(purge, 1) == 0
+
+
+async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task's own budget (nothing held on it) goes with the task, once its audit trail
+    has; the tenant's budget stays. Kills generated
+    ``gen-0011.retention-agentdb_purge_books-cmp-14`` (the books joined to another
+    tenant's tasks) and ``-int-1`` (only a budget holding 1 is taken)."""
+    from agentdb import budgets
+
+    task = await tasks.create(pool, tenants.a, "t-budgeted")
+    await budgets.set_budget(pool, tenants.a, "usd", 100, task_id=task.id)
+    await budgets.set_budget(pool, tenants.a, "usd", 1000)
+    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    async with admin_conn.transaction():  # time passes (only a superuser can fake it)
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
+            " retain_until = now() - interval '1 day'"
+        )
+    purged = await retention.purge(admin_conn, ages={"tasks": timedelta(0)})
+    assert purged.removed["tasks"] == 1
+    left = await admin_conn.fetch(
+        "SELECT task_id FROM agent_budgets WHERE tenant_id = $1", tenants.a
+    )
+    assert [r["task_id"] for r in left] == [None]  # the tenant's own, not the task's
