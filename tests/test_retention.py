@@ -12,7 +12,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from agentdb import retention, tasks
+from agentdb import leases, retention, tasks
 from agentdb.errors import ConfigurationError
 from tests import factories as F
 from tests.conftest import Database, Tenants
@@ -410,3 +410,52 @@ async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
         "SELECT task_id FROM agent_budgets WHERE tenant_id = $1", tenants.a
     )
     assert [r["task_id"] for r in left] == [None]  # the tenant's own, not the task's
+
+
+async def test_G9_the_signals_purge_takes_batches_up_to_100000_and_no_more(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """Kills generated ``gen-0011.retention-agentdb_purge_task_signals-int-4`` (the
+    ceiling moved to 99,999)."""
+    purge = "SELECT agentdb_purge('signals', $1, interval '1 day')"
+    assert await admin_conn.fetchval(purge, 100_000) == 0
+    with pytest.raises(asyncpg.InvalidParameterValueError):
+        await admin_conn.fetchval(purge, 100_001)
+
+
+async def test_G9_a_live_task_keeps_its_signals_and_a_finished_one_is_not_held_back_by_another(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Once the audit trail has gone, the purge takes a finished task (and its signals)
+    only: a waiting task keeps its unread signal, and a finished task with no operation
+    of its own goes though another task of the tenant still has one. Kills generated
+    ``gen-0011.retention-agentdb_purge_task_signals-and-2`` (any task's signals) and
+    ``gen-0011.retention-agentdb_purge_tasks-and-13`` (any operation of the tenant
+    holds every task back)."""
+    from agentdb import operations
+
+    live = await tasks.create(pool, tenants.a, "t-live")
+    [held] = await leases.claim(pool, "w", task_types=["t-live"])
+    assert held.lease is not None
+    await operations.reserve(pool, tenants.a, live.id, "k", "a", {}, lease=held.lease)
+    await tasks.wait_for_signal(pool, held, "go", lease=held.lease)
+    await tasks.signal(pool, tenants.a, live.id, "note")
+    done = await tasks.create(pool, tenants.a, "t-done")
+    await tasks.signal(pool, tenants.a, done.id, "note")
+    await tasks.transition(pool, tenants.a, done.id, expected_version=0, to_state="cancelled")
+    async with admin_conn.transaction():  # time passes (only a superuser can fake it)
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
+            " retain_until = now() - interval '1 day'"
+        )
+        await admin_conn.execute("UPDATE agent_tasks SET updated_at = now() - interval '400 days'")
+    ages = {"tasks": timedelta(0), "signals": timedelta(0), "operations": timedelta(0)}
+    purged = await retention.purge(admin_conn, ages=ages)
+    assert purged.removed["tasks"] == 1
+    left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [live.id]
+    signals_left = await admin_conn.fetch(
+        "SELECT task_id FROM agent_signals WHERE tenant_id = $1", tenants.a
+    )
+    assert [r["task_id"] for r in signals_left] == [live.id]
