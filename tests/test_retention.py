@@ -412,12 +412,14 @@ async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
     assert [r["task_id"] for r in left] == [None]  # the tenant's own, not the task's
 
 
-async def test_G9_the_signals_purge_takes_batches_up_to_100000_and_no_more(
-    admin_conn: asyncpg.Connection,
+@pytest.mark.parametrize("kind", ["signals", "tasks"])
+async def test_G9_a_purge_takes_batches_up_to_100000_and_no_more(
+    admin_conn: asyncpg.Connection, kind: str
 ) -> None:
-    """Kills generated ``gen-0011.retention-agentdb_purge_task_signals-int-4`` (the
-    ceiling moved to 99,999)."""
-    purge = "SELECT agentdb_purge('signals', $1, interval '1 day')"
+    """The classes agentdb_purge hands to a function of their own check the batch there.
+    Kills generated ``gen-0011.retention-agentdb_purge_task_signals-int-4`` and
+    ``gen-0011.retention-agentdb_purge_tasks-int-4`` (the ceiling moved to 99,999)."""
+    purge = f"SELECT agentdb_purge('{kind}', $1, interval '1 day')"
     assert await admin_conn.fetchval(purge, 100_000) == 0
     with pytest.raises(asyncpg.InvalidParameterValueError):
         await admin_conn.fetchval(purge, 100_001)
@@ -459,3 +461,31 @@ async def test_G9_a_live_task_keeps_its_signals_and_a_finished_one_is_not_held_b
         "SELECT task_id FROM agent_signals WHERE tenant_id = $1", tenants.a
     )
     assert [r["task_id"] for r in signals_left] == [live.id]
+
+
+async def test_G9_a_tenant_s_purge_strips_each_payload_once_and_keeps_audited_operations(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The per-tenant purge (Citus runs it for each tenant; plain Postgres has it too):
+    a payload past its expiry is stripped once - a second run finds nothing - and an
+    operation whose events are still retained stays. Kills generated
+    ``gen-0011.retention-agentdb_purge_tenant-and-1`` (stripped payloads counted again)
+    and ``-and-16`` / ``-cmp-27`` (an operation taken whatever its audit trail)."""
+    from agentdb import operations
+
+    task = await tasks.create(pool, tenants.a, "t-tenant-purge")
+    res = await operations.reserve(pool, tenants.a, task.id, "k", "a", {})
+    await operations.complete(pool, res.operation, result={})
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day'"
+            " WHERE tenant_id = $1",
+            tenants.a,
+        )
+    step = "SELECT agentdb_purge_tenant($1, $2, 1000, interval '0')"
+    assert await admin_conn.fetchval(step, tenants.a, "event_payloads") > 0
+    assert await admin_conn.fetchval(step, tenants.a, "event_payloads") == 0
+    assert await admin_conn.fetchval(step, tenants.a, "operations") == 0
+    kept = "SELECT count(*) FROM agent_operations WHERE tenant_id = $1"
+    assert await admin_conn.fetchval(kept, tenants.a) == 1

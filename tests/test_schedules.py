@@ -385,7 +385,7 @@ async def test_G24_catch_up_all_fires_exactly_100_ticks_a_call_and_the_rest_on_t
     than 100 ticks missed, one call fires ticks 1 to 100, not one more nor one fewer, and
     leaves the 101st for the next call. Kills gen-0016.partial_keys-agentdb_fire_schedule-
     int-1 (the cap 101; it survived every test before this one), -int-2 (99), -cmp-6
-    (`<= 100`) and -and-4 (no cap)."""
+    (`<= 100`), -and-4 (no cap) and -and-6 (skipped_from written under 'all')."""
     start = _ago(seconds=130)  # 131 ticks due, one a second: more than one call's cap
     s = await schedules.create(pool, tenants.a, "cap", "s-cap", every=timedelta(seconds=1),
                                start_at=start, catch_up="all")  # fmt: skip
@@ -399,7 +399,11 @@ async def test_G24_catch_up_all_fires_exactly_100_ticks_a_call_and_the_rest_on_t
     rest = await schedules.fire_due(pool)
     assert len(rest) >= 31
     assert [f.tick for f in rest] == [start + timedelta(seconds=100 + i) for i in range(len(rest))]
-    assert len(await _made(admin_conn, s)) == 100 + len(rest)
+    made = await _made(admin_conn, s)
+    assert len(made) == 100 + len(rest)
+    # Catching up every tick skips none: no task says it skipped any (-and-6: the
+    # 'latest' policy's skipped_from written for every tick after the first).
+    assert not [tick for tick, payload in made if "skipped_from" in json.loads(payload)]
 
 
 async def test_G24_a_start_exactly_on_a_cron_tick_fires_that_tick(
