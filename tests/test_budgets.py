@@ -1031,3 +1031,36 @@ async def test_G19_retention_of_many_settled_operations_in_small_batches(
         )
         == 0
     )
+
+
+async def test_G19_a_refusal_in_a_day_window_counts_today_s_spend_as_remaining_less(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The "remaining" of a BudgetExceeded for a day budget: what today's window has
+    spent counts (the window that started today is the current one, not one that rolled
+    over). Kills generated ``gen-budgets-budget_left-cmp-2`` (``<=``: today's window
+    read as rolled over, its spend forgotten)."""
+    await budgets.set_budget(pool, tenants.a, "tokens", 100, period="day")
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "k", "chat", {}, cost={"tokens": 60})
+    await operations.complete(pool, res.operation, result={}, cost={"tokens": 60})
+    with pytest.raises(BudgetExceeded) as refused:
+        await operations.reserve(pool, tenants.a, task, "k2", "chat", {}, cost={"tokens": 50})
+    assert refused.value.remaining == {"tokens": 40}
+
+
+async def test_G19_a_rate_limit_s_retry_after_is_its_own_not_another_tenant_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenant b's limit of the same action, used up for a day, says nothing about when
+    tenant a may call again. Kills generated ``gen-budgets-rate_window-tenant-1``."""
+    await budgets.set_rate_limit(pool, tenants.a, "chat", 1, timedelta(minutes=1))
+    await budgets.set_rate_limit(pool, tenants.b, "chat", 1, timedelta(days=1))
+    task_b = await _task(pool, tenants.b)
+    await operations.reserve(pool, tenants.b, task_b, "k", "chat", {})
+    task_a = await _task(pool, tenants.a)
+    await operations.reserve(pool, tenants.a, task_a, "k", "chat", {})
+    with pytest.raises(RateLimited) as refused:
+        await operations.reserve(pool, tenants.a, task_a, "k2", "chat", {})
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
