@@ -137,6 +137,14 @@ async def test_G10_deliver_and_claim_marks_the_held_and_claims_the_next(
     assert rows[taken.id]["lease_owner"] == "relay-2"
     # Nothing to mark: a plain claim (of nothing left here).
     assert await outbox.deliver_and_claim(pool, "relay-1", [], batch=10) == (set(), [])
+    # Sent again (its answer was lost): what is delivered is not marked twice, and keeps
+    # the time it was delivered (generated gen-outbox-outbox_deliver_and_claim-list-1).
+    delivered_at = rows[kept.id]["delivered_at"]
+    assert await outbox.deliver_and_claim(pool, "relay-1", [kept], batch=10) == (set(), [])
+    again = await admin_conn.fetchval(
+        "SELECT delivered_at FROM agent_outbox WHERE id = $1", kept.id
+    )
+    assert again == delivered_at
     with pytest.raises(ConfigurationError):
         await outbox.deliver_and_claim(pool, "relay-1", [], batch=0)
 

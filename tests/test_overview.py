@@ -85,3 +85,15 @@ async def test_the_chart_draws_one_bar_per_minute_scaled_to_the_busiest(
     top = max(max(p.created, p.finished, p.backlog) for p in points)
     assert f"max {top}<" in svg  # the busiest value sets the scale
     assert chart([]) == ""
+
+
+async def test_G2_a_task_that_ends_dead_or_cancelled_counts_as_finished(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Every end counts in the activity's "finished", not only success. Kills generated
+    ``gen-overview-overview_activity-list-4`` ('dead' left out)."""
+    for end in ("dead", "cancelled"):
+        task = await tasks.create(pool, tenants.a, "job", params={"end": end})
+        await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state=end)
+    points = await overview.activity(pool, tenants.a, minutes=5)
+    assert sum(p.finished for p in points) == 2
