@@ -174,14 +174,20 @@ def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the m
             assert self.snapshot() == before, "a refused write changed something"
             return refused
 
-        def lease_refused(self, tid: uuid.UUID, call: Any, *also: type[Exception]) -> None:
-            """A holder's write refused: ``Cancelled`` exactly when the task was cancelled,
-            ``PastDeadline`` exactly when the deadline sweep ended it."""
+        def lease_refused(
+            self, tid: uuid.UUID, lease: Lease, call: Any, *also: type[Exception]
+        ) -> None:
+            """A holder's write refused: ``Cancelled`` exactly when the task was cancelled
+            under this holder's lease, ``PastDeadline`` exactly when the deadline sweep ended
+            it under this lease. A holder another worker took the task over from before that
+            only lost its lease (a plain ``LeaseLost``): the cancel or the sweep was not of
+            its attempt."""
             refused = self.refused_and_unchanged(call, LeaseLost, *also)
             if isinstance(refused, LeaseLost):
                 mt = self.m.tasks[tid]
-                cancelled = mt.state == "cancelled"
-                swept = mt.state == "dead" and mt.late
+                ours = lease.token == mt.token
+                cancelled = ours and mt.state == "cancelled"
+                swept = ours and mt.state == "dead" and mt.late
                 assert isinstance(refused, Cancelled) == cancelled, (refused, cancelled)
                 assert isinstance(refused, PastDeadline) == swept, (refused, swept)
 
@@ -258,7 +264,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the m
                 self.held[w][tid] = (renewed, version)
                 self.m.tasks[tid].expired = False
             else:
-                self.lease_refused(tid, leases.renew(h.conns[w], lease))
+                self.lease_refused(tid, lease, leases.renew(h.conns[w], lease))
 
         @rule(
             w=st.integers(0, WORKERS - 1), data=st.data(),
@@ -291,7 +297,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the m
             elif self.current(w, tid):  # its lease holds, its version does not (late or not)
                 self.refused_and_unchanged(call, StaleVersion)
             else:
-                self.lease_refused(tid, call)
+                self.lease_refused(tid, lease, call)
 
         @rule(w=st.integers(0, WORKERS - 1), data=st.data())
         def release(self, w: int, data: st.DataObject) -> None:
@@ -307,7 +313,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the m
                 mt.state, mt.version, mt.owner, mt.expired = "pending", mt.version + 1, None, False
                 del self.held[w][tid]
             else:
-                self.lease_refused(tid, leases.release(h.conns[w], lease))
+                self.lease_refused(tid, lease, leases.release(h.conns[w], lease))
 
         @rule(
             w=st.integers(0, WORKERS - 1),
@@ -324,7 +330,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the m
                 h.conns[w], self.tenant, tid, key, "pay", INPUTS[i], lease=lease
             )
             if not self.current(w, tid):
-                self.lease_refused(tid, call)
+                self.lease_refused(tid, lease, call)
                 return
             known = self.m.ops.get(key)
             if known is None and self.m.tasks[tid].late:
@@ -356,7 +362,7 @@ def run_machine(h: Harness, *, max_examples: int) -> None:  # noqa: C901 - the m
                 known.op = h.run(call)
                 known.state = "succeeded"
             else:
-                self.lease_refused(task_id, call)
+                self.lease_refused(task_id, lease, call)
 
         @rule(data=st.data())
         def cancel(self, data: st.DataObject) -> None:

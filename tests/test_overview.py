@@ -9,8 +9,9 @@ import uuid
 
 import asyncpg
 
-from agentdb import budgets, leases, operations, overview, tasks, tenancy
+from agentdb import budgets, leases, operations, overview, steps, tasks, tenancy
 from agentdb.tools.console.pages import budget_bar, chart
+from tests import factories as F
 from tests.conftest import OPERATOR, Database, Tenants
 
 
@@ -97,3 +98,84 @@ async def test_G2_a_task_that_ends_dead_or_cancelled_counts_as_finished(
         await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state=end)
     points = await overview.activity(pool, tenants.a, minutes=5)
     assert sum(p.finished for p in points) == 2
+
+
+async def _asleep_on_approval(pool: asyncpg.Pool, tenant: uuid.UUID, task_type: str) -> uuid.UUID:
+    """A task that recorded a step, an ask ("approve/asked") and the wait ("approve"), then
+    went to sleep on signal "approval" - what an agent framework adapter leaves behind."""
+    task = await tasks.create(pool, tenant, task_type)
+    [held] = await leases.claim(pool, "w-approvals", task_types=[task_type])
+    assert held.lease is not None
+    for name, result in (("fetch", '{"rows": 3}'), ("approve/asked", '{"tool": "refund"}')):
+        await steps.record(
+            pool, tenant, task.id, name, kind="step", input_hash=F.HASH, result=result,
+            lease=held.lease,
+        )  # fmt: skip
+    await steps.record(
+        pool, tenant, task.id, "approve", kind="signal", input_hash=F.HASH, result=None,
+        lease=held.lease, waiting=True,
+    )  # fmt: skip
+    await tasks.wait_for_signal(pool, held, "approval", lease=held.lease)
+    return task.id
+
+
+async def test_G22_approvals_show_each_waiting_task_once_with_its_ask_and_last_step(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """One row per task asleep on a signal: its waiting step, the ask recorded beside it
+    and the last step before it. A task not waiting any more is not listed. Kills generated
+    ``gen-overview-overview_approvals-and-7`` (the ask joined to any step of the task: a
+    row per step), ``gen-overview-overview_approvals-cmp-4`` (the waiting step looked for
+    in other tenants: no step, no ask) and ``gen-overview-overview_approvals-cmp-16``
+    (tasks that are not waiting listed instead)."""
+    waiting = await _asleep_on_approval(pool, tenants.a, "refund")
+    woken = await _asleep_on_approval(pool, tenants.a, "refund-woken")
+    await tasks.signal(pool, tenants.a, woken, "approval")  # wakes it: pending, not waiting
+    assert (await tasks.get(pool, tenants.a, woken)).state == "pending"
+    await _asleep_on_approval(pool, tenants.b, "refund")  # another tenant's
+
+    rows = await overview.approvals(pool, tenants.a)
+    assert [(r["id"], r["wait_signal"], r["step"]) for r in rows] == [
+        (str(waiting), "approval", "approve")
+    ]
+    [row] = rows
+    assert row["asked"] == {"tool": "refund"}
+    assert (row["last_step"], row["last_result"]) == ("fetch", {"rows": 3})
+    assert row["lease_holders"] == ["w-approvals"]
+
+
+async def test_G13_unsettled_pairs_each_effect_with_its_own_tasks_lease(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """An effect is the operator's to reconcile when its own task holds no live lease: one
+    of a pending task is listed, one of a task running under a live lease is not. Kills
+    generated ``gen-overview-overview_unsettled-cmp-2`` (each effect judged by the other
+    tasks' leases)."""
+    idle = await tasks.create(pool, tenants.a, "idle")
+    await operations.reserve(pool, tenants.a, idle.id, "k-idle", "psp.charge", {})
+    busy = await tasks.create(pool, tenants.a, "busy")
+    [held] = await leases.claim(pool, "w1", task_types=["busy"])
+    assert held.id == busy.id
+    await operations.reserve(pool, tenants.a, busy.id, "k-busy", "psp.charge", {}, lease=held.lease)
+
+    listed = await overview.unsettled(pool, tenants.a)
+    assert [(r["task_id"], r["idempotency_key"]) for r in listed] == [(str(idle.id), "k-idle")]
+
+
+async def test_G2_a_timeline_shows_only_its_tenants_events_of_a_shared_task_id(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Task ids are the caller's: two tenants may both use one. A tenant's timeline of it
+    shows that tenant's events only. Kills generated
+    ``gen-overview-overview_task_events-tenant-1`` (every tenant's events of that id read)."""
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.a, "job", task_id=shared)
+    other = await tasks.create(pool, tenants.b, "job", task_id=shared)
+    await tasks.transition(
+        pool, tenants.b, shared, expected_version=other.state_version, to_state="cancelled"
+    )
+
+    a = await overview.timeline(pool, tenants.a, shared)
+    assert [(e["event_type"], e["to_state"]) for e in a.events] == [("task.created", "pending")]
+    b = await overview.timeline(pool, tenants.b, shared)
+    assert [e["to_state"] for e in b.events] == ["pending", "cancelled"]

@@ -51,7 +51,7 @@ The tests of a mutant (``tests``), by a fixed, explicit heuristic:
 * a statement of ``agentdb/queries/<x>.sql``: its users are the modules of
   ``agentdb/`` (not agentdb/tools) that name it (``_Q["name"]``, or the name in
   quotes); each user ``agentdb/<m>.py`` maps to ``tests/test_<m>.py`` when it
-  exists, else to the files ``_MODULE_TESTS`` names for it; ``_STATEMENT_TESTS``
+  exists, and to the files ``_MODULE_TESTS`` names for it; ``_STATEMENT_TESTS``
   adds the files that prove what a statement's module tests miss;
 * a statement of ``agentdb/_citus/queries``: a Citus mutant (``citus=True``,
   run by ``--generated --citus`` on ``AGENTDB_CITUS_DSN``), tested by the plain
@@ -869,10 +869,12 @@ class _Tests:
         return (self.root / target).is_file()
 
     def _module_tests(self, stem: str) -> tuple[str, ...]:
+        # The module's own file and the files _MODULE_TESTS names both: a module whose
+        # behaviour is shown elsewhere (steps, by test_durable) keeps those tests when a
+        # test file of its own name is added.
         own = f"tests/test_{stem.lstrip('_')}.py"
-        if self._exists(own):
-            return (own,)
-        return _MODULE_TESTS.get(stem, ())
+        mine = (own,) if self._exists(own) else ()
+        return mine + tuple(t for t in _MODULE_TESTS.get(stem, ()) if t not in mine)
 
     def statement(self, name: str) -> tuple[str, ...]:
         quoted = f'"{name}"'

@@ -1,0 +1,48 @@
+"""A task's recorded steps read back (agentdb.steps, G25): the statements a durable
+handler's writes fall back on. The handler's rules are tests/test_durable.py's."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from agentdb import leases, steps, tasks
+from tests import factories as F
+from tests.conftest import Tenants
+
+
+async def _wait_that_took(
+    pool: asyncpg.Pool, tenant: uuid.UUID, task_id: uuid.UUID, payload: dict[str, str]
+) -> None:
+    """Task ``task_id`` of ``tenant`` (new) takes signal "approval" in its wait step
+    "review", under its lease."""
+    await tasks.create(pool, tenant, "review", task_id=task_id)
+    await tasks.signal(pool, tenant, task_id, "approval", payload)
+    [held] = await leases.claim(pool, "w-steps", task_types=["review"])
+    assert (held.tenant_id, held.id) == (tenant, task_id)
+    assert held.lease is not None
+    taken = await steps.take_signal(
+        pool, tenant, task_id, "review", "approval", input_hash=F.HASH, lease=held.lease
+    )
+    assert taken.step is not None
+
+
+async def test_G25_a_step_read_by_name_carries_the_signal_its_wait_took(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """steps.get reads the tenant's own step and the signal it took - also when another
+    tenant uses the same task id and step name (task ids are the caller's). Kills generated
+    ``gen-steps-step_get-cmp-5`` (the signal looked for in other tenants: none) and
+    ``gen-steps-step_get-cmp-6`` (the step looked for in other tenants)."""
+    shared = uuid.uuid4()
+    await _wait_that_took(pool, tenants.a, shared, {"by": "alice"})
+    await _wait_that_took(pool, tenants.b, shared, {"by": "bob"})
+
+    got = await steps.get(pool, tenants.a, shared, "review")
+    assert got is not None
+    assert (got.name, got.kind, got.state, got.input_hash) == ("review", "signal", "done", F.HASH)
+    assert got.signal is not None
+    assert (got.signal.tenant_id, got.signal.task_id, got.signal.seq) == (tenants.a, shared, 1)
+    assert (got.signal.name, got.signal.payload) == ("approval", {"by": "alice"})
+    assert await steps.get(pool, tenants.a, shared, "no-such-step") is None
