@@ -206,3 +206,17 @@ async def test_G13_unsettled_list_skips_operations_whose_task_holds_a_live_lease
     [claimed] = await leases.claim(pool, "w1", lease_ttl=timedelta(minutes=5))
     await operations.reserve(pool, tenants.a, claimed.id, "k", "a", {}, lease=claimed.lease)
     assert await operations.list_unsettled(pool) == []  # its worker is alive and on it
+
+
+async def test_G2_a_reservation_on_a_task_id_another_tenant_also_uses_is_this_tenant_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Task ids are the caller's to choose, so two tenants can each have a task of one
+    id: a reservation reads its own tenant's task only. Kills generated
+    ``gen-operations-operation_reserve-tenant-3`` (the join to the task by id alone)."""
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.b, "t", task_id=shared)
+    await tasks.create(pool, tenants.a, "t", task_id=shared)
+    res = await operations.reserve(pool, tenants.a, shared, "k", "pay", {"amount": 1})
+    assert (res.operation.tenant_id, res.operation.task_id) == (tenants.a, shared)
+    assert res.fresh
