@@ -46,3 +46,23 @@ async def test_G25_a_step_read_by_name_carries_the_signal_its_wait_took(
     assert (got.signal.tenant_id, got.signal.task_id, got.signal.seq) == (tenants.a, shared, 1)
     assert (got.signal.name, got.signal.payload) == ("approval", {"by": "alice"})
     assert await steps.get(pool, tenants.a, shared, "no-such-step") is None
+
+
+async def test_G22_G25_a_wait_takes_only_its_own_task_s_signal_of_that_name(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Another task of the tenant was sent an "approval"; this task was sent only a "note".
+    Its wait for "approval" takes nothing - not the other task's approval, and not its own
+    note at that approval's place in the order. Kills generated
+    ``gen-steps-step_take_signal-and-4`` (the signal looked for in any task of the tenant)."""
+    other = await tasks.create(pool, tenants.a, "t-other")
+    await tasks.signal(pool, tenants.a, other.id, "approval", {"by": "alice"})
+    mine = await tasks.create(pool, tenants.a, "t-mine")
+    await tasks.signal(pool, tenants.a, mine.id, "note", {"text": "fyi"})
+    [held] = await leases.claim(pool, "w-steps", task_types=["t-mine"])
+    assert held.lease is not None
+    taken = await steps.take_signal(
+        pool, tenants.a, mine.id, "review", "approval", input_hash=F.HASH, lease=held.lease
+    )
+    assert taken.step is None
+    assert await steps.get(pool, tenants.a, mine.id, "review") is None
