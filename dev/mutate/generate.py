@@ -122,6 +122,7 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     "lease_release": (FENCES,),
     "lease_renew": (FENCES,),
     "task_transition": (FENCES,),
+    "operation_settle": (FENCES,),  # test_operations settles without a lease
     "operation_complete_many": ("tests/test_complete_many.py",),
     "operation_reserve_many": ("tests/test_complete_many.py", "tests/test_tenant_isolation.py"),
     "task_finish_many": ("tests/test_complete_many.py", FENCES),
