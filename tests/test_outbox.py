@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import timedelta
 from decimal import Decimal
@@ -9,7 +10,7 @@ from decimal import Decimal
 import asyncpg
 import pytest
 
-from agentdb import inbox, outbox
+from agentdb import inbox, outbox, tasks
 from agentdb.errors import ConfigurationError, LeaseLost, NotFound
 from agentdb.models import OutboxMessage
 from agentdb.relay import Relay
@@ -253,3 +254,34 @@ async def test_G10_a_relay_drains_past_a_batch_that_was_all_buried(
     assert relay.stats.dead == 2
     for mid in poison:
         assert (await outbox.get(pool, tenants.a, mid)).state == "dead"
+
+
+async def test_G10_G2_a_retry_reads_its_own_tenant_s_message_of_a_shared_id(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Message ids are the caller's to choose (enqueue's message_id), so two tenants can
+    each have a dead message of one id: an operator's retry in one tenant reads and puts
+    back that tenant's only, and its event says the attempts that one used. Kills
+    generated ``gen-outbox-outbox_retry-tenant-1`` (the attempts read by id alone)."""
+    shared = uuid.uuid4()
+    for tenant, attempts in ((tenants.b, 3), (tenants.a, 1)):
+        task = await tasks.create(pool, tenant, "mail")
+        async with pool.acquire() as conn:
+            await outbox.enqueue(conn, tenant, "mail.sent", {}, task_id=task.id,
+                                 message_id=shared, max_attempts=attempts)  # fmt: skip
+        for _ in range(attempts):
+            [claimed] = await outbox.claim(pool, "relay-1")
+            await outbox.mark_failed(pool, claimed, "down", backoff=timedelta(0))
+    retried = await outbox.retry(pool, tenants.a, shared, actor="carol")
+    assert (retried.state, retried.attempts) == ("pending", 0)
+    payload = await admin_conn.fetchval(
+        "SELECT payload FROM agent_events WHERE tenant_id = $1 AND event_type = 'outbox.retried'",
+        tenants.a,
+    )
+    assert json.loads(payload)["attempts"] == 1
+    other = await admin_conn.fetchrow(
+        "SELECT state, attempts FROM agent_outbox WHERE tenant_id = $1 AND id = $2",
+        tenants.b, shared,
+    )  # fmt: skip
+    assert other is not None
+    assert (other["state"], other["attempts"]) == ("dead", 3)
