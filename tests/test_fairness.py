@@ -744,3 +744,21 @@ async def test_G10_the_citus_relay_claim_discovers_once_and_walks_the_ring(
     got = await _rotation(db, 10, outbox=True)
     assert got == ids * 2
     assert len(discoveries) == 1, discoveries
+
+
+async def test_G18_a_cap_counts_its_own_tenant_s_running_tasks_only(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant b's five running tasks take none of tenant a's slots. Only a has due work,
+    so the walk starts at a whatever the tenants' ids. (Generated
+    ``gen-leases-lease_claim-tenant-4`` - the walk's first step counting every tenant's
+    running tasks against a's cap - survives this: the walk meets a again past its first
+    step, where the count is a's own.)"""
+    await _seed(admin_conn, tenants.b, 5)
+    assert len(await leases.claim(pool, "w", batch=5)) == 5  # b's five, running
+    await tenancy.set_concurrency_limit(pool, tenants.a, 2)
+    await _seed(admin_conn, tenants.a, 3)
+    got = await leases.claim(pool, "w", batch=1)
+    assert [t.tenant_id for t in got] == [tenants.a]
+    got = await leases.claim(pool, "w", batch=5)
+    assert [t.tenant_id for t in got] == [tenants.a]  # its second slot, no more
