@@ -8,6 +8,7 @@ session fails with instructions - database tests are never skipped.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+import asyncpg
 import psycopg
 from psycopg import sql
 
@@ -234,3 +236,14 @@ def ensure_pgbouncer() -> str:
             "any 1.x in PATH works) - they are never skipped"
         )
     return found
+
+
+async def done_or_blocked(admin: asyncpg.Connection, pid: int, work: asyncio.Future[Any]) -> None:
+    """Until ``work`` is over or backend ``pid`` waits on a lock - observed, not slept for."""
+    for _ in range(1000):
+        if work.done() or await admin.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+        ):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"backend {pid} neither finished nor blocked")

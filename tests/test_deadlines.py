@@ -11,7 +11,6 @@ import asyncio
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import asyncpg
 import pytest
@@ -370,7 +369,7 @@ async def test_G21_the_sweep_skips_a_late_task_another_writer_holds(
             cancelled = await tasks.cancel(other_conn, tenants.a, late, reason="withdrawn")
             assert cancelled.state == "cancelled"
             sweep = asyncio.ensure_future(leases.expire_deadlines(sweeper))
-            await _done_or_blocked(admin_conn, sweeper.get_server_pid(), sweep)
+            await _pg.done_or_blocked(admin_conn, sweeper.get_server_pid(), sweep)
             assert sweep.done()  # it skipped the held row: it did not queue behind the cancel
             assert await sweep == []
         assert await leases.expire_deadlines(sweeper) == []
@@ -380,14 +379,3 @@ async def test_G21_the_sweep_skips_a_late_task_another_writer_holds(
     assert [e["event_type"] for e in await _events(admin_conn, late)] == [
         "test", "task.cancelled",
     ]  # fmt: skip
-
-
-async def _done_or_blocked(admin: asyncpg.Connection, pid: int, work: asyncio.Future[Any]) -> None:
-    """Until ``work`` is over or backend ``pid`` waits on a lock - observed, not slept for."""
-    for _ in range(1000):
-        if work.done() or await admin.fetchval(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
-        ):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"backend {pid} neither finished nor blocked")

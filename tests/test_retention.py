@@ -131,6 +131,17 @@ async def test_G9_purge_of_100k_expired_events_is_batched_and_spares_the_rest(
     }  # nothing left: resumable, idempotent
 
 
+async def _audit_trail_passes(admin_conn: asyncpg.Connection) -> None:
+    """Every event's payload and retention ran out a day ago: time passes, which only a
+    superuser can fake (the append-only guard refuses any other change to them)."""
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
+            " retain_until = now() - interval '1 day'"
+        )
+
+
 async def test_G9_purge_removes_operations_and_tasks_only_after_their_audit_trail(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
@@ -143,12 +154,7 @@ async def test_G9_purge_removes_operations_and_tasks_only_after_their_audit_trai
     long_ago = {"operations": timedelta(0), "tasks": timedelta(0)}
     first = await retention.purge(admin_conn, ages=long_ago)
     assert (first.removed["operations"], first.removed["tasks"]) == (0, 0)  # events still retained
-    async with admin_conn.transaction():  # time passes (only a superuser can fake it)
-        await F.replica_mode(admin_conn)
-        await admin_conn.execute(
-            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
-            " retain_until = now() - interval '1 day'"
-        )
+    await _audit_trail_passes(admin_conn)
     second = await retention.purge(admin_conn, ages=long_ago)
     assert (second.removed["events"], second.removed["operations"], second.removed["tasks"]) == (
         4,
@@ -398,12 +404,7 @@ async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
     await budgets.set_budget(pool, tenants.a, "usd", 100, task_id=task.id)
     await budgets.set_budget(pool, tenants.a, "usd", 1000)
     await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
-    async with admin_conn.transaction():  # time passes (only a superuser can fake it)
-        await F.replica_mode(admin_conn)
-        await admin_conn.execute(
-            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
-            " retain_until = now() - interval '1 day'"
-        )
+    await _audit_trail_passes(admin_conn)
     purged = await retention.purge(admin_conn, ages={"tasks": timedelta(0)})
     assert purged.removed["tasks"] == 1
     left = await admin_conn.fetch(
@@ -445,12 +446,9 @@ async def test_G9_a_live_task_keeps_its_signals_and_a_finished_one_is_not_held_b
     done = await tasks.create(pool, tenants.a, "t-done")
     await tasks.signal(pool, tenants.a, done.id, "note")
     await tasks.transition(pool, tenants.a, done.id, expected_version=0, to_state="cancelled")
-    async with admin_conn.transaction():  # time passes (only a superuser can fake it)
+    await _audit_trail_passes(admin_conn)
+    async with admin_conn.transaction():  # and the tasks were last written long ago
         await F.replica_mode(admin_conn)
-        await admin_conn.execute(
-            "UPDATE agent_events SET payload_expires_at = now() - interval '1 day',"
-            " retain_until = now() - interval '1 day'"
-        )
         await admin_conn.execute("UPDATE agent_tasks SET updated_at = now() - interval '400 days'")
     ages = {"tasks": timedelta(0), "signals": timedelta(0), "operations": timedelta(0)}
     purged = await retention.purge(admin_conn, ages=ages)

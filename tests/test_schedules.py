@@ -436,17 +436,6 @@ async def test_G24_a_start_exactly_on_a_cron_tick_fires_that_tick(
         assert (again.last_tick_at, again.next_tick_at) == (start, start + timedelta(days=1))
 
 
-async def _done_or_blocked(admin: asyncpg.Connection, pid: int, work: asyncio.Task[Any]) -> None:
-    """Until ``work`` is over or backend ``pid`` waits on a lock - observed, not slept for."""
-    for _ in range(1000):
-        if work.done() or await admin.fetchval(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
-        ):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"backend {pid} neither finished nor blocked")
-
-
 @pytest.mark.plain_postgres("reads pg_stat_activity for the firing's backend")
 async def test_G24_a_schedule_paused_while_it_fires_fires_nothing_after_the_pause(
     db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
@@ -469,7 +458,7 @@ async def test_G24_a_schedule_paused_while_it_fires_fires_nothing_after_the_paus
             fire = asyncio.ensure_future(
                 firer.fetch("SELECT * FROM agentdb_fire_schedule($1, $2)", s.tenant_id, s.id)
             )
-            await _done_or_blocked(admin_conn, pid, fire)
+            await _pg.done_or_blocked(admin_conn, pid, fire)
             assert fire.done()  # it skipped the held row: it did not queue behind the pause
         assert await fire == []
         assert await _made(admin_conn, s) == []
@@ -490,7 +479,7 @@ async def test_G24_a_schedule_paused_while_it_fires_fires_nothing_after_the_paus
                 start + timedelta(minutes=i) for i in range(3)
             ]
             pause = asyncio.ensure_future(schedules.pause(pauser, tenants.a, "pausing"))
-            await _done_or_blocked(admin_conn, pid, pause)
+            await _pg.done_or_blocked(admin_conn, pid, pause)
             assert not pause.done()
         paused = await pause
         assert (paused.paused, paused.next_tick_at) == (True, start + timedelta(minutes=3))
