@@ -292,8 +292,8 @@ def _pickup_section(r: dict[str, Any]) -> list[str]:
         "## 5. Pickup latency",
         "",
         f"An idle `Worker` (concurrency 1): {p['samples']} tasks created one at a time, each "
-        "after a random pause; from `tasks.create` returning (committed) to the handler's "
-        "first line.",
+        "after a random pause; from `tasks.create` being called to the handler's first "
+        "line (the create's own round trip included: the commit lands inside the call).",
         "",
         *_table(head, rows),
     ]
