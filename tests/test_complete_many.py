@@ -464,3 +464,45 @@ async def test_G19_complete_many_records_what_complete_records_of_the_books(
     for payload in payloads:
         assert (payload["spent"], payload["released"]) == ({"tokens": 300}, {"tokens": 0})
     assert payloads[0].keys() == payloads[1].keys()
+
+
+async def test_G2_G19_complete_many_tells_each_operation_its_own_holds_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """An operation id is unique per tenant only (agent_operations_pkey is (tenant_id,
+    id)) and reserve_many takes the caller's: tenant a's operation may share the id of
+    b's, and one batch settles both. b's budget hold is told in b's event alone; a's
+    operation, which held nothing, tells of no spend and no release. Kills
+    ``gen-operations-operation_complete_many-tenant-6`` (the released units looked up by
+    operation id alone: a's event would tell of b's credits)."""
+    await budgets.set_budget(pool, tenants.b, "credits", 100)
+    [held] = await _claimed(pool, tenants.a, 1)
+    assert held.lease is not None
+    task_b = await tasks.create(pool, tenants.b, "t")
+    b_op = (
+        await operations.reserve(pool, tenants.b, task_b.id, "kb", "llm", {}, cost={"credits": 30})
+    ).operation
+    [reserved] = await operations.reserve_many(
+        pool, [ReserveRequest(held.lease, "ka", "llm", {}, operation_id=b_op.id)]
+    )
+    assert not isinstance(reserved, Exception)
+    a_op = reserved.operation
+    assert (a_op.tenant_id, a_op.id) == (tenants.a, b_op.id)
+    settled = await operations.complete_many(
+        pool, [Completion(a_op, lease=held.lease), Completion(b_op)]
+    )
+    assert [(s.tenant_id, s.state) for s in settled if not isinstance(s, Exception)] == [
+        (tenants.a, "succeeded"),
+        (tenants.b, "succeeded"),
+    ]
+    rows = await admin_conn.fetch(
+        "SELECT tenant_id, payload FROM agent_events WHERE operation_id = $1"
+        " AND event_type = 'operation.succeeded'",
+        b_op.id,
+    )
+    payloads = {r["tenant_id"]: json.loads(r["payload"]) for r in rows}
+    assert (payloads[tenants.b]["spent"], payloads[tenants.b]["released"]) == (
+        {"credits": 30},
+        {"credits": 0},
+    )
+    assert {"spent", "released"}.isdisjoint(payloads[tenants.a]), payloads[tenants.a]

@@ -18,6 +18,7 @@ import pytest
 from agentdb import children, leases, operations, signals, tasks
 from agentdb.errors import ConfigurationError, DeadlineExceeded, LeaseLost, PastDeadline
 from agentdb.models import Task
+from agentdb.tenancy import delete_tenant
 from agentdb.worker import Job, Succeed, Worker
 from tests import _pg
 from tests import factories as F
@@ -379,3 +380,33 @@ async def test_G21_the_sweep_skips_a_late_task_another_writer_holds(
     assert [e["event_type"] for e in await _events(admin_conn, late)] == [
         "test", "task.cancelled",
     ]  # fmt: skip
+
+
+async def test_G21_a_task_finished_in_time_is_still_anonymised_after_its_deadline(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The guard holds back unfinished tasks (and a retry to pending) only: a task that
+    succeeded in time is written to after its deadline when its tenant is deleted - its
+    params anonymised, its state kept. Kills
+    ``gen-0013.operator-agent_tasks_deadline_guard-and-2`` (the guard fired for every
+    task with a deadline: the deletion's UPDATE of the finished task is refused as a late
+    write, and the deletion with it)."""
+    task = await _soon(pool, tenants.a, "d-done", params={"customer": "Ada Lovelace"})
+    [held] = await leases.claim(pool, "w", task_types=["d-done"])
+    done = await tasks.transition(
+        pool, tenants.a, task.id, expected_version=held.state_version, to_state="succeeded",
+        lease=held.lease,
+    )  # fmt: skip
+    await _passed(admin_conn, task.id)
+    await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    row = await admin_conn.fetchrow(
+        "SELECT state, state_version, params FROM agent_tasks WHERE tenant_id = $1 AND id = $2",
+        tenants.a,
+        task.id,
+    )
+    assert row is not None
+    assert (row["state"], row["state_version"], json.loads(row["params"])) == (
+        "succeeded",
+        done.state_version + 1,
+        {},
+    )

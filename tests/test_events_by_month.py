@@ -573,3 +573,36 @@ async def test_G2_a_copied_event_key_is_refused_and_maps_to_the_tables_key(
     assert isinstance(mapped, errors.DuplicateKey)
     assert (mapped.constraint, mapped.guarantee) == ("agent_events_pkey", "G2")
     await F.event(admin_conn, tenants.a, task, id=first, created_at=far + timedelta(days=1))
+
+
+async def test_G8_an_operation_s_events_are_checked_against_its_own_tenant_s_row(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """An operation id is unique per tenant only (agent_operations_pkey is (tenant_id,
+    id)): tenant b may hold an operation of the id of a's, at another version. Each
+    one's events are checked against its own row: a's moves to version 1 while b's is at
+    0, then b's to 2 while a's is at 1, and every event commits. Kills
+    ``gen-0011.retention-agentdb_event_records_once-tenant-3`` (the operation looked up
+    by id alone: whichever twin it reads, one of the moves is refused as recording a
+    version its operation has not reached)."""
+    task_a = await F.create_task(admin_conn, tenants.a)
+    task_b = await F.create_task(admin_conn, tenants.b)
+    op = await F.create_operation(admin_conn, tenants.a, task_a)
+    await F.create_operation(admin_conn, tenants.b, task_b, id=op)
+    for tenant, version, state in (
+        (tenants.a, 1, "in_flight"),
+        (tenants.b, 1, "in_flight"),
+        (tenants.b, 2, "succeeded"),
+    ):
+        reached = await F.update_operation(
+            admin_conn, tenant, op, state=state, state_version=version
+        )
+        assert reached == version
+    rows = await admin_conn.fetch(
+        "SELECT tenant_id, operation_state_version FROM agent_events WHERE operation_id = $1"
+        " AND operation_state_version IS NOT NULL",
+        op,
+    )
+    assert sorted((r["tenant_id"] == tenants.a, r["operation_state_version"]) for r in rows) == [
+        (False, 0), (False, 1), (False, 2), (True, 0), (True, 1),
+    ]  # fmt: skip

@@ -751,9 +751,9 @@ async def test_G18_a_cap_counts_its_own_tenant_s_running_tasks_only(
 ) -> None:
     """Tenant b's five running tasks take none of tenant a's slots. Only a has due work,
     so the walk starts at a whatever the tenants' ids. (Generated
-    ``gen-leases-lease_claim-tenant-4`` - the walk's first step counting every tenant's
-    running tasks against a's cap - survives this: the walk meets a again past its first
-    step, where the count is a's own.)"""
+    ``gen-leases-lease_claim-tenant-4`` - the walk's later steps counting every tenant's
+    running tasks against the cap - survives this: the walk meets a at its first step
+    only, where the count is a's own; the test below meets the capped tenant later.)"""
     await _seed(admin_conn, tenants.b, 5)
     assert len(await leases.claim(pool, "w", batch=5)) == 5  # b's five, running
     await tenancy.set_concurrency_limit(pool, tenants.a, 2)
@@ -762,3 +762,22 @@ async def test_G18_a_cap_counts_its_own_tenant_s_running_tasks_only(
     assert [t.tenant_id for t in got] == [tenants.a]
     got = await leases.claim(pool, "w", batch=5)
     assert [t.tenant_id for t in got] == [tenants.a]  # its second slot, no more
+
+
+async def test_G18_a_cap_met_past_the_walk_s_first_step_counts_its_own_tenant_only(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The walk's later steps judge a capped tenant by its own running tasks too: the
+    tenant first in the walk runs five, the capped one second in the walk none of its
+    two slots, so each takes a turn. Kills ``gen-leases-lease_claim-tenant-4`` (the
+    walk's recursive step counting every tenant's running tasks against the cap: the
+    capped tenant looks full, takes no turn, and the claim brings the first one's task
+    alone)."""
+    first, second = sorted([tenants.a, tenants.b])
+    await _seed(admin_conn, first, 5)
+    assert len(await leases.claim(pool, "w", batch=5)) == 5  # first's five, running
+    await _seed(admin_conn, first, 1)
+    await tenancy.set_concurrency_limit(pool, second, 2)
+    await _seed(admin_conn, second, 3)
+    got = await leases.claim(pool, "w", batch=2)
+    assert Counter(t.tenant_id for t in got) == {first: 1, second: 1}
