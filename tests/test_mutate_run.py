@@ -1,4 +1,5 @@
-"""dev/mutate/run.py: a mutant's test run that runs out of time leaves nothing behind."""
+"""dev/mutate/run.py: a mutant's test run that runs out of time leaves nothing behind, and
+the test that killed a mutant last time runs first."""
 
 from __future__ import annotations
 
@@ -6,11 +7,24 @@ import asyncio
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import asyncpg
+import pytest
 
-from dev.mutate.catalogue import Mutant
-from dev.mutate.run import _TIMED_OUT, _end_run, _judge, _over_unix_socket
+from dev.mutate.catalogue import Mutant, all_mutants
+from dev.mutate.generate import generated_mutants
+from dev.mutate.run import (
+    _TIMED_OUT,
+    _baseline_targets,
+    _end_run,
+    _judge,
+    _over_unix_socket,
+    _run_one,
+    failed_test,
+    read_killers,
+    write_killers,
+)
 from tests.conftest import Database
 
 _SLEEPING = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(600)'"
@@ -60,3 +74,119 @@ def test_a_timeout_is_a_kill_counted_apart() -> None:
     assert _judge(m, 1, "1 failed")[0] == "killed"
     declared = Mutant("m", "sql/x.sql", "a", "b", ("tests/test_x.py",), "what", "because")
     assert _judge(declared, _TIMED_OUT, "timed out")[0] == "equivalent-killed"
+
+
+def test_the_killers_file_reads_back_what_was_written_and_names_a_bad_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "killers.txt"
+    assert read_killers(path) == {}  # no file: no killers, every mutant runs its tests
+    write_killers({"b": "tests/test_b.py::test_y[1]", "a": "tests/test_a.py::test_x"}, path)
+    write_killers({"a": "tests/test_a.py::test_z"}, path)  # a later run's killer wins
+    assert read_killers(path) == {
+        "a": "tests/test_a.py::test_z",
+        "b": "tests/test_b.py::test_y[1]",
+    }
+    lines = path.read_text().splitlines()
+    assert [ln.split(":")[0] for ln in lines if not ln.startswith("#")] == ["a", "b"]
+    path.write_text("a: tests/test_a.py::test_x\nb tests/test_b.py\n")
+    with pytest.raises(ValueError, match=r"killers.txt:2: not `mutant id"):
+        read_killers(path)
+    path.write_text("a: tests/test_a.py\n")  # a file is not one test
+    with pytest.raises(ValueError, match=r":1: "):
+        read_killers(path)
+
+
+def test_the_test_that_failed_is_read_from_pytest_s_summary() -> None:
+    out = (
+        "..F\n=== short test summary info ===\n"
+        "FAILED tests/test_a.py::test_x[a-1] - AssertionError: assert 1 == 2\n"
+        "!!!!! stopping after 1 failures !!!!!\n1 failed, 2 passed in 0.1s\n"
+    )
+    assert failed_test(out) == "tests/test_a.py::test_x[a-1]"
+    assert (
+        failed_test("ERROR tests/test_b.py::test_y - RuntimeError\n") == "tests/test_b.py::test_y"
+    )
+    assert failed_test("FAILED tests/test_c.py::test_z\n") == "tests/test_c.py::test_z"
+    assert failed_test("3 passed in 0.2s\n") == ""
+
+
+def test_the_baseline_runs_each_mutant_s_killer_or_its_tests(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    for name in ("test_a.py", "test_b.py", "test_c.py"):
+        (tmp_path / "tests" / name).write_text("")
+    with_killer = Mutant("k", "x.sql", "a", "b", ("tests/test_a.py",), "what")
+    without = Mutant("n", "x.sql", "a", "b", ("tests/test_b.py",), "what")
+    stale = Mutant("s", "x.sql", "a", "b", ("tests/test_c.py",), "what")
+    killers = {"k": "tests/test_a.py::test_x", "s": "tests/test_gone.py::test_y"}
+    assert _baseline_targets(tmp_path, [with_killer, without, stale], killers) == [
+        "tests/test_a.py::test_x", "tests/test_b.py", "tests/test_c.py",
+    ]  # fmt: skip
+    # A killer inside a file the baseline runs whole is not run twice.
+    also = Mutant("w", "x.sql", "a", "b", ("tests/test_a.py",), "what")
+    assert _baseline_targets(tmp_path, [with_killer, also], killers) == ["tests/test_a.py"]
+
+
+_MODULE = "VALUE = 1\n"
+_TESTS = """\
+import mod
+
+
+def test_broken_without_the_mutant_too():
+    assert mod.VALUE == 3
+
+
+def test_unrelated():
+    pass
+
+
+def test_value():
+    assert mod.VALUE == 1
+"""
+
+
+def _tiny_checkout(at: Path) -> Path:
+    (at / "tests").mkdir(parents=True)
+    (at / "mod.py").write_text(_MODULE)
+    (at / "tests" / "test_a.py").write_text(_TESTS)
+    return at
+
+
+def test_a_killer_runs_first_a_stale_one_falls_back_and_an_unproven_kill_is_an_error(
+    tmp_path: Path,
+) -> None:
+    """End to end on a tiny checkout, real pytest runs: the killer alone kills; a killer
+    that passes (the tests changed) leaves the mutant to its own tests, whose failing
+    test becomes the new killer; a kill by a test that also fails without the mutant,
+    when the baseline did not run it, is an error, not a kill."""
+    root, copy = _tiny_checkout(tmp_path / "root"), _tiny_checkout(tmp_path / "copy")
+    m = Mutant("m", "mod.py", "VALUE = 1", "VALUE = 2", ("tests/test_a.py::test_value",), "w")
+    first = _run_one(root, copy, m, "postgresql://unused", 120, "tests/test_a.py::test_value")
+    assert (first.verdict, first.killer) == ("killed", "tests/test_a.py::test_value")
+    assert "its killer" in first.detail
+    assert (copy / "mod.py").read_text() == _MODULE  # the copy is restored
+
+    stale = _run_one(root, copy, m, "postgresql://unused", 120, "tests/test_a.py::test_unrelated")
+    assert (stale.verdict, stale.killer) == ("killed", "tests/test_a.py::test_value")
+    assert "its killer" not in stale.detail
+
+    whole = Mutant("w", "mod.py", "VALUE = 1", "VALUE = 2", ("tests/test_a.py",), "w")
+    proven = frozenset({"tests/test_a.py"})
+    assert _run_one(root, copy, whole, "postgresql://unused", 120, None, proven).verdict == (
+        "killed"
+    )
+    unproven = _run_one(root, copy, whole, "postgresql://unused", 120, None, frozenset())
+    assert unproven.verdict == "error", unproven
+    assert "test_broken_without_the_mutant_too fails without the mutant too" in unproven.detail
+
+
+def test_every_recorded_killer_names_a_mutant_and_a_test_file_that_exist() -> None:
+    """A killer left behind by a renamed mutant or a moved test would only cost time (the
+    mutant's own tests run when it cannot), but the file should say what is true."""
+    killers = read_killers()
+    assert len(killers) >= 90  # CI's sample (100, seed 1) runs on them
+    known = {m.id for m in generated_mutants()} | {m.id for m in all_mutants()}
+    assert sorted(set(killers) - known) == []
+    root = Path(__file__).resolve().parents[1]
+    missing = {t for t in killers.values() if not (root / t.split("::")[0]).is_file()}
+    assert sorted(missing) == []

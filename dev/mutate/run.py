@@ -25,6 +25,17 @@ next mutant starts.
 ``--generated`` runs the mechanical SQL mutants of generate.py instead of the
 hand catalogue (all of them, or a seeded sample of ``--sample N``: the same
 seed picks the same mutants); its report goes to ``mutation-results/generated``.
+
+Killers first. ``dev/mutate/killers.txt`` names, per mutant, the test that
+killed it in an earlier run. That test runs alone first, on the mutated copy:
+when it fails the mutant is killed, in seconds, where the whole of its test
+files takes half a minute (with ``-x`` a run stops at its first failure, but
+the killing test is often late in its file). When it passes - the test or the
+code changed - the mutant's tests run as before. The baseline runs each
+mutant's killer, or its tests when it has none, unmutated; a kill by a test
+the baseline did not run is checked by running that test unmutated too, and
+is an error when it fails there as well. ``--record`` writes the killers this
+run found back into the file (a test, not a verdict: every run still runs it).
 """
 
 from __future__ import annotations
@@ -62,6 +73,10 @@ _SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors)")
 _TIMED_OUT = -1  # _pytest's exit code for a run that ran out of time
 _GONE_WITHIN = 20.0  # seconds to wait for the ended sessions to be gone
 _TEST_DATABASE = "agentdb_t_"  # the prefix of the testing kit's databases
+# pytest -q's short summary: "FAILED tests/x.py::test_y - AssertionError ..." (or ERROR).
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$", re.MULTILINE)
+#: Which test killed each mutant last time (`id: node id`, one a line), tried first.
+KILLERS = Path(__file__).with_name("killers.txt")
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,39 @@ class Outcome:
     verdict: str  # killed | timeout | survived | equivalent | equivalent-killed | error
     seconds: float
     detail: str
+    killer: str = ""  # the test that failed, when one did
+
+
+def read_killers(path: Path = KILLERS) -> dict[str, str]:
+    """``{mutant id: test node id}`` from a killers file (none when it is missing)."""
+    if not path.is_file():
+        return {}
+    found: dict[str, str] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        mutant, sep, test = line.partition(": ")
+        if not sep or not test.strip() or "::" not in test:
+            raise ValueError(f"{path}:{n}: not `mutant id: tests/file.py::test`: {line!r}")
+        found[mutant.strip()] = test.strip()
+    return found
+
+
+def write_killers(found: dict[str, str], path: Path = KILLERS) -> None:
+    """Merge ``found`` into the killers file, sorted by mutant id."""
+    merged = {**read_killers(path), **found}
+    head = (
+        "# The test that killed each mutant when it last ran (python -m dev.mutate --record):\n"
+        "# tried alone first, then the mutant's own tests when it passes. `id: node id`.\n"
+    )
+    body = "".join(f"{k}: {v}\n" for k, v in sorted(merged.items()))
+    path.write_text(head + body, encoding="utf-8")
+
+
+def failed_test(output: str) -> str:
+    """The node id of the first test pytest -q reports FAILED or ERROR ('' when none)."""
+    found = _FAILED.search(output)
+    return found.group(1) if found else ""
 
 
 def _root() -> Path:
@@ -112,7 +160,8 @@ def _scratch(root: Path, into: Path) -> Path:
 
 def _pytest(
     copy: Path, dsn: str, targets: Sequence[str], timeout: float, citus: bool = False
-) -> tuple[int, str]:
+) -> tuple[int, str, str]:
+    """(exit code, last line, the test that failed or '') of one pytest run in ``copy``."""
     env = dict(os.environ, AGENTDB_TEST_DSN=dsn, PYTHONPATH=str(copy), PYTHONDONTWRITEBYTECODE="1")
     env.pop("AGENTDB_FAULTS", None)
     env.pop(ON_CITUS_ENV, None)
@@ -134,9 +183,9 @@ def _pytest(
     except subprocess.TimeoutExpired:
         server = os.environ.get(CITUS_ENV, dsn) if citus else dsn
         left = _end_run(proc, server, drop=not citus)
-        return _TIMED_OUT, f"timed out after {timeout:.0f}s; {left}"
+        return _TIMED_OUT, f"timed out after {timeout:.0f}s; {left}", ""
     tail = (out + err).strip().splitlines()
-    return proc.returncode, tail[-1] if tail else ""
+    return proc.returncode, tail[-1] if tail else "", failed_test(out)
 
 
 def _tree(root: int) -> set[int]:
@@ -268,22 +317,50 @@ def _judge(m: Mutant, code: int, last: str) -> tuple[str, str]:
         return ("equivalent" if m.equivalent else "survived"), last
     if code == _TIMED_OUT:  # killed, but counted apart: a hang, not a failed assertion
         return ("equivalent-killed" if m.equivalent else "timeout"), last
-    if code == 1 or (code == 2 and "error" in last):
+    if _killed(code, last):
         return ("equivalent-killed" if m.equivalent else "killed"), last
     return "error", f"pytest exit {code}: {last}"
 
 
-def _run_one(root: Path, copy: Path, m: Mutant, dsn: str, timeout: float) -> Outcome:
+def _killed(code: int, last: str) -> bool:
+    return code == 1 or (code == 2 and "error" in last)
+
+
+def _run_one(
+    root: Path,
+    copy: Path,
+    m: Mutant,
+    dsn: str,
+    timeout: float,
+    killer: str | None = None,
+    baselined: frozenset[str] | None = None,
+) -> Outcome:
+    """Run ``m``'s killer alone first (when it has one that still exists), then, unless
+    it failed, ``m``'s tests; a kill by a test outside ``baselined`` (the files and node
+    ids the baseline ran; None when there was no baseline) is checked unmutated."""
     path, pristine, mutated = apply(root, m)
     target = copy / path
     target.write_text(mutated, encoding="utf-8")
     started = time.monotonic()
     try:
-        code, last = _pytest(copy, dsn, m.tests, timeout, m.citus)
+        code, last, failed = -2, "", ""
+        if killer and (copy / killer.split("::")[0]).is_file():
+            code, last, failed = _pytest(copy, dsn, [killer], timeout, m.citus)
+            if _killed(code, last):
+                last = f"{last} (its killer, {killer})"
+        if not _killed(code, last):
+            code, last, failed = _pytest(copy, dsn, m.tests, timeout, m.citus)
     finally:
         target.write_text(pristine, encoding="utf-8")
     verdict, detail = _judge(m, code, last)
-    return Outcome(m.id, verdict, time.monotonic() - started, detail)
+    unproven = baselined is not None and failed.split("::")[0] not in baselined
+    if _killed(code, last) and failed and unproven and failed not in (baselined or ()):
+        # The baseline did not run this test unmutated: a test that fails without the
+        # mutant too proves nothing about it.
+        again, said, _ = _pytest(copy, dsn, [failed], timeout, m.citus)
+        if again != 0:
+            verdict, detail = "error", f"{failed} fails without the mutant too: {said}"
+    return Outcome(m.id, verdict, time.monotonic() - started, detail, failed)
 
 
 @contextlib.contextmanager
@@ -299,7 +376,24 @@ def _database(dsn: str | None) -> Iterator[str]:
         yield local
 
 
-def _baseline(root: Path, copy: Path, dsn: str, mutants: Sequence[Mutant]) -> tuple[bool, str]:
+def _baseline_targets(copy: Path, mutants: Sequence[Mutant], killers: dict[str, str]) -> list[str]:
+    """What the baseline runs unmutated: each mutant's killer, or its tests when it has
+    none (or a killer whose file is gone)."""
+    targets: set[str] = set()
+    for m in mutants:
+        killer = killers.get(m.id)
+        if killer and (copy / killer.split("::")[0]).is_file():
+            targets.add(killer)
+        else:
+            targets.update(m.tests)
+    # A node id inside a file the baseline runs whole adds nothing: run the file once.
+    whole = {t for t in targets if "::" not in t}
+    return sorted(t for t in targets if "::" not in t or t.split("::")[0] not in whole)
+
+
+def _baseline(
+    root: Path, copy: Path, dsn: str, mutants: Sequence[Mutant], targets: Sequence[str]
+) -> tuple[bool, str]:
     probe = subprocess.run(
         [sys.executable, "-c", "import agentdb; print(agentdb.__file__)"],
         cwd=copy,
@@ -310,8 +404,7 @@ def _baseline(root: Path, copy: Path, dsn: str, mutants: Sequence[Mutant]) -> tu
     )
     if not probe.stdout.strip().startswith(str(copy)):
         return False, f"the scratch copy is not what gets imported ({probe.stdout.strip()})"
-    targets = sorted({t for m in mutants for t in m.tests})
-    code, last = _pytest(copy, dsn, targets, timeout=3600, citus=any(m.citus for m in mutants))
+    code, last, _ = _pytest(copy, dsn, targets, 3600, citus=any(m.citus for m in mutants))
     return code == 0, last
 
 
@@ -374,7 +467,7 @@ def _select(args: argparse.Namespace) -> tuple[list[Mutant], int] | int:
     return mutants, elsewhere
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the CLI, flag by flag
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dev.mutate", description=__doc__)
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--only", help="comma-separated mutant ids")
@@ -395,6 +488,64 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the CLI, fla
     )
     parser.add_argument("--sample", type=int, help="run a seeded sample of this many mutants")
     parser.add_argument("--seed", type=int, default=1, help="the sample's seed (default 1)")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help=f"write the tests that killed mutants into {KILLERS.relative_to(KILLERS.parents[2])}",
+    )
+    parser.add_argument(
+        "--no-killers", action="store_true", help="run every mutant's tests whole, no killer first"
+    )
+    return parser
+
+
+def _run_all(
+    root: Path, args: argparse.Namespace, mutants: Sequence[Mutant], killers: dict[str, str]
+) -> dict[str, Outcome] | None:
+    """Each mutant's outcome, or None when the unmutated baseline fails."""
+    with tempfile.TemporaryDirectory(prefix="agentdb-mutate-") as tmp, _database(args.dsn) as dsn:
+        copies = [_scratch(root, Path(tmp) / f"copy{i}") for i in range(max(1, args.jobs))]
+        baselined: frozenset[str] | None = None
+        if not args.no_baseline:
+            targets = _baseline_targets(copies[0], mutants, killers)
+            baselined = frozenset(targets)
+            ok, last = _baseline(root, copies[0], dsn, mutants, targets)
+            if not ok:
+                print(f"agentdb mutate: the unmutated tests fail, so nothing is measured: {last}")
+                return None
+            print(f"mutate: baseline passes ({last})", file=sys.stderr, flush=True)
+        todo: queue.Queue[Mutant] = queue.Queue()
+        for m in mutants:
+            todo.put(m)
+        outcomes: dict[str, Outcome] = {}
+        lock = threading.Lock()
+
+        def work(copy: Path) -> None:
+            while True:
+                try:
+                    m = todo.get_nowait()
+                except queue.Empty:
+                    return
+                o = _run_one(root, copy, m, dsn, args.timeout, killers.get(m.id), baselined)
+                with lock:
+                    outcomes[m.id] = o
+                    print(
+                        f"mutate: [{len(outcomes)}/{len(mutants)}] {m.id}: {o.verdict}"
+                        f" ({o.seconds:.0f}s) {o.detail}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+        threads = [threading.Thread(target=work, args=(c,)) for c in copies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return outcomes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = Path("mutation-results") / ("generated" if args.generated else "")
@@ -416,44 +567,21 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: C901 - the CLI, fla
             print(f"{m.id:45} {locate(root, m).path}{flag}")
         print(f"{len(mutants)} mutants")
         return 0
+    try:
+        killers = {} if args.no_killers else read_killers()
+    except ValueError as exc:
+        print(f"agentdb mutate: {exc}")
+        return 2
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="agentdb-mutate-") as tmp, _database(args.dsn) as dsn:
-        copies = [_scratch(root, Path(tmp) / f"copy{i}") for i in range(max(1, args.jobs))]
-        if not args.no_baseline:
-            ok, last = _baseline(root, copies[0], dsn, mutants)
-            if not ok:
-                print(f"agentdb mutate: the unmutated tests fail, so nothing is measured: {last}")
-                return 1
-            print(f"mutate: baseline passes ({last})", file=sys.stderr, flush=True)
-        todo: queue.Queue[Mutant] = queue.Queue()
-        for m in mutants:
-            todo.put(m)
-        outcomes: dict[str, Outcome] = {}
-        lock = threading.Lock()
-
-        def work(copy: Path) -> None:
-            while True:
-                try:
-                    m = todo.get_nowait()
-                except queue.Empty:
-                    return
-                o = _run_one(root, copy, m, dsn, args.timeout)
-                with lock:
-                    outcomes[m.id] = o
-                    print(
-                        f"mutate: [{len(outcomes)}/{len(mutants)}] {m.id}: {o.verdict}"
-                        f" ({o.seconds:.0f}s) {o.detail}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-
-        threads = [threading.Thread(target=work, args=(c,)) for c in copies]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    outcomes = _run_all(root, args, mutants, killers)
+    if outcomes is None:
+        return 1
     ordered = [outcomes[m.id] for m in mutants]
     print(_report(ordered, mutants, time.monotonic() - started, args.out))
+    if args.record:
+        found = {o.id: o.killer for o in ordered if o.verdict in ("killed", "timeout") and o.killer}
+        write_killers(found)
+        print(f"mutate: {len(found)} killers recorded in {KILLERS}")
     if elsewhere:
         other = "plain" if args.citus else "Citus (make mutate-citus)"
         print(f"mutate: {elsewhere} {other} mutants not run by this run")
