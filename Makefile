@@ -100,6 +100,9 @@ mutate-generated: $(VENV)/.dev ## Every mechanical SQL mutant from the parse tre
 mutate-python: $(VENV)/.dev ## mutmut's mutants of library modules (MODULES="agentdb/redaction.py ..."; dev/mutate/python.py)
 	$(BIN)/python -m dev.mutate.python $(MODULES) $(MUTATE_ARGS)
 
+mutate-ci: $(VENV)/.dev ## CI's mutation gate: the 100 generated mutants dev/mutate/ci_sample.txt lists, killers first
+	$(BIN)/python -m dev.mutate --generated --ids dev/mutate/ci_sample.txt --jobs 1 --timeout 150 $(MUTATE_ARGS)
+
 mutate-sample: $(VENV)/.dev ## A seeded sample of the generated SQL mutants (N=100, SEED=1; MUTATE_ARGS=--jobs 1 ...)
 	$(BIN)/python -m dev.mutate --generated --sample $(N) --seed $(SEED) $(MUTATE_ARGS)
 
@@ -146,4 +149,4 @@ ci: lint test chaos-quick ## What .ci/run checks (it also runs the suite on AGEN
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis build dist mutation-results site
 
-.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate mutate-citus mutate-generated mutate-python mutate-sample readme docs docs-build fmt example schema sql migrate rollback status audit purge ci clean
+.PHONY: help install demo chaos chaos-quick bench bench-quick test test-events-by-month test-citus lint mutate mutate-citus mutate-generated mutate-python mutate-sample mutate-ci readme docs docs-build fmt example schema sql migrate rollback status audit purge ci clean

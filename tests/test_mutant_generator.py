@@ -159,3 +159,11 @@ def test_a_sample_is_seeded() -> None:
     assert len(picked) == 40
     assert picked != [m.id for m in sample(mutants, 40, 2)]
     assert len(sample(mutants[:5], 40, 1)) == 5
+    # A mutant more or less elsewhere leaves the others' places: removing one that was
+    # not picked changes nothing, removing a picked one lets exactly one other in.
+    left_out = next(m for m in mutants if m.id not in picked)
+    assert [m.id for m in sample([m for m in mutants if m is not left_out], 40, 1)] == picked
+    gone = next(m for m in mutants if m.id == picked[0])
+    after = [m.id for m in sample([m for m in mutants if m is not gone], 40, 1)]
+    assert len(set(picked) - set(after)) == 1
+    assert len(set(after) - set(picked)) == 1

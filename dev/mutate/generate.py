@@ -74,8 +74,8 @@ Declared-equivalent mutants are listed, reviewed, in
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
-import random
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -1179,9 +1179,20 @@ def generated_mutants(root: Path = ROOT) -> tuple[Mutant, ...]:
 
 
 def sample(mutants: Sequence[Mutant], n: int, seed: int) -> list[Mutant]:
-    """A deterministic sample of ``n`` of ``mutants`` (all when n >= len): same seed, same ids."""
+    """A deterministic sample of ``n`` of ``mutants`` (all when n >= len): same seed, same ids.
+
+    Each mutant is ranked by a hash of the seed and its own id, and the ``n`` lowest
+    are taken. So a change to one statement moves only that statement's mutants (their
+    ids are numbered within it): the rest of the sample, which CI runs with the killers
+    recorded for it, stays as it was. (Drawing ``n`` at random from the list would pick
+    another sample whenever any mutant is added or removed.)
+    """
     ordered = sorted(mutants, key=lambda m: m.id)
     if n >= len(ordered):
         return ordered
-    picked = {m.id for m in random.Random(seed).sample(ordered, n)}
+
+    def rank(m: Mutant) -> bytes:
+        return hashlib.sha256(f"{seed}:{m.id}".encode()).digest()
+
+    picked = {m.id for m in sorted(ordered, key=rank)[:n]}
     return [m for m in ordered if m.id in picked]

@@ -103,6 +103,23 @@ def read_killers(path: Path = KILLERS) -> dict[str, str]:
     return found
 
 
+def read_ids(path: Path) -> list[str]:
+    """The mutant ids a file lists, one a line (``#`` starts a comment).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it lists no id, or one twice.
+    """
+    ids = [ln.split("#", 1)[0].strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    ids = [i for i in ids if i]
+    if not ids:
+        raise ValueError(f"{path}: no mutant ids")
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"{path}: listed twice: {', '.join(twice)}")
+    return ids
+
+
 def write_killers(found: dict[str, str], path: Path = KILLERS) -> None:
     """Merge ``found`` into the killers file, sorted by mutant id."""
     merged = {**read_killers(path), **found}
@@ -446,6 +463,13 @@ def _select(args: argparse.Namespace) -> tuple[list[Mutant], int] | int:
     every = list(generated_mutants() if args.generated else all_mutants())
     mutants = [m for m in every if m.citus == args.citus]
     elsewhere = len(every) - len(mutants)
+    if args.ids:
+        try:
+            listed = read_ids(args.ids)
+        except (OSError, ValueError) as exc:
+            print(f"agentdb mutate: {exc}", file=sys.stderr)
+            return 2
+        args.only = ",".join(listed)
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {m.id for m in mutants}
@@ -471,6 +495,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dev.mutate", description=__doc__)
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--only", help="comma-separated mutant ids")
+    parser.add_argument(
+        "--ids",
+        type=Path,
+        help="a file of mutant ids, one a line (CI's: dev/mutate/ci_sample.txt); as --only",
+    )
     parser.add_argument("--dsn", help="Postgres for the tests (default: $AGENTDB_TEST_DSN)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant")
     parser.add_argument("--out", type=Path, help="report folder (default: mutation-results)")
