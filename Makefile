@@ -101,7 +101,7 @@ mutate-python: $(VENV)/.dev ## mutmut's mutants of library modules (MODULES="age
 	$(BIN)/python -m dev.mutate.python $(MODULES) $(MUTATE_ARGS)
 
 mutate-ci: $(VENV)/.dev ## CI's mutation gate: the 100 generated mutants dev/mutate/ci_sample.txt lists, killers first
-	$(BIN)/python -m dev.mutate --generated --ids dev/mutate/ci_sample.txt --jobs 1 --timeout 150 $(MUTATE_ARGS)
+	$(BIN)/python -m dev.mutate --generated --ids dev/mutate/ci_sample.txt --jobs 1 --timeout 90 $(MUTATE_ARGS)
 
 mutate-sample: $(VENV)/.dev ## A seeded sample of the generated SQL mutants (N=100, SEED=1; MUTATE_ARGS=--jobs 1 ...)
 	$(BIN)/python -m dev.mutate --generated --sample $(N) --seed $(SEED) $(MUTATE_ARGS)
