@@ -370,8 +370,8 @@ def _run_one(
     finally:
         target.write_text(pristine, encoding="utf-8")
     verdict, detail = _judge(m, code, last)
-    unproven = baselined is not None and failed.split("::")[0] not in baselined
-    if _killed(code, last) and failed and unproven and failed not in (baselined or ()):
+    proven = baselined is None or failed in baselined or failed.split("::")[0] in baselined
+    if _killed(code, last) and failed and not proven:
         # The baseline did not run this test unmutated: a test that fails without the
         # mutant too proves nothing about it.
         again, said, _ = _pytest(copy, dsn, [failed], timeout, m.citus)
