@@ -10,7 +10,7 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0018.room_to_update (18).
+-- Migrations: 0001.foundation ... 0020.books_first (20).
 
 -- ==== sequences ====================================================================
 
@@ -2747,6 +2747,8 @@ BEGIN
                                  WHERE e.tenant_id = op.tenant_id AND e.operation_id = op.id)
                  AND NOT EXISTS (SELECT 1 FROM agent_artifacts a
                                  WHERE a.tenant_id = op.tenant_id AND a.operation_id = op.id)
+                 AND NOT EXISTS (SELECT 1 FROM agent_budget_holds h
+                                 WHERE h.tenant_id = op.tenant_id AND h.operation_id = op.id)
                LIMIT p_batch FOR UPDATE SKIP LOCKED) v
         WHERE o.tenant_id = v.tenant_id AND o.id = v.id;
     ELSE
@@ -2886,6 +2888,8 @@ BEGIN
                                  WHERE st.tenant_id = k.tenant_id AND st.task_id = k.id)
                  AND NOT EXISTS (SELECT 1 FROM agent_tasks c
                                  WHERE c.tenant_id = k.tenant_id AND c.parent_id = k.id)
+                 AND NOT EXISTS (SELECT 1 FROM agent_budgets b
+                                 WHERE b.tenant_id = k.tenant_id AND b.task_id = k.id)
                LIMIT p_batch FOR UPDATE SKIP LOCKED) v
         WHERE t.tenant_id = v.tenant_id AND t.id = v.id;
     ELSE
@@ -2916,6 +2920,8 @@ BEGIN
                               WHERE st.tenant_id = p_tenant AND st.task_id = k.id)
               AND NOT EXISTS (SELECT 1 FROM agent_tasks c
                               WHERE c.tenant_id = p_tenant AND c.parent_id = k.id)
+              AND NOT EXISTS (SELECT 1 FROM agent_budgets b
+                              WHERE b.tenant_id = p_tenant AND b.task_id = k.id)
             LIMIT p_batch FOR UPDATE SKIP LOCKED)
         DELETE FROM agent_tasks t USING v WHERE t.tenant_id = p_tenant AND t.id = v.id;
     END IF;
@@ -2982,6 +2988,8 @@ BEGIN
                               WHERE e.tenant_id = p_tenant AND e.operation_id = op.id)
               AND NOT EXISTS (SELECT 1 FROM agent_artifacts a
                               WHERE a.tenant_id = p_tenant AND a.operation_id = op.id)
+              AND NOT EXISTS (SELECT 1 FROM agent_budget_holds h
+                              WHERE h.tenant_id = p_tenant AND h.operation_id = op.id)
             LIMIT p_batch FOR UPDATE SKIP LOCKED)
         DELETE FROM agent_operations o USING v WHERE o.tenant_id = p_tenant AND o.id = v.id;
     ELSE
@@ -3145,7 +3153,10 @@ CREATE OR REPLACE FUNCTION agentdb_schedule_is_tick(p_every interval, p_cron tex
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
 AS $function$
-    SELECT agentdb_schedule_tick(p_every, p_cron, p_anchor, p_at, false) = p_at
+    SELECT CASE WHEN (p_every IS NULL) <> (p_cron IS NULL)
+                THEN coalesce(agentdb_schedule_tick(p_every, p_cron, p_anchor, p_at, false) = p_at,
+                              false)
+           END
 $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_schedule_tick(p_every interval, p_cron text, p_anchor timestamp with time zone, p_at timestamp with time zone, p_forward boolean)
@@ -3183,7 +3194,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0018.room_to_update'::text $function$;
+AS $function$ SELECT '0020.books_first'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

@@ -389,6 +389,25 @@ async def _delete_retained_event(conn: asyncpg.Connection, ctx: Ctx) -> None:
     await conn.execute("DELETE FROM agent_events WHERE tenant_id = $1 AND id = $2", ctx.a, eid)
 
 
+def _delete_event_retained_until(offset: timedelta) -> Step:
+    """Delete an event retained until the transaction's own now() + ``offset``: retention
+    ends *at* retain_until, so offset 0 may go and a microsecond more may not (kills
+    gen-0004.events-agentdb_guard_append_only-cmp-3, `<=` -> `<`)."""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> None:
+        async with conn.transaction():  # one now() for the insert and the delete
+            until = await conn.fetchval("SELECT now()") + offset
+            eid = await F.event(
+                conn, ctx.a, ctx.task_a, payload_expires_at=until, retain_until=until
+            )
+            status = await conn.execute(
+                "DELETE FROM agent_events WHERE tenant_id = $1 AND id = $2", ctx.a, eid
+            )
+            assert status == "DELETE 1"
+
+    return step
+
+
 async def _erase_payload(conn: asyncpg.Connection, ctx: Ctx) -> None:
     eid = await F.event(conn, ctx.a, ctx.task_a, payload='{"k": 1}')
     status = await conn.execute(
@@ -616,7 +635,12 @@ def _for_task(
     async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
         task_id = await F.create_task(conn, ctx.a, deadline_at=deadline)
         if not retry:
-            if finished:
+            if finished in ("succeeded", "failed"):  # a worker's outcome: through running
+                await F.claim_task(conn, ctx.a, task_id)
+                await F.update_task(conn, ctx.a, task_id, state=finished, state_version=2,
+                                    lease_owner=None, lease_acquired_at=None,
+                                    lease_expires_at=None)  # fmt: skip
+            elif finished:
                 await F.update_task(conn, ctx.a, task_id, state=finished, state_version=1)
             return await F.create_operation(conn, ctx.a, task_id)
         oid = await F.create_operation(conn, ctx.a, task_id)
@@ -1570,6 +1594,14 @@ CASES: list[Case] = [
     ),
     Case(
         "agent_events_append_only",
+        "AG003",
+        _delete_event_retained_until(timedelta(0)),
+        _delete_event_retained_until(timedelta(microseconds=1)),
+        role="admin",
+        label="delete-at-retention-edge",
+    ),
+    Case(
+        "agent_events_append_only",
         "42501",
         _runtime_appends_event,
         _runtime_rewrites_event,
@@ -1966,6 +1998,22 @@ CASES: list[Case] = [
         _for_task("dead"),
         label="dead",
     ),
+    # Every final state, not only those an operator reaches (kills
+    # gen-0006.control_flow-agentdb_guard_open_task-list-1 and -list-2).
+    Case(
+        "agent_operations_for_open_task",
+        "AG012",
+        _for_task(None),
+        _for_task("succeeded"),
+        label="succeeded",
+    ),
+    Case(
+        "agent_operations_for_open_task",
+        "AG012",
+        _for_task(None),
+        _for_task("failed"),
+        label="failed",
+    ),
     Case(
         "agent_operations_for_open_task_retry",
         "AG012",
@@ -2024,6 +2072,15 @@ CASES: list[Case] = [
         "AG014",
         _sig(held_by="worker-1", kind="approval", decision="approved", sender="reviewer"),
         _sig(held_by="worker-1", kind="approval", decision="approved", sender="worker-1"),
+    ),
+    Case(
+        "agent_signals_guard",
+        "AG014",
+        # Only an approval is judged by who sends it: a holder may signal its own task
+        # (kills gen-0006.control_flow-agentdb_guard_signal-and-2, the kind test dropped).
+        _sig(held_by="worker-1", kind="signal", sender="worker-1"),
+        _sig(held_by="worker-1", kind="approval", decision="approved", sender="worker-1"),
+        label="holder-may-signal",
     ),
     Case("agent_signals_immutable", "AG003", _sig(), _signal_changed(), role="admin"),
     Case("agent_tasks_signal_guard", "AG014", _cursor((1,)), _cursor((1, 0)), label="back"),
@@ -2197,6 +2254,15 @@ CASES: list[Case] = [
         _ticked(timedelta(0), of="b"),
         label="other-tenant",
     ),
+    Case(
+        "agent_tasks_schedule_guard",
+        "AG017",
+        _ticked(timedelta(0)),
+        # A whole hour from HOUR, but before the schedule's anchor: no tick of its rule
+        # (0019.ticks_from_the_anchor; before it, is_tick said NULL and the guard let it by).
+        _ticked(timedelta(hours=-1)),
+        label="before-anchor",
+    ),
     Case("agent_tasks_schedule_fixed", "AG017", _retick("current_step"), _retick("schedule_tick")),
     Case(
         "agent_tasks_schedule_tick_valid",
@@ -2257,6 +2323,14 @@ CASES: list[Case] = [
         "23514",
         _schedule(next_tick_at=HOUR + timedelta(hours=5)),
         _schedule(next_tick_at=HOUR + timedelta(hours=5, seconds=1)),
+    ),
+    Case(
+        "agent_schedules_next_tick_valid",
+        "23514",
+        _schedule(next_tick_at=HOUR),
+        # On the rule's grid, an hour before the anchor (0019.ticks_from_the_anchor).
+        _schedule(next_tick_at=HOUR - timedelta(hours=1)),
+        label="before-anchor",
     ),
     Case("agent_schedules_name_valid", "23514", _schedule(name="n"), _schedule(name="")),
     Case(

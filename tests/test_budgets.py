@@ -1049,6 +1049,23 @@ async def test_G19_a_refusal_in_a_day_window_counts_today_s_spend_as_remaining_l
     assert refused.value.remaining == {"tokens": 40}
 
 
+async def test_G19_a_global_refusal_s_retry_after_is_not_the_tenant_limit_s_with_room(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The tenant's own limit of the action has room (1 of 100 a day); the global limit,
+    1 a minute, refuses. retry_after is the global window's end, within the minute - the
+    tenant's day-long window, not used up, says nothing about it. Kills generated
+    ``gen-budgets-rate_window-and-2`` (every limit of the action read, used up or not)."""
+    await budgets.set_rate_limit(pool, tenants.a, "chat-g", 100, timedelta(days=1))
+    await budgets.set_global_rate_limit(pool, "chat-g", 1, timedelta(minutes=1))
+    task = await _task(pool, tenants.a)
+    await operations.reserve(pool, tenants.a, task, "k", "chat-g", {})
+    with pytest.raises(RateLimited) as refused:
+        await operations.reserve(pool, tenants.a, task, "k2", "chat-g", {})
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
+
+
 async def test_G19_a_rate_limit_s_retry_after_is_its_own_not_another_tenant_s(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

@@ -364,6 +364,36 @@ async def test_G23_a_quorum_wakes_the_parent_once_and_later_finishes_do_nothing(
     assert len(await _wakes(admin_conn, parent.id)) == 1
 
 
+async def test_G23_a_parent_counts_its_own_tenants_children_not_a_twin_parents(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A task id is unique per tenant only (agent_tasks_pkey is (tenant_id, id)) and
+    tasks.create takes the caller's: b's parent may share the id of a's. a's parent waits
+    for both of its two children; b's twin has one child, finished. a's first child
+    finishing leaves a's parent waiting - one of its two. Kills
+    ``gen-0006.control_flow-agentdb_children_done-tenant-1`` (children counted by parent
+    id alone: b's finished child made a's count two, and a's parent woke after one)."""
+    twin = uuid.uuid4()
+    a_parent = await tasks.create(pool, tenants.a, "c-twin-a", task_id=twin)
+    b_parent = await tasks.create(pool, tenants.b, "c-twin-b", task_id=twin)
+    [a_held] = await leases.claim(pool, "w", task_types=["c-twin-a"])
+    [b_held] = await leases.claim(pool, "w", task_types=["c-twin-b"])
+    assert (a_held.id, b_held.id) == (a_parent.id, b_parent.id) == (twin, twin)
+    assert a_held.lease is not None
+    await children.spawn(pool, b_held, "c-twin-b-line", "only")
+    [b_child] = await leases.claim(pool, "w", task_types=["c-twin-b-line"])
+    await _finish_claimed(pool, b_child, "succeeded")
+    for i in range(2):
+        await children.spawn(pool, a_held, "c-twin-a-line", f"l{i}", params={"line": i})
+    await children.wait_for(pool, a_held, lease=a_held.lease, finished=2)
+    assert (await tasks.get(pool, tenants.a, twin)).state == "waiting"
+    lines = await leases.claim(pool, "w", batch=2, task_types=["c-twin-a-line"])
+    await _finish_claimed(pool, lines[0], "succeeded")
+    assert (await tasks.get(pool, tenants.a, twin)).state == "waiting"
+    await _finish_claimed(pool, lines[1], "succeeded")
+    assert (await tasks.get(pool, tenants.a, twin)).state == "pending"
+
+
 @pytest.mark.parametrize("end", ["failed", "cancelled", "dead"])
 async def test_G23_a_child_that_ends_other_than_by_success_wakes_its_waiting_parent(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, end: str

@@ -506,3 +506,26 @@ async def test_G2_G19_complete_many_tells_each_operation_its_own_holds_not_a_twi
         {"credits": 0},
     )
     assert {"spent", "released"}.isdisjoint(payloads[tenants.a]), payloads[tenants.a]
+
+
+async def test_G12_finish_many_finishes_the_tenant_s_task_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task id is unique per tenant only (tasks.create takes the caller's): a's and b's
+    tasks share an id, one worker holds both, at the same version and lease token.
+    Finishing a's leaves b's running, under its lease. Kills generated
+    ``gen-tasks-task_finish_many-tenant-1`` (the finish matching id, version and lease
+    alone: b's task finished with a's, its work never done)."""
+    twin = uuid.uuid4()
+    for tenant in (tenants.a, tenants.b):
+        await tasks.create(pool, tenant, "t-twin", task_id=twin)
+    held = await leases.claim(pool, "w", batch=2, task_types=["t-twin"])
+    assert len({(t.state_version, t.lease.token if t.lease else None) for t in held}) == 1
+    [a_task] = [t for t in held if t.tenant_id == tenants.a]
+    [done] = await tasks.finish_many(pool, [a_task])
+    assert isinstance(done, Task)
+    rows = await admin_conn.fetch("SELECT tenant_id, state FROM agent_tasks WHERE id = $1", twin)
+    assert {r["tenant_id"]: r["state"] for r in rows} == {
+        tenants.a: "succeeded",
+        tenants.b: "running",
+    }

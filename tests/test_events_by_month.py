@@ -467,19 +467,31 @@ def test_G8_an_install_holding_events_is_converted_and_rolled_back_whole(
             assert kind.fetchall() == [("r",)]
 
 
+@pytest.mark.parametrize("scope", ["every tenant", "one tenant"])
 async def test_G9_the_row_purge_takes_an_expired_event_not_a_copy_of_its_id(
-    admin_conn: asyncpg.Connection, tenants: Tenants
+    admin_conn: asyncpg.Connection, tenants: Tenants, scope: str
 ) -> None:
     """Ids are unique with their created_at: a retained row inserted under an expired
     row's id (anyone who may INSERT events may name one) is neither deleted with it nor
-    the reason a purge batch fails on the append-only guard."""
+    the reason a purge batch fails on the append-only guard - nor has its payload erased
+    with the expired one's. Both ways a purge runs: every tenant's (agentdb_purge) and
+    one tenant's (agentdb_purge_tenant, as on Citus). The one-tenant way kills generated
+    ``gen-0020.books_first-agentdb_purge_tenant-and-4`` (the payload erasure matching the
+    id alone)."""
     task = await F.create_task(admin_conn, tenants.a)
     past = datetime.now(UTC) - timedelta(days=1)
     expired = await _event_in(admin_conn, tenants.a, task, past)
     await F.event(admin_conn, tenants.a, task, id=expired)  # retained 400 days
-    # (Tenant by tenant on Citus: agentdb_purge_tenant, keyed the same way.)
-    report = await retention.purge(admin_conn, classes=("event_payloads", "events"))
-    assert (report.removed["event_payloads"], report.removed["events"]) == (1, 1)
+    if scope == "every tenant":
+        report = await retention.purge(admin_conn, classes=("event_payloads", "events"))
+        removed = (report.removed["event_payloads"], report.removed["events"])
+    else:
+        one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '0')"
+        removed = (
+            await admin_conn.fetchval(one, tenants.a, "event_payloads"),
+            await admin_conn.fetchval(one, tenants.a, "events"),
+        )
+    assert removed == (1, 1)
     rows = await admin_conn.fetch(
         "SELECT retain_until > now() AS kept, payload FROM agent_events WHERE id = $1", expired
     )

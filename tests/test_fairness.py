@@ -255,6 +255,44 @@ async def test_G18_a_cap_on_one_task_type_leaves_the_others_free(
     assert Counter(t.tenant_id for t in got) == {tenants.b: 2}
 
 
+@pytest.mark.parametrize("step", ["first", "later"])
+async def test_G18_a_type_s_cap_counts_that_type_s_running_tasks_only_at_any_step_of_the_walk(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, step: str
+) -> None:
+    """One "email" task of tenant a runs; its "llm" cap of one has its slot free, so a
+    claim takes an llm task - whether llm is the walk's first step (a's only due type) or
+    a later one (after a's "batch" type). Kills ``gen-leases-lease_claim-and-10``,
+    ``-cmp-25`` and ``-cmp-26`` (the walk's later steps counting the tenant's running tasks
+    of every type, or of the others, against a type's cap: llm looks full and is passed
+    over) and their first-step twins."""
+    await _seed(admin_conn, tenants.a, 1, kind="email")
+    [running] = await leases.claim(pool, "w", batch=1, after_tenant=uuid.UUID(int=0))
+    assert running.task_type == "email"
+    if step == "later":
+        await _seed(admin_conn, tenants.a, 1, kind="batch")  # before "llm" in the walk
+    await _seed(admin_conn, tenants.a, 2, kind="llm")
+    await tenancy.set_concurrency_limit(pool, tenants.a, 1, task_type="llm")
+    got = await leases.claim(pool, "w", batch=3, after_tenant=uuid.UUID(int=0))
+    want = ["batch", "llm"] if step == "later" else ["llm"]
+    assert sorted(t.task_type for t in got) == want
+
+
+async def test_G18_the_walk_wraps_round_to_a_tenant_whose_due_task_is_waiting(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task waiting on a timer that has passed is due like a pending one, also where the
+    walk wraps round: starting after tenant a, the walk takes b's task, wraps, and comes
+    to a's, which is waiting. Kills ``gen-leases-lease_claim-list-8`` (the wrap finding
+    pending tasks only: a's waiting task missed, the claim brings b's alone)."""
+    a, b = sorted([tenants.a, tenants.b])
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    waiting = await F.create_task(admin_conn, a, state="waiting", wake_at=past)
+    await _seed(admin_conn, b, 1)
+    got = await leases.claim(pool, "w", batch=2, after_tenant=a)
+    assert [t.tenant_id for t in got] == [b, a]
+    assert got[1].id == waiting
+
+
 async def test_G18_a_capped_tenant_spoils_no_batch_of_one(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

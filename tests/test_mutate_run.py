@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from dev.mutate.catalogue import Mutant, all_mutants
-from dev.mutate.generate import generated_mutants
+from dev.mutate.generate import generated_mutants, sample
 from dev.mutate.run import (
     _TIMED_OUT,
     _baseline_targets,
@@ -109,6 +109,11 @@ def test_the_test_that_failed_is_read_from_pytest_s_summary() -> None:
         failed_test("ERROR tests/test_b.py::test_y - RuntimeError\n") == "tests/test_b.py::test_y"
     )
     assert failed_test("FAILED tests/test_c.py::test_z\n") == "tests/test_c.py::test_z"
+    spaced = "FAILED tests/test_d.py::test_w[tasks-every tenant] - assert 0 == 1\n"
+    assert failed_test(spaced) == "tests/test_d.py::test_w[tasks-every tenant]"
+    assert failed_test("FAILED tests/test_d.py::test_w[one tenant]\n") == (
+        "tests/test_d.py::test_w[one tenant]"
+    )
     assert failed_test("3 passed in 0.2s\n") == ""
 
 
@@ -206,15 +211,17 @@ def test_an_ids_file_lists_each_mutant_once(tmp_path: Path) -> None:
 
 
 def test_ci_s_mutation_gate_is_100_generated_mutants_each_killed_before_or_declared() -> None:
-    """CI runs dev/mutate/ci_sample.txt (make mutate-ci): at least 100 plain generated
-    mutants that exist, and each one either has the killer it will try first or is a
-    declared equivalent - so the gate stays minutes long, and a survivor in it is news."""
-    listed = read_ids(Path(__file__).resolve().parents[1] / "dev" / "mutate" / "ci_sample.txt")
-    by_id = {m.id: m for m in generated_mutants()}
-    assert len(listed) >= 100
-    assert sorted(set(listed) - set(by_id)) == []
-    assert [i for i in listed if by_id[i].citus] == []
+    """CI runs the seeded sample (make mutate-ci: --sample 100 --seed 1): 100 plain
+    generated mutants, and each one either has the killer it will try first or is a
+    declared equivalent - so the gate stays minutes long, and a survivor in it is news.
+    A change that moves mutants into the sample (a statement edited, a routine redefined
+    by a new migration: its ids change) fails here until a run records their killers
+    (``make mutate-ci MUTATE_ARGS=--record``)."""
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "--generated --sample 100 --seed 1 " in makefile.split("\nmutate-ci:")[1]
+    plain = [m for m in generated_mutants() if not m.citus]
+    picked = sample(plain, 100, 1)
+    assert len(picked) == 100
     killers = read_killers()
-    unkilled = sorted(i for i in listed if i not in killers and not by_id[i].equivalent)
-    # No test fails on it: its recursive walk never ends, and the run's timeout kills it.
-    assert unkilled == ["gen-leases-lease_claim-cmp-16"]
+    unkilled = sorted(m.id for m in picked if m.id not in killers and not m.equivalent)
+    assert unkilled == []

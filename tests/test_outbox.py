@@ -113,6 +113,30 @@ async def test_G10_delivery_state_is_queryable(pool: asyncpg.Pool, tenants: Tena
         await outbox.get(pool, tenants.b, mid)
 
 
+async def test_G10_deliver_and_claim_marks_the_tenant_s_message_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A message id is unique per tenant only (enqueue takes the caller's): tenants a and
+    b each have message X, claimed by one relay, both at lease token 1. Marking a's X
+    delivered leaves b's X pending - it was not published. Kills generated
+    ``gen-outbox-outbox_deliver_and_claim-tenant-1`` (the mark matching id and token
+    alone: b's message marked delivered unsent, lost)."""
+    twin = uuid.uuid4()
+    async with pool.acquire() as conn:
+        for tenant in (tenants.a, tenants.b):
+            await outbox.enqueue(conn, tenant, "t", {"n": 1}, message_id=twin)
+    held = await outbox.claim(pool, "relay-1", batch=2)
+    assert sorted((m.id, m.lease_token) for m in held) == [(twin, 1), (twin, 1)]
+    [a_message] = [m for m in held if m.tenant_id == tenants.a]
+    marked, _ = await outbox.deliver_and_claim(pool, "relay-1", [a_message], batch=10)
+    assert marked == {twin}
+    rows = await admin_conn.fetch("SELECT tenant_id, state FROM agent_outbox WHERE id = $1", twin)
+    assert {r["tenant_id"]: r["state"] for r in rows} == {
+        tenants.a: "delivered",
+        tenants.b: "pending",
+    }
+
+
 async def test_G10_deliver_and_claim_marks_the_held_and_claims_the_next(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

@@ -162,6 +162,25 @@ async def test_G13_unsettled_pairs_each_effect_with_its_own_tasks_lease(
     assert [(r["task_id"], r["idempotency_key"]) for r in listed] == [(str(idle.id), "k-idle")]
 
 
+async def test_G13_an_effect_whose_task_s_lease_ends_this_instant_is_listed(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A lease is live until its expiry, not at it (as the claim's recovery reads it: a
+    lease that expires at now() is taken over): an effect of a task whose lease ends this
+    very instant is the operator's to reconcile. In one transaction, where now() stands
+    still. Kills generated ``gen-overview-overview_unsettled-cmp-5`` (``>=``)."""
+    await tasks.create(pool, tenants.a, "ending")
+    [held] = await leases.claim(pool, "w1", task_types=["ending"])
+    await operations.reserve(pool, tenants.a, held.id, "k-end", "psp.charge", {}, lease=held.lease)
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # the lease runs out, to this very instant
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET lease_expires_at = now() WHERE id = $1", held.id
+        )
+        listed = await overview.unsettled(admin_conn, tenants.a)
+    assert [r["idempotency_key"] for r in listed] == ["k-end"]
+
+
 async def test_G2_a_timeline_shows_only_its_tenants_events_of_a_shared_task_id(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

@@ -7,13 +7,15 @@ import json
 import subprocess
 import sys
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
 
-from agentdb import leases, retention, tasks
+from agentdb import leases, outbox, retention, tasks
 from agentdb.errors import ConfigurationError
+from agentdb.models import Task
 from tests import factories as F
 from tests.conftest import Database, Tenants
 
@@ -221,7 +223,7 @@ async def test_G9_an_unsettled_operation_is_never_purged(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
     """Kills the class "the operations purge forgets the operation's state" (generated
-    ``gen-0011.retention-agentdb_purge-and-12`` and ``agentdb_purge_tenant-and-14``:
+    ``gen-0020.books_first-agentdb_purge-and-12`` and ``agentdb_purge_tenant-and-14``:
     ``op.state IN ('succeeded', 'failed')`` replaced by true): an old operation still
     reserved, in flight or unknown is not history - it is what stops a retry from running
     the side effect again - so no purge takes it, even once its audit trail has gone."""
@@ -252,12 +254,21 @@ async def test_G9_an_unsettled_operation_is_never_purged(
     }
 
 
+async def _purge_tasks(admin: asyncpg.Connection, tenant: uuid.UUID, scope: str) -> int:
+    """The tasks purge of ``tenant`` alone (agentdb_purge_tenant, as on Citus) or of every
+    tenant (retention.purge); how many tasks it took."""
+    if scope == "one tenant":
+        one = "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '0')"
+        return int(await admin.fetchval(one, tenant))
+    return (await retention.purge(admin, ages={"tasks": timedelta(0)})).removed["tasks"]
+
+
 @pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
 async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purge(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
     """Kills the class "a tenant equality of the tasks purge dropped" (generated
-    ``gen-0011.retention-agentdb_purge_tasks-tenant-*``, e.g. ``-tenant-17``: the
+    ``gen-0020.books_first-agentdb_purge_tasks-tenant-*``, e.g. ``-tenant-18``: the
     one-tenant batch's ``e.tenant_id = p_tenant`` replaced by true): task ids are the
     caller's (``tasks.create(task_id=)``), so tenant b may hold a live task with the id of
     tenant a's finished one; b's events, operation, outbox row, artifact, signal, step and
@@ -288,13 +299,7 @@ async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purg
         "SELECT agentdb_purge_tenant($1, 'events', 100, interval '0')", tenants.a
     )
     assert gone > 0
-    if scope == "one tenant":
-        purged = await admin_conn.fetchval(
-            "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '0')", tenants.a
-        )
-    else:
-        purged = (await retention.purge(admin_conn, ages={"tasks": timedelta(0)})).removed["tasks"]
-    assert purged == 1
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
     left = await admin_conn.fetch("SELECT tenant_id FROM agent_tasks WHERE id = $1", shared)
     assert [r["tenant_id"] for r in left] == [tenants.b]
     on_a = "SELECT count(*) FROM agent_steps WHERE tenant_id = $1 AND task_id = $2"
@@ -331,7 +336,7 @@ async def test_G9_purging_a_task_leaves_another_tenants_task_of_the_same_id(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
     """Kills the class "the tasks purge's own tenant equality dropped" (generated
-    ``gen-0011.retention-agentdb_purge_tasks-tenant-11``, ``-13``, ``-24``: the DELETE's
+    ``gen-0020.books_first-agentdb_purge_tasks-tenant-12``, ``-14``, ``-26``: the DELETE's
     ``t.tenant_id = v.tenant_id`` or ``= p_tenant``, the steps DELETE's
     ``k.tenant_id = p_tenant``, replaced by true): task ids are the caller's, so a finished
     task's id may be a live task's in another tenant - purging the one (and its steps) must
@@ -377,7 +382,7 @@ async def test_G9_a_purge_takes_batches_of_one_and_what_reached_its_age_this_ins
     """The bounds of the purge: a batch of 1 is a batch (the floor is 1, not 2), and an
     inbox row processed exactly ``older_than`` ago has reached its age (``<=``, as the
     other classes). In one transaction, where now() stands still. Kills generated
-    ``gen-0011.retention-agentdb_purge-cmp-3`` and ``-cmp-17``."""
+    ``gen-0020.books_first-agentdb_purge-cmp-3`` and ``-cmp-17``."""
     async with admin_conn.transaction():
         await admin_conn.execute(
             "INSERT INTO agent_inbox (tenant_id, consumer, message_id, processed_at)"
@@ -413,17 +418,373 @@ async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
     assert [r["task_id"] for r in left] == [None]  # the tenant's own, not the task's
 
 
-@pytest.mark.parametrize("kind", ["signals", "tasks"])
-async def test_G9_a_purge_takes_batches_up_to_100000_and_no_more(
-    admin_conn: asyncpg.Connection, kind: str
+async def test_G9_G19_the_books_of_what_stays_stay(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
-    """The classes agentdb_purge hands to a function of their own check the batch there.
-    Kills generated ``gen-0011.retention-agentdb_purge_task_signals-int-4`` and
-    ``gen-0011.retention-agentdb_purge_tasks-int-4`` (the ceiling moved to 99,999)."""
-    purge = f"SELECT agentdb_purge('{kind}', $1, interval '1 day')"
-    assert await admin_conn.fetchval(purge, 100_000) == 0
-    with pytest.raises(asyncpg.InvalidParameterValueError):
-        await admin_conn.fetchval(purge, 100_001)
+    """A budget hold goes with its operation and a task's budget with its task - and only
+    then. Their audit trails all gone, the operations purge takes a failed operation with
+    its hold, and keeps, with their holds, an operation re-armed after a failure (its first
+    attempt's hold released), one settled within the purge's age, and one an artifact
+    refers to; tenant a's tasks purge keeps the budget of a's task that still has an
+    outbox message and of b's task (another tenant's purge). Kills generated
+    ``gen-0020.books_first-agentdb_purge-list-2`` (a failed operation never purged) and
+    ``agentdb_purge_books-and-4`` (the books of an unsettled operation taken), ``-and-5``
+    (of one too young), ``-cmp-10`` (of one an artifact keeps), ``-cmp-23`` (of a task an
+    outbox message keeps) and ``-and-12`` (another tenant's task budgets taken)."""
+    from agentdb import budgets, operations
+
+    await budgets.set_budget(pool, tenants.a, "credits", 1000)
+    task = await tasks.create(pool, tenants.a, "t-books")
+
+    async def settled(key: str, fail: bool = False) -> uuid.UUID:
+        res = await operations.reserve(pool, tenants.a, task.id, key, "a", {}, cost={"credits": 5})
+        if fail:
+            await operations.fail(pool, res.operation, "no")
+        else:
+            await operations.complete(pool, res.operation, result={})
+        return res.operation.id
+
+    failed = await settled("k-failed", fail=True)
+    rearmed = await settled("k-rearmed", fail=True)
+    await operations.reserve(pool, tenants.a, task.id, "k-rearmed", "a", {}, cost={"credits": 5})
+    young = await settled("k-young")
+    kept = await settled("k-artifact")
+    artifact = {"tenant_id": tenants.a, "kind": "report", "uri": "s3://r/1", "operation_id": kept}
+    await F.insert(admin_conn, "agent_artifacts", artifact)
+    await _time_passes(admin_conn)
+    async with admin_conn.transaction():  # all but one settled a day ago
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_operations SET updated_at = now() - interval '1 day' WHERE id <> $1",
+            young,
+        )
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    gone = await admin_conn.fetchval("SELECT agentdb_purge('operations', 100, interval '1 hour')")
+    assert gone == 1
+    ops = await admin_conn.fetch(
+        "SELECT id, state FROM agent_operations WHERE task_id = $1", task.id
+    )
+    assert {r["id"]: r["state"] for r in ops} == {
+        rearmed: "reserved",
+        young: "succeeded",
+        kept: "succeeded",
+    }
+    holds = await admin_conn.fetch("SELECT operation_id, state FROM agent_budget_holds")
+    assert sorted((r["operation_id"] == rearmed, r["state"]) for r in holds) == sorted(
+        [(True, "released"), (True, "held"), (False, "settled"), (False, "settled")]
+    )
+    assert failed not in {r["operation_id"] for r in holds}
+
+    # Tasks: a's with an outbox message, b's purgeable - tenant a's purge runs.
+    owned: dict[uuid.UUID, uuid.UUID] = {}
+    for tenant in (tenants.a, tenants.b):
+        t = await tasks.create(pool, tenant, "t-books-task")
+        await budgets.set_budget(pool, tenant, "usd", 10, task_id=t.id)
+        if tenant == tenants.a:
+            async with pool.acquire() as conn:
+                await outbox.enqueue(conn, tenant, "t.done", {"n": 1}, task_id=t.id)
+        await tasks.transition(pool, tenant, t.id, expected_version=0, to_state="cancelled")
+        owned[tenant] = t.id
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")  # both's
+    tenant_tasks = "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '0')"
+    assert await admin_conn.fetchval(tenant_tasks, tenants.a) == 0  # its message keeps it
+    left = await admin_conn.fetch("SELECT task_id FROM agent_budgets WHERE task_id IS NOT NULL")
+    assert sorted(r["task_id"] for r in left) == sorted(owned.values())
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_G25_a_failed_task_goes_with_its_steps_and_only_its_own_rows_keep_one(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """Three tasks of tenant a, their audit trails gone: one failed, with a step; one
+    live, with an outbox message; one succeeded, with a step and a settled operation. The
+    tasks purge takes the failed one and its step; the live one's message does not keep
+    it, and the operation keeps the succeeded one - and its step. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tasks-list-10`` (the one-tenant purge's steps of
+    a failed task kept, and so the task), ``-and-39`` (any message of the tenant keeping
+    every task) and ``-cmp-9`` (the every-tenant purge's steps of a task with an
+    operation taken when no other task of its tenant has one)."""
+    from agentdb import operations, steps
+
+    async def stepped(name: str) -> Task:
+        created = await tasks.create(pool, tenants.a, name)
+        [held] = await leases.claim(pool, "w", task_types=[name])
+        assert held.lease is not None
+        await steps.record(pool, tenants.a, held.id, "plan", kind="step", input_hash=F.HASH,
+                           result='{"n": 1}', lease=held.lease)  # fmt: skip
+        assert held.id == created.id
+        return held
+
+    failed = await stepped("t-failed")
+    await tasks.transition(pool, tenants.a, failed.id, lease=failed.lease,
+                           expected_version=failed.state_version, to_state="failed")  # fmt: skip
+    live = await tasks.create(pool, tenants.a, "t-live")
+    async with pool.acquire() as conn:
+        await outbox.enqueue(conn, tenants.a, "t.note", {"n": 1}, task_id=live.id)
+    done = await stepped("t-done")
+    res = await operations.reserve(pool, tenants.a, done.id, "k", "a", {}, lease=done.lease)
+    await operations.complete(pool, res.operation, result={}, lease=done.lease)
+    await tasks.transition(pool, tenants.a, done.id, lease=done.lease,
+                           expected_version=done.state_version, to_state="succeeded")  # fmt: skip
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
+    left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
+    assert {r["id"] for r in left} == {live.id, done.id}
+    kept_steps = await admin_conn.fetch("SELECT task_id FROM agent_steps")
+    assert [r["task_id"] for r in kept_steps] == [done.id]
+
+
+async def test_G9_the_signals_purge_leaves_a_live_twin_s_signals(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant a's cancelled task and tenant b's live one share an id, each with a signal;
+    a's trail has gone. Every tenant's signals purge takes a's signal and leaves b's.
+    Kills generated ``gen-0011.retention-agentdb_purge_task_signals-tenant-1`` (signals
+    joined to finished tasks by task id alone)."""
+    shared = uuid.uuid4()
+    for tenant in (tenants.a, tenants.b):
+        await tasks.create(pool, tenant, "t-signalled", task_id=shared)
+        await F.signal(admin_conn, tenant, shared)
+    await tasks.transition(pool, tenants.a, shared, expected_version=0, to_state="cancelled")
+    await _time_passes(admin_conn, tenants.a)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    assert await admin_conn.fetchval("SELECT agentdb_purge('signals', 100, interval '0')") == 1
+    left = await admin_conn.fetch("SELECT tenant_id FROM agent_signals WHERE task_id = $1", shared)
+    assert [r["tenant_id"] for r in left] == [tenants.b]
+
+
+async def test_G9_a_tenant_s_events_purge_leaves_another_tenant_s_event_of_the_same_key(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Event ids are unique per tenant only: tenant b's retained event may carry the id and
+    created_at of a's expired one. a's purge takes a's and leaves b's - it does not fail
+    on b's append-only guard either. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tenant-tenant-4`` (the delete matching id and
+    created_at alone)."""
+    past = datetime.now(UTC) - timedelta(days=1)
+    a_task, b_task = (
+        await F.create_task(admin_conn, tenants.a),
+        await F.create_task(admin_conn, tenants.b),
+    )
+    eid = await F.event(admin_conn, tenants.a, a_task, payload_expires_at=past, retain_until=past)
+    created = await admin_conn.fetchval("SELECT created_at FROM agent_events WHERE id = $1", eid)
+    await F.event(admin_conn, tenants.b, b_task, id=eid, created_at=created)  # retained
+    one = "SELECT agentdb_purge_tenant($1, 'events', 100, interval '0')"
+    assert await admin_conn.fetchval(one, tenants.a) == 1
+    left = await admin_conn.fetch("SELECT tenant_id FROM agent_events WHERE id = $1", eid)
+    assert [r["tenant_id"] for r in left] == [tenants.b]
+
+
+async def test_G9_a_tenant_s_purge_judges_each_operation_and_message_by_its_own_rows(
+    pool: asyncpg.Pool, admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Tenant a's purge: of two failed operations whose trails have gone, the one an
+    artifact refers to stays and the other goes - while another task of a's still has
+    retained events; a's delivered message goes, and b's pending message of the same id
+    (ids are unique per tenant only) stays. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tenant-and-17`` (any event of the tenant keeping
+    every operation), ``-cmp-30`` (another operation's artifact: the one with its own is
+    deleted, and the foreign key fails the run) and ``-tenant-6`` (the delivered message
+    deleted by id alone, b's with it)."""
+    from agentdb import operations
+
+    task = await tasks.create(pool, tenants.a, "t-ops")
+    ops = []
+    for key in ("k-gone", "k-kept"):
+        res = await operations.reserve(pool, tenants.a, task.id, key, "a", {})
+        await operations.fail(pool, res.operation, "no")
+        ops.append(res.operation.id)
+    artifact = {"tenant_id": tenants.a, "kind": "r", "uri": "s3://r/k", "operation_id": ops[1]}
+    await F.insert(admin_conn, "agent_artifacts", artifact)
+    twin = uuid.uuid4()
+    async with pool.acquire() as conn:
+        for tenant in (tenants.a, tenants.b):
+            await outbox.enqueue(conn, tenant, "t", {"n": 1}, message_id=twin)
+    await admin_conn.execute(
+        "UPDATE agent_outbox SET state = 'delivered', delivered_at = now() - interval '8 days'"
+        " WHERE tenant_id = $1",
+        tenants.a,
+    )
+    await _time_passes(admin_conn, tenants.a)
+    await tasks.create(pool, tenants.a, "t-live")  # its creation event is retained
+    one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '0')"
+    await admin_conn.fetchval(one, tenants.a, "events")
+    assert await admin_conn.fetchval(one, tenants.a, "operations") == 1
+    left = await admin_conn.fetch("SELECT id FROM agent_operations WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [ops[1]]
+    assert await admin_conn.fetchval(one, tenants.a, "outbox_delivered") == 1
+    kept = await admin_conn.fetch("SELECT tenant_id FROM agent_outbox WHERE id = $1", twin)
+    assert [r["tenant_id"] for r in kept] == [tenants.b]
+
+
+_LOCKABLE = {  # a class's table, and the column its rows are found by
+    "event_payloads": "agent_events",
+    "events": "agent_events",
+    "outbox_delivered": "agent_outbox",
+    "inbox": "agent_inbox",
+    "operations": "agent_operations",
+    "tasks": "agent_tasks",
+}
+
+
+async def _two_due(admin: asyncpg.Connection, tenant: uuid.UUID, kind: str) -> list[Any]:
+    """Two rows of tenant ``tenant`` that the purge of ``kind`` takes; their keys."""
+    past = datetime.now(UTC) - timedelta(days=8)
+    task = await F.create_task(admin, tenant)
+    if kind in ("event_payloads", "events"):
+        until = past if kind == "events" else past + timedelta(days=400)
+        row = {"payload": '{"n": 1}', "payload_expires_at": past, "retain_until": until}
+        return [await F.event(admin, tenant, task, **row) for _ in range(2)]
+    if kind == "outbox_delivered":
+        message = {"tenant_id": tenant, "topic": "t", "payload": "{}"}
+        ids = [await F.insert(admin, "agent_outbox", message) for _ in range(2)]
+        await admin.execute(
+            "UPDATE agent_outbox SET state = 'delivered', delivered_at = $2 WHERE tenant_id = $1",
+            tenant,
+            past,
+        )
+        return ids
+    if kind == "inbox":
+        ids = [uuid.uuid4(), uuid.uuid4()]
+        for message_id in ids:
+            seen = {"tenant_id": tenant, "consumer": "c", "message_id": message_id}
+            await F.insert(admin, "agent_inbox", {**seen, "processed_at": past})
+        return ids
+    table = "agent_operations" if kind == "operations" else "agent_tasks"
+    if kind == "operations":
+        ids = [await F.create_operation(admin, tenant, task) for _ in range(2)]
+        for op in ids:
+            await F.update_operation(admin, tenant, op, state="failed", error="no",
+                                     state_version=1)  # fmt: skip
+    else:
+        ids = [task, await F.create_task(admin, tenant)]
+        for t in ids:
+            await F.update_task(admin, tenant, t, state="cancelled", state_version=1)
+    await _time_passes(admin, tenant)
+    async with admin.transaction():  # settled or finished a week ago
+        await F.replica_mode(admin)
+        await admin.execute(
+            f"UPDATE {table} SET updated_at = $2 WHERE tenant_id = $1",  # noqa: S608
+            tenant,
+            past,
+        )
+    await admin.execute("SELECT agentdb_purge_tenant($1, 'events', 1000, interval '0')", tenant)
+    return ids
+
+
+@pytest.mark.parametrize("scope", ["every tenant", "one tenant"])
+@pytest.mark.parametrize("kind", list(_LOCKABLE))
+async def test_G9_a_purge_skips_a_row_another_transaction_holds_and_takes_the_rest(
+    admin_conn: asyncpg.Connection,
+    other_conn: asyncpg.Connection,
+    tenants: Tenants,
+    kind: str,
+    scope: str,
+) -> None:
+    """Two purges at once (an overlapping cron, two operators) split the work: a row one
+    transaction holds is skipped by the other, which takes the rest and never waits (a
+    lock_timeout would say it did). Kills the generated mutants that drop a purge's
+    ``FOR UPDATE SKIP LOCKED`` or its ``SKIP LOCKED`` (``gen-0020.books_first-agentdb_purge
+    -lock-*``, ``agentdb_purge_tenant-lock-*``, ``agentdb_purge_tasks-lock-*``)."""
+    due = await _two_due(admin_conn, tenants.a, kind)
+    key = "message_id" if kind == "inbox" else "id"
+    await admin_conn.execute("SET lock_timeout = '2s'")
+    async with other_conn.transaction():
+        await other_conn.execute(
+            f"SELECT 1 FROM {_LOCKABLE[kind]} WHERE tenant_id = $1 AND {key} = $2"  # noqa: S608
+            " FOR UPDATE",
+            tenants.a,
+            due[0],
+        )
+        if scope == "every tenant":
+            took = await admin_conn.fetchval(
+                "SELECT agentdb_purge($1, 100, interval '1 day')", kind
+            )
+        else:
+            took = await admin_conn.fetchval(
+                "SELECT agentdb_purge_tenant($1, $2, 100, interval '1 day')", tenants.a, kind
+            )
+    assert took == 1
+    await admin_conn.execute("RESET lock_timeout")
+
+
+@pytest.mark.parametrize("scope", ["every tenant", "one tenant"])
+@pytest.mark.parametrize("kind", ["operations", "tasks"])
+async def test_G9_G19_a_purge_leaves_what_a_locked_budget_refers_to_for_the_next_run(
+    pool: asyncpg.Pool,
+    admin_conn: asyncpg.Connection,
+    other_conn: asyncpg.Connection,
+    tenants: Tenants,
+    kind: str,
+    scope: str,
+) -> None:
+    """A failed operation's budget hold, or a cancelled task's own budget, is being
+    written by another transaction (an operator's set_budget; it holds the row FOR NO KEY
+    UPDATE). The purge skips it without waiting, leaves its operation or task - the
+    foreign key would refuse that delete, and the whole run with it - and takes both on
+    the next run. Kills generated ``gen-0011.retention-agentdb_purge_books-lock-1`` to
+    ``-lock-4`` (the books waiting for the lock: the lock_timeout says so); before
+    0020.books_first the purge failed here with 23503."""
+    from agentdb import budgets, operations
+
+    if kind == "operations":
+        await budgets.set_budget(pool, tenants.a, "credits", 100)
+        task = await tasks.create(pool, tenants.a, "t-held")
+        res = await operations.reserve(pool, tenants.a, task.id, "k", "a", {}, cost={"credits": 5})
+        await operations.fail(pool, res.operation, "no")
+        owner, books = res.operation.id, "agent_budget_holds WHERE operation_id = $2"
+    else:
+        task = await tasks.create(pool, tenants.a, "t-budget")
+        await budgets.set_budget(pool, tenants.a, "usd", 10, task_id=task.id)
+        await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+        owner, books = task.id, "agent_budgets WHERE task_id = $2"
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    args: tuple[uuid.UUID, ...] = ()
+    if scope == "every tenant":
+        purge = f"SELECT agentdb_purge('{kind}', 100, interval '0')"
+    else:
+        purge, args = f"SELECT agentdb_purge_tenant($1, '{kind}', 100, interval '0')", (tenants.a,)
+    table = "agent_operations" if kind == "operations" else "agent_tasks"
+    left = f"SELECT count(*) FROM {table} WHERE id = $1"  # noqa: S608
+    await admin_conn.execute("SET lock_timeout = '2s'")
+    async with other_conn.transaction():
+        await other_conn.execute(
+            f"SELECT 1 FROM {books} AND tenant_id = $1 FOR NO KEY UPDATE",  # noqa: S608
+            tenants.a,
+            owner,
+        )
+        assert await admin_conn.fetchval(purge, *args) == 0
+        assert await admin_conn.fetchval(left, owner) == 1
+    assert await admin_conn.fetchval(purge, *args) == 1  # the lock gone, both go
+    assert await admin_conn.fetchval(left, owner) == 0
+    await admin_conn.execute("RESET lock_timeout")
+
+
+@pytest.mark.parametrize("scope", ["every tenant", "one tenant"])
+@pytest.mark.parametrize("kind", ["signals", "tasks", "events"])
+async def test_G9_a_purge_takes_batches_up_to_100000_and_no_more(
+    admin_conn: asyncpg.Connection, tenants: Tenants, kind: str, scope: str
+) -> None:
+    """Every class checks the batch, in the function that runs it: the classes the purge
+    hands to a function of their own there, the rest in agentdb_purge and
+    agentdb_purge_tenant; a batch of 0 is refused too. Kills generated
+    ``gen-0011.retention-agentdb_purge_task_signals-int-4``,
+    ``gen-0020.books_first-agentdb_purge_tasks-int-4`` and ``agentdb_purge_tenant-int-4``
+    (the ceiling moved to 99,999) and ``agentdb_purge_tasks-int-2`` (the floor to 0)."""
+    args: tuple[uuid.UUID, ...] = ()
+    if scope == "every tenant":
+        purge = f"SELECT agentdb_purge('{kind}', $1, interval '1 day')"
+    else:
+        purge = f"SELECT agentdb_purge_tenant($2, '{kind}', $1, interval '1 day')"
+        args = (tenants.a,)
+    assert await admin_conn.fetchval(purge, 100_000, *args) == 0
+    assert await admin_conn.fetchval(purge, 1, *args) == 0
+    for batch in (100_001, 0):
+        with pytest.raises(asyncpg.InvalidParameterValueError):
+            await admin_conn.fetchval(purge, batch, *args)
 
 
 async def test_G9_a_live_task_keeps_its_signals_and_a_finished_one_is_not_held_back_by_another(
@@ -433,7 +794,7 @@ async def test_G9_a_live_task_keeps_its_signals_and_a_finished_one_is_not_held_b
     only: a waiting task keeps its unread signal, and a finished task with no operation
     of its own goes though another task of the tenant still has one. Kills generated
     ``gen-0011.retention-agentdb_purge_task_signals-and-2`` (any task's signals) and
-    ``gen-0011.retention-agentdb_purge_tasks-and-13`` (any operation of the tenant
+    ``gen-0020.books_first-agentdb_purge_tasks-and-13`` (any operation of the tenant
     holds every task back)."""
     from agentdb import operations
 
@@ -467,7 +828,7 @@ async def test_G9_a_tenant_s_purge_strips_each_payload_once_and_keeps_audited_op
     """The per-tenant purge (Citus runs it for each tenant; plain Postgres has it too):
     a payload past its expiry is stripped once - a second run finds nothing - and an
     operation whose events are still retained stays. Kills generated
-    ``gen-0011.retention-agentdb_purge_tenant-and-1`` (stripped payloads counted again)
+    ``gen-0020.books_first-agentdb_purge_tenant-and-1`` (stripped payloads counted again)
     and ``-and-16`` / ``-cmp-27`` (an operation taken whatever its audit trail)."""
     from agentdb import operations
 

@@ -66,3 +66,25 @@ async def test_G22_G25_a_wait_takes_only_its_own_task_s_signal_of_that_name(
     )
     assert taken.step is None
     assert await steps.get(pool, tenants.a, mine.id, "review") is None
+
+
+async def test_G22_G25_a_wait_hands_back_its_own_task_s_signal_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenants a and b each have a task of one id (task ids are the caller's), each sent an
+    "approval" - seq 1 in both. a's wait hands back a's approval, as it recorded it. Kills
+    generated ``gen-steps-step_take_signal-cmp-15`` (the signal taken read back from
+    another tenant: b's payload handed to a's handler)."""
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.b, "review-b", task_id=shared)
+    await tasks.signal(pool, tenants.b, shared, "approval", {"by": "bob"})
+    await tasks.create(pool, tenants.a, "review", task_id=shared)
+    await tasks.signal(pool, tenants.a, shared, "approval", {"by": "alice"})
+    [held] = await leases.claim(pool, "w-steps", task_types=["review"])
+    assert held.lease is not None
+    taken = await steps.take_signal(
+        pool, tenants.a, shared, "review", "approval", input_hash=F.HASH, lease=held.lease
+    )
+    assert taken.step is not None
+    assert taken.step.signal is not None
+    assert (taken.step.signal.seq, taken.step.signal.payload) == (1, {"by": "alice"})

@@ -323,3 +323,38 @@ async def test_G21_finish_many_ends_a_late_task_only_as_dead_or_cancelled(
     [ended] = await tasks.finish_many(pool, [held], to_state="dead", error="late")
     assert not isinstance(ended, Exception), ended
     assert (ended.id, ended.state) == (task.id, "dead")
+
+
+async def test_count_unhandled_counts_the_due_tasks_no_handler_here_takes(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """What a worker with only "send_email" handlers reports as waiting in silence: the due
+    tasks of the other types, pending or waiting - not one scheduled for later, nor one
+    running, nor a type it handles. Kills generated ``gen-tasks-task_count_unhandled-and-2``
+    (tasks not yet due counted as waiting in silence)."""
+    later = datetime.now(UTC) + timedelta(hours=1)
+    await tasks.create(pool, tenants.a, "send_email")
+    await tasks.create(pool, tenants.a, "resize")
+    await tasks.create(pool, tenants.b, "resize")
+    await tasks.create(pool, tenants.a, "resize", wake_at=later)
+    await tasks.create(pool, tenants.a, "report", wake_at=later)
+    await tasks.create(pool, tenants.a, "ocr")
+    [running] = await leases.claim(pool, "w", task_types=["ocr"])
+    assert running.task_type == "ocr"
+    assert await tasks.count_unhandled(pool, ["send_email"]) == [("resize", 2)]
+
+
+async def test_G7_a_transition_moves_its_own_task_not_a_sibling_at_the_same_version(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Two pending tasks of one tenant, both at version 0: cancelling one leaves the other
+    pending at version 0. Kills generated ``gen-tasks-task_transition-and-4`` (the update
+    matching tenant and version alone: every task of the tenant at that version moved)."""
+    first = await tasks.create(pool, tenants.a, "t")
+    second = await tasks.create(pool, tenants.a, "t")
+    done = await tasks.transition(
+        pool, tenants.a, first.id, expected_version=0, to_state="cancelled"
+    )
+    assert (done.id, done.state) == (first.id, "cancelled")
+    other = await tasks.get(pool, tenants.a, second.id)
+    assert (other.state, other.state_version) == ("pending", 0)

@@ -340,6 +340,53 @@ async def test_G17_an_operation_whose_events_retention_ends_now_is_not_anonymise
     ] == 0
 
 
+async def test_G17_each_operation_is_judged_by_its_own_events(
+    tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Three operations of one task: two settled, retained for different spans, and one
+    whose events are all past their retention - and whose id tenant b's operation shares
+    (an operation id is unique per tenant only). Each anonymised operation's event is kept
+    as long as that operation's own events; the third goes, and the dry run says so. Kills
+    generated ``gen-0011.retention-agentdb_delete_tenant-cmp-49`` (the anonymisation event
+    kept as long as *another* operation's events), ``-cmp-60`` (the dry run's count of
+    operations with no retained event looking at other operations' events) and
+    ``-tenant-39`` (that count looking at another tenant's events)."""
+    task = await F.create_task(admin_conn, tenants.a)
+    settled = [await F.create_operation(admin_conn, tenants.a, task) for _ in range(2)]
+    for op in settled:
+        await F.update_operation(
+            admin_conn, tenants.a, op, state="succeeded", result='{"n": 1}', state_version=1
+        )
+    gone = await F.create_operation(admin_conn, tenants.a, task)
+    await F.create_operation(admin_conn, tenants.b, await F.create_task(admin_conn, tenants.b),
+                             id=gone)  # fmt: skip
+    now = await admin_conn.fetchval("SELECT now()")
+    keep = {settled[0]: now + timedelta(days=10), settled[1]: now + timedelta(days=20)}
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # each operation's retention, as a policy would set it
+        for op, until in [*keep.items(), (gone, PAST)]:
+            await admin_conn.execute(
+                "UPDATE agent_events SET payload_expires_at = $3, retain_until = $3"
+                " WHERE tenant_id = $1 AND operation_id = $2",
+                tenants.a, op, until,
+            )  # fmt: skip
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(real)
+    affected = {(s.object, s.action): s.affected for s in real.steps}
+    assert affected["agent_operations", "anonymise"] == 2
+    assert affected["agent_operations", "delete (no retained events)"] == 1
+    rows = await admin_conn.fetch(
+        "SELECT operation_id, retain_until FROM agent_events"
+        " WHERE tenant_id = $1 AND event_type = 'operation.anonymised'",
+        tenants.a,
+    )
+    assert {r["operation_id"]: r["retain_until"] for r in rows} == keep
+    left = "SELECT count(*) FROM agent_operations WHERE tenant_id = $1 AND id = $2"
+    assert await admin_conn.fetchval(left, tenants.a, gone) == 0
+    assert await admin_conn.fetchval(left, tenants.b, gone) == 1
+
+
 async def test_G17_a_waiting_task_is_cancelled_and_the_dry_run_says_so(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

@@ -104,6 +104,12 @@ OPERATORS = ("tenant", "and", "cmp", "list", "lock", "raise", "int")
 
 ATTACKS = "tests/test_attacks.py"
 FENCES = "tests/test_fences.py"
+# Every CHECK at its edges, in one test of a few seconds: the first target of a CHECK's
+# mutants and of the routines a CHECK calls (the attacks show a rule is enforced, not where
+# its line is: a bound moved by one, a state dropped from its list, survived them).
+CHECK_EDGES = (
+    "tests/test_check_edges.py::test_G5_every_check_takes_its_edge_and_refuses_one_past_it"
+)
 # Statement modules without a tests/test_<module>.py: the files that exercise them.
 _MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "_explain": (FENCES,),  # why a fenced write matched nothing: StaleVersion, LeaseLost
@@ -1049,6 +1055,8 @@ def _migration_units(root: Path, tests: _Tests) -> Iterator[tuple[_Unit, list[_E
         routines = [o.name] if o.kind == "routine" else []
         routines += [n for n in related if kinds.get(n) == "routine" and n not in _CITUS_ROUTINES]
         targets = _CITUS_TESTS if citus else tests.migration([o.name, *related], routines)
+        if not citus and "check" in (o.kind, *(kinds.get(n) for n in related)):
+            targets = (CHECK_EDGES, *targets)
         yield _Unit(o.path, o.name, o.kind, targets, citus), edits
 
 

@@ -74,7 +74,8 @@ _TIMED_OUT = -1  # _pytest's exit code for a run that ran out of time
 _GONE_WITHIN = 20.0  # seconds to wait for the ended sessions to be gone
 _TEST_DATABASE = "agentdb_t_"  # the prefix of the testing kit's databases
 # pytest -q's short summary: "FAILED tests/x.py::test_y - AssertionError ..." (or ERROR).
-_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$", re.MULTILINE)
+# A node id may hold spaces (a parameter such as "every tenant"): up to " - " or the end.
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S.*?)(?: - .*)?$", re.MULTILINE)
 #: Which test killed each mutant last time (`id: node id`, one a line), tried first.
 KILLERS = Path(__file__).with_name("killers.txt")
 
@@ -498,7 +499,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ids",
         type=Path,
-        help="a file of mutant ids, one a line (CI's: dev/mutate/ci_sample.txt); as --only",
+        help="a file of mutant ids, one a line (# comments); as --only",
     )
     parser.add_argument("--dsn", help="Postgres for the tests (default: $AGENTDB_TEST_DSN)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mutant")
