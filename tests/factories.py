@@ -200,16 +200,24 @@ async def update_row(
     return await conn.fetchval(_update_sql(table, changes, "id"), tenant, row_id, *changes.values())
 
 
-async def expire_lease(admin: asyncpg.Connection, task_id: uuid.UUID) -> None:
-    """Make a task's lease run out now (a heartbeat-shaped write: no version bump, no event)."""
+async def expire_lease(
+    admin: asyncpg.Connection, task_id: uuid.UUID, tenant_id: uuid.UUID | None = None
+) -> None:
+    """Make a task's lease run out now (a heartbeat-shaped write: no version bump, no event).
+    ``tenant_id``: which tenant's task, where another tenant has a task of the same id."""
     # The instant is computed first: Citus refuses a STABLE operator on a column in a SET.
     acquired = await admin.fetchval(
-        "SELECT lease_acquired_at FROM agent_tasks WHERE id = $1", task_id
+        "SELECT lease_acquired_at FROM agent_tasks"
+        " WHERE id = $1 AND ($2::uuid IS NULL OR tenant_id = $2)",
+        task_id,
+        tenant_id,
     )
     await admin.execute(
-        "UPDATE agent_tasks SET lease_expires_at = $2 WHERE id = $1",
+        "UPDATE agent_tasks SET lease_expires_at = $2"
+        " WHERE id = $1 AND ($3::uuid IS NULL OR tenant_id = $3)",
         task_id,
         acquired + timedelta(milliseconds=1),
+        tenant_id,
     )
 
 

@@ -1049,6 +1049,17 @@ async def test_G19_a_refusal_in_a_day_window_counts_today_s_spend_as_remaining_l
     assert refused.value.remaining == {"tokens": 40}
 
 
+async def _second_call_s_retry_after(
+    pool: asyncpg.Pool, tenant: uuid.UUID, task: uuid.UUID, action: str
+) -> datetime:
+    """Call ``action`` once, then again: the second is refused; when it may be retried."""
+    await operations.reserve(pool, tenant, task, "k", action, {})
+    with pytest.raises(RateLimited) as refused:
+        await operations.reserve(pool, tenant, task, "k2", action, {})
+    assert refused.value.retry_after is not None
+    return refused.value.retry_after
+
+
 async def test_G19_a_global_refusal_s_retry_after_is_not_the_tenant_limit_s_with_room(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:
@@ -1058,12 +1069,10 @@ async def test_G19_a_global_refusal_s_retry_after_is_not_the_tenant_limit_s_with
     ``gen-budgets-rate_window-and-2`` (every limit of the action read, used up or not)."""
     await budgets.set_rate_limit(pool, tenants.a, "chat-g", 100, timedelta(days=1))
     await budgets.set_global_rate_limit(pool, "chat-g", 1, timedelta(minutes=1))
-    task = await _task(pool, tenants.a)
-    await operations.reserve(pool, tenants.a, task, "k", "chat-g", {})
-    with pytest.raises(RateLimited) as refused:
-        await operations.reserve(pool, tenants.a, task, "k2", "chat-g", {})
-    assert refused.value.retry_after is not None
-    assert refused.value.retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
+    retry_after = await _second_call_s_retry_after(
+        pool, tenants.a, await _task(pool, tenants.a), "chat-g"
+    )
+    assert retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
 
 
 async def test_G19_a_rate_limit_s_retry_after_is_its_own_not_another_tenant_s(
@@ -1075,9 +1084,81 @@ async def test_G19_a_rate_limit_s_retry_after_is_its_own_not_another_tenant_s(
     await budgets.set_rate_limit(pool, tenants.b, "chat", 1, timedelta(days=1))
     task_b = await _task(pool, tenants.b)
     await operations.reserve(pool, tenants.b, task_b, "k", "chat", {})
-    task_a = await _task(pool, tenants.a)
-    await operations.reserve(pool, tenants.a, task_a, "k", "chat", {})
+    retry_after = await _second_call_s_retry_after(
+        pool, tenants.a, await _task(pool, tenants.a), "chat"
+    )
+    assert retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
+
+
+@pytest.mark.plain_postgres("global rate limits are refused on Citus by design")
+async def test_G19_a_global_refusal_s_retry_after_is_its_own_action_s_window(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Another action's global limit - shut (0 calls) in windows of a day - says nothing
+    about when this action, refused by its own 1-a-minute global limit, may be called
+    again: retry_after is within the minute. Kills generated
+    ``gen-budgets-global_rate_window-and-1`` (every global limit's window read)."""
+    await budgets.set_global_rate_limit(pool, "shut-g", 0, timedelta(days=1))
+    await budgets.set_global_rate_limit(pool, "chat-m", 1, timedelta(minutes=1))
+    retry_after = await _second_call_s_retry_after(
+        pool, tenants.a, await _task(pool, tenants.a), "chat-m"
+    )
+    assert retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
+
+
+async def test_G19_a_re_armed_operation_holds_on_its_own_task_s_budget_not_another_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A failed operation re-armed with a cost holds it on the budgets that cover its own
+    task: not on the budget of a sibling task with an operation of its own, nor on that of
+    a's task whose id is the task of tenant b's operation of the same id (ids are the
+    caller's: reserve_many's ``operation_id``, create's ``task_id``). Kills generated
+    ``gen-budgets-budget_hold-and-1`` (every task of the tenant with an operation) and
+    ``-tenant-1`` (the operation's id looked up in every tenant)."""
+    from agentdb import leases
+    from agentdb.operations import ReserveRequest
+
+    b_task = await tasks.create(pool, tenants.b, "t-b")
+    b_op = (await operations.reserve(pool, tenants.b, b_task.id, "k", "llm", {})).operation
+    namesake = await tasks.create(pool, tenants.a, "t-namesake", task_id=b_task.id)
+    sibling = await tasks.create(pool, tenants.a, "t-sibling")
+    await operations.reserve(pool, tenants.a, sibling.id, "k-sibling", "llm", {})
+    mine = await tasks.create(pool, tenants.a, "t-mine")
+    for task in (namesake, sibling, mine):
+        await budgets.set_budget(pool, tenants.a, "usd", 100, task_id=task.id)
+    [held] = await leases.claim(pool, "w", task_types=["t-mine"])
+    assert held.lease is not None
+    [res] = await operations.reserve_many(
+        pool, [ReserveRequest(held.lease, "k-mine", "llm", {}, operation_id=b_op.id)]
+    )
+    assert not isinstance(res, Exception)
+    await operations.fail(pool, res.operation, "503", lease=held.lease)
+    again = await operations.reserve(
+        pool, tenants.a, mine.id, "k-mine", "llm", {}, cost={"usd": 5}, lease=held.lease
+    )
+    assert (again.fresh, again.operation.id) == (True, b_op.id)
+    books = await admin_conn.fetch(
+        "SELECT task_id, held FROM agent_budgets WHERE tenant_id = $1", tenants.a
+    )
+    assert {r["task_id"]: r["held"] for r in books} == {namesake.id: 0, sibling.id: 0, mine.id: 5}
+
+
+async def test_G19_a_shut_limit_whose_window_has_passed_still_says_when_it_next_opens(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A limit of 0 calls refuses every call, in every window: its refusal's retry_after is
+    the end of the current window even when the window it last counted in has long passed
+    (nothing was counted since). Kills generated ``gen-budgets-rate_window-int-2``
+    (``max_calls = -1``: a shut limit read only while its last window runs)."""
+    await budgets.set_rate_limit(pool, tenants.a, "shut", 0, _LONG)
+    await admin_conn.execute(
+        "UPDATE agent_rate_limits SET window_start = window_start - $2::interval * 2"
+        " WHERE tenant_id = $1 AND action = 'shut'",
+        tenants.a,
+        _LONG,
+    )
+    task = await _task(pool, tenants.a)
     with pytest.raises(RateLimited) as refused:
-        await operations.reserve(pool, tenants.a, task_a, "k2", "chat", {})
+        await operations.reserve(pool, tenants.a, task, "k", "shut", {})
     assert refused.value.retry_after is not None
-    assert refused.value.retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
+    assert refused.value.retry_after > datetime.now(UTC) + timedelta(days=1)

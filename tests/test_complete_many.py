@@ -466,6 +466,40 @@ async def test_G19_complete_many_records_what_complete_records_of_the_books(
     assert payloads[0].keys() == payloads[1].keys()
 
 
+async def test_G19_complete_many_tells_each_operation_of_a_batch_its_own_release(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Two operations of one tenant settled in one batch, each holding its own unit: each
+    event tells of its own unit spent and released, not the other's. Kills generated
+    ``gen-operations-operation_complete_many-and-12`` (the released units of every
+    operation of the tenant the batch settled)."""
+    await budgets.set_budget(pool, tenants.a, "tokens", 10_000)
+    await budgets.set_budget(pool, tenants.a, "usd", 100)
+    first, second = await _claimed(pool, tenants.a, 2)
+    ops = []
+    for t, key, cost in ((first, "ka", {"tokens": 300}), (second, "kb", {"usd": 5})):
+        assert t.lease is not None
+        res = await operations.reserve(
+            pool, tenants.a, t.id, key, "llm", {}, lease=t.lease, cost=cost
+        )
+        ops.append(res.operation)
+    settled = await operations.complete_many(
+        pool, [Completion(ops[0], lease=first.lease), Completion(ops[1], lease=second.lease)]
+    )
+    assert [s.state for s in settled if not isinstance(s, Exception)] == ["succeeded"] * 2
+    told = []
+    for op in ops:
+        payload = json.loads(
+            await admin_conn.fetchval(
+                "SELECT payload FROM agent_events WHERE operation_id = $1"
+                " AND event_type = 'operation.succeeded'",
+                op.id,
+            )
+        )
+        told.append((payload["spent"], payload["released"]))
+    assert told == [({"tokens": 300}, {"tokens": 0}), ({"usd": 5}, {"usd": 0})]
+
+
 async def test_G2_G19_complete_many_tells_each_operation_its_own_holds_not_a_twin_s(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

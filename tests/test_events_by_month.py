@@ -618,3 +618,44 @@ async def test_G8_an_operation_s_events_are_checked_against_its_own_tenant_s_row
     assert sorted((r["tenant_id"] == tenants.a, r["operation_state_version"]) for r in rows) == [
         (False, 0), (False, 1), (False, 2), (True, 0), (True, 1),
     ]  # fmt: skip
+
+
+async def test_G8_a_task_s_events_are_counted_against_its_own_tenant_s_row(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """A task id is unique per tenant only (agent_tasks_pkey is (tenant_id, id)): tenant
+    b's task of the id of a's records its own versions 0 and 1, and a's its own - each
+    event is one of its tenant's task, none a second of the other's. Kills generated
+    ``gen-0011.retention-agentdb_event_records_once-tenant-2`` (a version's events counted
+    by task id alone: b's creation event refused as a second record of a's version 0)."""
+    task = await F.create_task(admin_conn, tenants.a)
+    await F.create_task(admin_conn, tenants.b, id=task)
+    for tenant in (tenants.a, tenants.b):
+        assert await F.update_task(admin_conn, tenant, task, current_step="next",
+                                   state_version=1) == 1  # fmt: skip
+    rows = await admin_conn.fetch(
+        "SELECT tenant_id, task_state_version FROM agent_events WHERE task_id = $1"
+        " AND task_state_version IS NOT NULL",
+        task,
+    )
+    assert sorted((r["tenant_id"] == tenants.a, r["task_state_version"]) for r in rows) == [
+        (False, 0), (False, 1), (True, 0), (True, 1),
+    ]  # fmt: skip
+
+
+async def test_G8_an_event_days_older_than_its_task_is_not_counted_as_a_second_record(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """An event of the task's id days older than the task (a previous task of that id,
+    whose event outlived it: written with the triggers off, as a restore would) is no
+    record of this task's versions: the task's own version 1 is recorded. Kills generated
+    ``gen-0011.retention-agentdb_event_records_once-and-6`` (the old event counted: the
+    version refused as recorded twice)."""
+    task = await F.create_task(admin_conn, tenants.a)
+    born = await admin_conn.fetchval("SELECT created_at FROM agent_tasks WHERE id = $1", task)
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)
+        await F.event(admin_conn, tenants.a, task, task_state_version=1, to_state="pending",
+                      created_at=born - timedelta(days=2))  # fmt: skip
+    assert await F.update_task(admin_conn, tenants.a, task, current_step="next",
+                               state_version=1) == 1  # fmt: skip

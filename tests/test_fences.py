@@ -17,8 +17,9 @@ import asyncpg
 import pytest
 from asyncpg.transaction import Transaction
 
-from agentdb import leases, operations, outbox, signals, tasks
+from agentdb import _explain, leases, operations, outbox, signals, tasks
 from agentdb.errors import (
+    DeadlineExceeded,
     LeaseLost,
     OperationInFlight,
     OutboxLeaseLost,
@@ -521,3 +522,380 @@ async def test_G3_G4_a_create_that_loses_the_race_to_a_concurrent_commit_answers
     assert mine.created
     assert not theirs.created
     assert theirs.id == mine.id
+
+
+async def test_G7_a_refused_settle_reports_its_own_operation_s_state_not_a_sibling_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The explanation of a zero-row settle reads the operation it was asked about: a
+    tenant's other operation, settled at another version, says nothing about it. Kills
+    generated ``gen-_explain-explain_operation-and-1`` (the first operation of the tenant
+    read instead)."""
+    task = await tasks.create(pool, tenants.a, "t")
+    other = (await operations.reserve(pool, tenants.a, task.id, "k0", "send", {})).operation
+    await operations.complete(pool, await operations.start(pool, other), result={})
+    res = await operations.reserve(pool, tenants.a, task.id, "k1", "send", {})
+    started = await operations.start(pool, res.operation)
+    with pytest.raises(StaleVersion) as stale:
+        await operations.complete(pool, res.operation, result={})
+    assert (stale.value.id, stale.value.actual, stale.value.actual_state) == (
+        started.id,
+        started.state_version,
+        "in_flight",
+    )
+
+
+async def test_G21_a_deadline_that_falls_on_the_explaining_instant_has_passed(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A deadline passes at its instant: ``deadline_at <= now()``, as the deadline guard and
+    the sweep say it. In one transaction, whose now() is the deadline itself, a write that
+    matched no row is explained as the deadline, not as a stale version. Kills generated
+    ``gen-_explain-explain_task-cmp-1`` (``<``: not late until after the instant)."""
+    task = await tasks.create(pool, tenants.a, "t", deadline=datetime.now(UTC) + timedelta(hours=1))
+    # Control: an hour before it, the same write is only stale.
+    assert isinstance(
+        await _explain.task_write(admin_conn, tenants.a, task.id, None, None), StaleVersion
+    )
+    # Rolled back: a bare write is no transition (agent_tasks_event_required, at commit).
+    tx = admin_conn.transaction()
+    await tx.start()
+    try:
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET deadline_at = now(), state_version = 1 WHERE id = $1", task.id
+        )
+        why = await _explain.task_write(admin_conn, tenants.a, task.id, None, None)
+        assert isinstance(why, DeadlineExceeded), why
+    finally:
+        await tx.rollback()
+
+
+async def test_G22_a_signal_sent_beside_an_uncommitted_one_waits_and_takes_the_next_place(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task's signals are numbered under its row lock: a second sender waits for the
+    first's commit, then counts it, and takes place 2 - it never computes place 1 again
+    and fails on agent_signals_seq_key. Kills generated
+    ``gen-0006.control_flow-agentdb_guard_signal-lock-1`` (the task read without
+    ``FOR NO KEY UPDATE``: both count no signal, the second's insert waits on the first's
+    key and then fails with a unique violation)."""
+    task = await tasks.create(pool, tenants.a, "t")
+    first = await db.connect(RUNTIME)
+    second = await db.connect(RUNTIME)
+    try:
+        tx = first.transaction()
+        await tx.start()
+        mine = await tasks.signal(first, tenants.a, task.id, "one")
+        racing = asyncio.create_task(tasks.signal(second, tenants.a, task.id, "two"))
+        await F.wait_until_blocked(admin_conn, second.get_server_pid())
+        await tx.commit()
+        theirs = await racing
+    finally:
+        await first.close()
+        await second.close()
+    assert (mine.seq, theirs.seq) == (1, 2)
+    assert [s.name for s in await signals.received(pool, tenants.a, task.id)] == ["one", "two"]
+
+
+async def test_G12_G21_a_holder_whose_task_was_buried_is_told_lease_lost_not_past_deadline(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The explanation says PastDeadline only when the deadline sweep ended this very task:
+    a task buried for its attempts (dead, its last holder's token kept) tells that holder
+    LeaseLost - though another task of the tenant, and tenant b's task of the same id, were
+    swept past their deadlines. Kills generated ``gen-_explain-explain_task-and-2`` (any
+    event of the task taken for the sweep's), ``-cmp-4`` (another task's sweep) and
+    ``-tenant-1`` (b's sweep of the same id)."""
+    deadline = datetime.now(UTC) + timedelta(milliseconds=300)
+    buried = await tasks.create(pool, tenants.a, "f-buried", max_attempts=1)
+    late = await tasks.create(pool, tenants.a, "f-late", deadline=deadline)
+    await tasks.create(pool, tenants.b, "f-late", deadline=deadline, task_id=buried.id)
+    [held] = await leases.claim(pool, "holder", task_types=["f-buried"])
+    assert held.lease is not None
+    await F.expire_lease(admin_conn, buried.id, tenants.a)
+    assert await leases.bury_exhausted(pool) == [(tenants.a, buried.id)]
+    for _ in range(600):
+        if await admin_conn.fetchval(
+            "SELECT deadline_at < clock_timestamp() FROM agent_tasks WHERE id = $1", late.id
+        ):
+            break
+        await asyncio.sleep(0.01)
+    swept = await leases.expire_deadlines(pool)
+    assert sorted(swept) == sorted([(tenants.a, late.id), (tenants.b, buried.id)])
+    with pytest.raises(LeaseLost) as lost:
+        await leases.renew(pool, held.lease)
+    assert type(lost.value) is LeaseLost
+
+
+async def _twins(
+    pool: asyncpg.Pool, tenants: Tenants, b_state: str, a_state: str = "pending"
+) -> uuid.UUID:
+    """Tenant b's task, then tenant a's of the same id (ids are the caller's: create's
+    ``task_id``), b's written first so that a read by id alone meets b's row first."""
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.b, "twin-b", task_id=shared)
+    if b_state != "pending":
+        await tasks.transition(pool, tenants.b, shared, expected_version=0, to_state=b_state)
+    await tasks.create(pool, tenants.a, "twin-a", task_id=shared)
+    if a_state != "pending":
+        await tasks.transition(pool, tenants.a, shared, expected_version=0, to_state=a_state)
+    return shared
+
+
+async def test_G2_G20_an_open_task_takes_effects_and_messages_though_its_twin_is_over(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The open-task guards of operations and outbox messages read the task of the row's
+    own tenant: a's pending task takes an operation and a message though b's task of the
+    same id is cancelled - and a's cancelled one takes neither though b's is pending. Kills
+    generated ``gen-0006.control_flow-agentdb_guard_open_task-tenant-1`` and
+    ``agentdb_guard_outbox_task-tenant-1`` (the task read by id alone)."""
+    from agentdb.errors import TaskFinished
+
+    open_a = await _twins(pool, tenants, b_state="cancelled")
+    assert (await operations.reserve(pool, tenants.a, open_a, "k", "send", {})).fresh
+    async with pool.acquire() as conn:
+        await outbox.enqueue(conn, tenants.a, "t.done", {}, task_id=open_a)
+    over_a = await _twins(pool, tenants, b_state="pending", a_state="cancelled")
+    with pytest.raises(TaskFinished):
+        await operations.reserve(pool, tenants.a, over_a, "k-over", "send", {})
+    async with pool.acquire() as conn:
+        with pytest.raises(TaskFinished):
+            await outbox.enqueue(conn, tenants.a, "t.done", {}, task_id=over_a)
+
+
+async def test_G2_G25_a_step_takes_only_a_signal_its_own_task_was_sent(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A signal step names the signal it took by its place (``signal_seq``) in its own
+    task's signals: tenant b's task of the same id has a signal 1, a's has none, and a raw
+    step of a's claiming it is refused. Kills generated
+    ``gen-0008.steps-agentdb_guard_step-tenant-2`` (the signal looked for by task id alone)."""
+    shared = await _twins(pool, tenants, b_state="pending")
+    await tasks.signal(pool, tenants.b, shared, "approval")
+    [held] = await leases.claim(pool, "w", task_types=["twin-a"])
+    assert held.lease is not None
+    insert = (
+        "INSERT INTO agent_steps (tenant_id, task_id, name, kind, state, input_hash, result,"
+        " signal_seq, lease_token) VALUES ($1, $2, $3, 'signal', 'done', $4, '{}', $5, $6)"
+    )
+    args = (tenants.a, shared, "took", F.HASH)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await pool.execute(insert, *args, 1, held.lease.token)
+    assert (refused.value.sqlstate, refused.value.constraint_name) == ("AG018", "agent_steps_guard")
+    # Control: the same step, claiming no signal, is taken.
+    await pool.execute(insert, *args, None, held.lease.token)
+
+
+async def test_G21_G25_a_step_is_refused_at_its_task_s_deadline_instant(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A deadline has passed at its instant: a step recorded in a transaction whose now()
+    is the task's deadline is refused, as the task's own writes are. Kills generated
+    ``gen-0008.steps-agentdb_guard_step-cmp-12`` (``<``: a step taken at the instant)."""
+    task = await tasks.create(pool, tenants.a, "t", deadline=datetime.now(UTC) + timedelta(hours=1))
+    [held] = await leases.claim(pool, "w", task_types=["t"])
+    assert held.lease is not None
+    tx = admin_conn.transaction()  # rolled back: the bare deadline write is no transition
+    await tx.start()
+    try:
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET deadline_at = now(), state_version = state_version + 1"
+            " WHERE id = $1",
+            task.id,
+        )
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await admin_conn.execute(
+                "INSERT INTO agent_steps (tenant_id, task_id, name, kind, input_hash, result,"
+                " lease_token) VALUES ($1, $2, 'plan', 'step', $3, '{}', $4)",
+                tenants.a, task.id, F.HASH, held.lease.token,
+            )  # fmt: skip
+        assert (refused.value.sqlstate, refused.value.constraint_name) == (
+            "AG013",
+            "agent_steps_guard",
+        )
+    finally:
+        await tx.rollback()
+
+
+async def test_G20_G22_a_succeeded_task_takes_no_more_signals(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Every finished state refuses a signal, succeeded included. Kills generated
+    ``gen-0006.control_flow-agentdb_guard_signal-list-1`` ('succeeded' left out)."""
+    from agentdb.errors import TaskFinished
+
+    task = await tasks.create(pool, tenants.a, "t-done")
+    [held] = await leases.claim(pool, "w", task_types=["t-done"])
+    await tasks.transition(pool, tenants.a, task.id, expected_version=held.state_version,
+                           to_state="succeeded", lease=held.lease)  # fmt: skip
+    with pytest.raises(TaskFinished):
+        await tasks.signal(pool, tenants.a, task.id, "approval")
+
+
+async def test_G22_a_wait_is_cut_short_only_by_an_unread_signal_of_its_name_and_task(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A task that goes to sleep on "approval" is due at once only when an unread signal of
+    that name is its own: an unread "note" of its own, and tenant b's "approval" to b's
+    task of the same id, leave it asleep. Kills generated
+    ``gen-0006.control_flow-agentdb_guard_signal_cursor-and-10`` (any unread signal) and
+    ``-tenant-2`` (the twin's signal)."""
+    shared = await _twins(pool, tenants, b_state="pending")
+    await tasks.signal(pool, tenants.b, shared, "approval")
+    await tasks.signal(pool, tenants.a, shared, "note")
+    [held] = await leases.claim(pool, "w", task_types=["twin-a"])
+    assert held.lease is not None
+    asleep = await tasks.wait_for_signal(pool, held, "approval", lease=held.lease)
+    assert asleep.state == "waiting"
+    assert await leases.claim(pool, "w2", task_types=["twin-a"]) == []  # not due
+    # Control: its own "approval", unread, makes the next wait due at once.
+    await tasks.signal(pool, tenants.a, shared, "approval")
+    assert await leases.claim(pool, "w2", task_types=["twin-a"])
+
+
+async def test_G9_a_document_that_is_itself_a_secret_string_is_one(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """A JSON document may be a bare string - a step's result can be - and that string may
+    be a secret: no object or array around it says so. Kills generated
+    ``gen-0001.foundation-agentdb_jsonb_has_secrets-cmp-3`` (only nodes that are not
+    strings read as values: a secret in an object is still seen in the object's text, a
+    bare one is not)."""
+    check = "SELECT agentdb_jsonb_has_secrets($1::jsonb)"
+    secret = '"sk-live-abcdefghijklmnopqrstuvwx"'
+    assert await admin_conn.fetchval(check, secret) is True
+    assert await admin_conn.fetchval(check, f'{{"reply": {secret}}}') is True
+    assert await admin_conn.fetchval(check, '"sk-"') is False  # control: no key after it
+
+
+async def test_G8_G12_a_heartbeat_needs_no_event_after_the_task_s_trail_was_purged(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A write that does not move the version (a lease renewal) owes no event: a task
+    running for longer than its events are retained still renews its lease once they are
+    purged. Kills generated ``gen-0004.events-agentdb_require_event-cmp-1`` (the early
+    return never taken on an UPDATE: every write then looks for its version's event)."""
+    task = await tasks.create(pool, tenants.a, "t-long")
+    [held] = await leases.claim(pool, "w", task_types=["t-long"])
+    assert held.lease is not None
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes: the append-only guard is off
+        await admin_conn.execute(
+            "UPDATE agent_events SET retain_until = now() - interval '1 day',"
+            " payload_expires_at = now() - interval '1 day' WHERE task_id = $1",
+            task.id,
+        )
+    assert await admin_conn.fetchval("SELECT agentdb_purge('events', 1000, interval '0')") > 0
+    renewed = await leases.renew(pool, held.lease)
+    assert renewed.token == held.lease.token
+
+
+async def test_G21_a_task_at_its_deadline_instant_is_neither_claimed_nor_walked_past(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """At the instant of its deadline a task has passed it: the claim neither takes it over
+    from an expired lease nor lets it take the first tenant's turn in the walk - a claim of
+    one, in the transaction whose now() is both deadlines, gives the next tenant's due task.
+    Kills generated ``gen-leases-lease_claim-cmp-46`` (``>=``: the expired lease taken over,
+    which the deadline guard then refuses) and ``-cmp-2`` (the late task counted: the batch
+    spent on a tenant with nothing to give)."""
+    first, second = sorted((tenants.a, tenants.b))
+    later = datetime.now(UTC) + timedelta(hours=1)
+    late = await tasks.create(pool, first, "t-late", deadline=later)
+    due = await tasks.create(pool, second, "t-due")
+    stuck = await tasks.create(pool, second, "t-stuck", deadline=later)
+    await leases.claim(pool, "w-old", task_types=["t-stuck"])
+    await F.expire_lease(admin_conn, stuck.id, second)
+    tx = admin_conn.transaction()  # rolled back: the bare deadline writes are no transitions
+    await tx.start()
+    try:
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET deadline_at = now(), state_version = state_version + 1"
+            " WHERE id = ANY ($1::uuid[])",
+            [late.id, stuck.id],
+        )
+        got = await leases.claim(admin_conn, "w", batch=1)
+        assert [(t.tenant_id, t.id) for t in got] == [(second, due.id)]
+    finally:
+        await tx.rollback()
+
+
+async def test_G18_a_task_that_used_its_attempts_takes_no_tenant_s_turn(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A task its holder put back to pending on its last attempt is left to the bury: the
+    walk does not count its tenant, and a claim of one gives the next tenant's due task.
+    Kills generated ``gen-leases-lease_claim-cmp-4`` (``attempts <= max_attempts`` where
+    the walk wraps around: the first tenant counted, nothing claimed)."""
+    first, second = sorted((tenants.a, tenants.b))
+    await tasks.create(pool, first, "t-spent", max_attempts=1)
+    [held] = await leases.claim(pool, "w", task_types=["t-spent"])
+    back = await tasks.transition(pool, first, held.id, expected_version=held.state_version,
+                                  to_state="pending", lease=held.lease)  # fmt: skip
+    assert (back.state, back.attempts, back.max_attempts) == ("pending", 1, 1)
+    due = [await tasks.create(pool, second, "t-due") for _ in range(2)]
+    # From the start, and wrapping around from the last tenant: both walks pass it by.
+    for after, task in ((None, due[0]), (second, due[1])):
+        got = await leases.claim(pool, "w", batch=1, after_tenant=after)
+        assert [(t.tenant_id, t.id) for t in got] == [(second, task.id)]
+
+
+async def test_G18_a_tenant_whose_cap_another_claimer_holds_waits_beside_one_with_the_same_cap(
+    pool: asyncpg.Pool, tenants: Tenants, locker: asyncpg.Connection,
+    impatient: asyncpg.Connection,
+) -> None:  # fmt: skip
+    """Tenants a and b cap the same task type; another transaction holds a's cap (an
+    operator changing it). A claim of two skips a - it never waits for the lock, nor fills
+    a's slots unseen - and takes b's task. Kills generated ``gen-leases-lease_claim-lock-2``
+    (the caps locked without SKIP LOCKED: the claim waits) and ``-tenant-5`` (a's cap taken
+    for claimed because b's of the same type was: a's task claimed past its cap's lock)."""
+    from agentdb import tenancy
+
+    for tenant in (tenants.a, tenants.b):
+        await tenancy.set_concurrency_limit(pool, tenant, 1, task_type="capped")
+        await tasks.create(pool, tenant, "capped")
+    tx = locker.transaction()
+    await tx.start()
+    try:
+        await locker.execute(
+            "SELECT 1 FROM agent_concurrency_limits WHERE tenant_id = $1 FOR UPDATE", tenants.a
+        )
+        got = await leases.claim(impatient, "w", batch=2)
+        assert [t.tenant_id for t in got] == [tenants.b]
+    finally:
+        await tx.rollback()
+
+
+async def test_G2_G22_a_task_s_cursor_moves_only_past_its_own_signals(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A wait that says it read up to place 1 moves the task's cursor there only if the
+    task has a signal 1: tenant b's task of the same id has one, a's has none, and a's wait
+    is refused. Kills generated ``gen-0006.control_flow-agentdb_guard_signal_cursor-tenant-1``
+    (the place looked for among the twin's signals too)."""
+    shared = await _twins(pool, tenants, b_state="pending")
+    await tasks.signal(pool, tenants.b, shared, "approval")
+    [held] = await leases.claim(pool, "w", task_types=["twin-a"])
+    assert held.lease is not None
+    with pytest.raises(SignalRuleViolation):
+        await tasks.wait_for_signal(pool, held, "approval", signals_read=1, lease=held.lease)
+    # Control: its own signal 1 read, the same wait is taken.
+    await tasks.signal(pool, tenants.a, shared, "note")
+    assert (
+        await tasks.wait_for_signal(pool, held, "approval", signals_read=1, lease=held.lease)
+    ).state == "waiting"
+
+
+async def test_G7_a_refused_task_write_reports_its_own_task_s_state_not_a_sibling_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The explanation of a zero-row task write reads the task it was asked about: the
+    tenant's older task, cancelled at another version, says nothing about it. Kills
+    generated ``gen-_explain-explain_task-and-3`` (the tenant's first task read instead)."""
+    older = await tasks.create(pool, tenants.a, "t-older")
+    await tasks.transition(pool, tenants.a, older.id, expected_version=0, to_state="cancelled")
+    task = await tasks.create(pool, tenants.a, "t")
+    with pytest.raises(StaleVersion) as stale:
+        await tasks.transition(pool, tenants.a, task.id, expected_version=7, to_state="cancelled")
+    assert (stale.value.id, stale.value.actual, stale.value.actual_state) == (task.id, 0, "pending")

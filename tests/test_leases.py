@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 
 from agentdb import leases, operations, tasks
 from agentdb.errors import ConfigurationError, LeaseLost
+from agentdb.models import Task
 from tests import factories as F
 from tests.conftest import Database, Tenants
 
@@ -213,3 +215,73 @@ async def test_G12_a_due_task_without_attempts_left_is_never_claimed_and_spoils_
     assert [t.id for t in claimed] == [fresh.id]
     assert await leases.bury_exhausted(pool) == [(tenants.a, spent.id)]
     assert (await tasks.get(pool, tenants.a, spent.id)).state == "dead"
+
+
+async def _twins_held_by_one_owner(
+    pool: asyncpg.Pool, tenants: Tenants, owner: str
+) -> tuple[Task, Task]:
+    """Tenant a's and tenant b's tasks of one id (ids are the caller's: create's
+    ``task_id``), both claimed by ``owner``: the same id, owner and token (1)."""
+    shared = uuid.uuid4()
+    held = []
+    for tenant in (tenants.a, tenants.b):
+        kind = f"twin-{tenant.hex[:8]}"
+        await tasks.create(pool, tenant, kind, task_id=shared)
+        [claimed] = await leases.claim(pool, owner, task_types=[kind])
+        held.append(claimed)
+    a, b = held
+    assert (a.id, a.lease_token) == (b.id, b.lease_token)
+    return a, b
+
+
+async def test_G2_G12_a_release_gives_back_its_own_tenant_s_task_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A release names its lease's tenant: tenant b's task of the same id, held by the same
+    owner at the same token, stays running. Kills generated
+    ``gen-leases-lease_release-tenant-1`` (both twins released)."""
+    a, b = await _twins_held_by_one_owner(pool, tenants, "w")
+    assert a.lease is not None
+    released = await leases.release(pool, a.lease)
+    assert released.state == "pending"
+    assert (await tasks.get(pool, tenants.b, b.id)).state == "running"
+
+
+async def test_G2_G12_the_lease_watch_asks_after_its_own_tenant_s_task_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A worker's lease watch asks which of its (tenant, task) pairs it still holds: tenant
+    a's task, taken over by another worker, is no longer its - though it still holds b's
+    task of the same id. Kills generated ``gen-leases-lease_held-and-1`` (the tenants not
+    asked: b's row answers for a's task) and ``-cmp-1`` (``tenant_id <> ANY``)."""
+    a, b = await _twins_held_by_one_owner(pool, tenants, "w")
+    for twin in (a, b):
+        await F.expire_lease(admin_conn, twin.id, twin.tenant_id)
+    [taken] = await leases.claim(pool, "w2", task_types=[a.task_type])
+    assert (taken.tenant_id, taken.id) == (tenants.a, a.id)
+    assert await leases.held(pool, "w", [(tenants.a, a.id)]) == {}
+    # Control: b's, whose lease ran out but which nobody took over, is still w's.
+    assert await leases.held(pool, "w", [(tenants.b, b.id)]) == {b.id: b.lease_token}
+
+
+async def test_G6_a_task_put_back_on_its_last_attempt_is_buried_once_it_is_due(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A holder that puts its task back to pending with a back-off on the task's last
+    attempt leaves a task no claim will take: the bury ends it - once it is due, not
+    before. Kills generated ``gen-leases-lease_bury_exhausted-and-5`` (a pending or waiting
+    task with its attempts used buried whether it is due or not)."""
+    await tasks.create(pool, tenants.a, "last-try", max_attempts=1)
+    [held] = await leases.claim(pool, "w", task_types=["last-try"])
+    later = datetime.now(UTC) + timedelta(milliseconds=300)
+    back = await tasks.transition(pool, tenants.a, held.id, expected_version=held.state_version,
+                                  to_state="pending", wake_at=later, lease=held.lease)  # fmt: skip
+    assert (back.state, back.attempts, back.max_attempts) == ("pending", 1, 1)
+    assert await leases.bury_exhausted(pool) == []
+    for _ in range(600):
+        if await admin_conn.fetchval(
+            "SELECT wake_at <= clock_timestamp() FROM agent_tasks WHERE id = $1", held.id
+        ):
+            break
+        await asyncio.sleep(0.01)
+    assert await leases.bury_exhausted(pool) == [(tenants.a, held.id)]

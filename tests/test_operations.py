@@ -13,6 +13,7 @@ from agentdb import leases, operations, tasks
 from agentdb.errors import (
     ConfigurationError,
     IdempotencyConflict,
+    LeaseLost,
     NotFound,
     OperationInFlight,
     PayloadTooLarge,
@@ -220,3 +221,78 @@ async def test_G2_a_reservation_on_a_task_id_another_tenant_also_uses_is_this_te
     res = await operations.reserve(pool, tenants.a, shared, "k", "pay", {"amount": 1})
     assert (res.operation.tenant_id, res.operation.task_id) == (tenants.a, shared)
     assert res.fresh
+
+
+async def test_G12_a_reserve_is_fenced_by_its_task_s_lease_not_another_task_s_of_the_same_token(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A lease is its task's: worker w's token 1 on task x says nothing about its token 1
+    on task y, which w2 took over (token 2). w's stale reserve on y is refused and writes
+    nothing; y's current holder reserves. Kills generated
+    ``gen-operations-operation_reserve-and-1`` (the fence asking whether any task of the
+    tenant has that owner and token)."""
+    y = await tasks.create(pool, tenants.a, "fence-y")
+    [stale] = await leases.claim(pool, "w", task_types=["fence-y"])
+    await F.expire_lease(admin_conn, y.id)
+    [current] = await leases.claim(pool, "w2", task_types=["fence-y"])
+    await tasks.create(pool, tenants.a, "fence-x")
+    [live] = await leases.claim(pool, "w", task_types=["fence-x"])
+    assert (stale.lease_owner, stale.lease_token) == (live.lease_owner, live.lease_token)
+    with pytest.raises(LeaseLost):
+        await operations.reserve(pool, tenants.a, y.id, "k", "send", {}, lease=stale.lease)
+    assert (
+        await admin_conn.fetchval("SELECT count(*) FROM agent_operations WHERE task_id = $1", y.id)
+        == 0
+    )
+    mine = await operations.reserve(pool, tenants.a, y.id, "k", "send", {}, lease=current.lease)
+    assert mine.fresh
+
+
+async def test_G8_G19_a_reservation_holds_on_its_own_task_s_budget_and_writes_one_event(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A reservation's cost is held on the budgets covering the tenant or its own task -
+    not on a sibling task's budget of the same unit - and it writes one event, however many
+    tasks the tenant has. Kills generated ``gen-operations-operation_reserve-and-5`` (every
+    budget of the unit in the tenant held) and ``-and-7`` (the event written once per task
+    of the tenant)."""
+    from agentdb import budgets
+
+    mine = await tasks.create(pool, tenants.a, "t-mine")
+    sibling = await tasks.create(pool, tenants.a, "t-sibling")
+    for task in (mine, sibling):
+        await budgets.set_budget(pool, tenants.a, "usd", 100, task_id=task.id)
+    await budgets.set_budget(pool, tenants.a, "usd", 1000)
+    res = await operations.reserve(pool, tenants.a, mine.id, "k", "llm", {}, cost={"usd": 5})
+    books = await admin_conn.fetch(
+        "SELECT task_id, held FROM agent_budgets WHERE tenant_id = $1", tenants.a
+    )
+    assert {r["task_id"]: r["held"] for r in books} == {None: 5, mine.id: 5, sibling.id: 0}
+    events = await admin_conn.fetch(
+        "SELECT task_id FROM agent_events WHERE operation_id = $1", res.operation.id
+    )
+    assert [r["task_id"] for r in events] == [mine.id]
+
+
+async def test_G19_a_success_spends_each_unit_s_own_actual_cost(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """An operation holding two units settles with an actual cost for each: each budget
+    spends its own unit's actual amount, not the other's. Kills generated
+    ``gen-operations-operation_settle-cmp-12`` (``a.unit <> h.unit``: the amounts swapped)."""
+    from agentdb import budgets
+
+    task = await _task(pool, tenants.a)
+    for unit in ("tokens", "usd"):
+        await budgets.set_budget(pool, tenants.a, unit, 10_000)
+    res = await operations.reserve(
+        pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 900, "usd": 9}
+    )
+    await operations.complete(pool, res.operation, result={}, cost={"tokens": 120, "usd": 3})
+    books = await admin_conn.fetch(
+        "SELECT unit, spent, held FROM agent_budgets WHERE tenant_id = $1", tenants.a
+    )
+    assert {r["unit"]: (r["spent"], r["held"]) for r in books} == {
+        "tokens": (120, 0),
+        "usd": (3, 0),
+    }

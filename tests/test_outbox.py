@@ -309,3 +309,40 @@ async def test_G10_G2_a_retry_reads_its_own_tenant_s_message_of_a_shared_id(
     )  # fmt: skip
     assert other is not None
     assert (other["state"], other["attempts"]) == ("dead", 3)
+
+
+async def test_G10_an_operator_s_retry_puts_back_the_one_message_it_names(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Two dead messages of one tenant: a retry of one puts that one back, and the other
+    stays dead for its own decision. Kills generated ``gen-outbox-outbox_retry-and-2``
+    (every dead message of the tenant put back)."""
+    async with pool.acquire() as conn:
+        dead = [
+            await outbox.enqueue(conn, tenants.a, "mail.sent", {}, max_attempts=1) for _ in range(2)
+        ]
+    for claimed in await outbox.claim(pool, "relay-1", batch=10):
+        await outbox.mark_failed(pool, claimed, "down", backoff=timedelta(0))
+    assert [(await outbox.get(pool, tenants.a, m)).state for m in dead] == ["dead", "dead"]
+    retried = await outbox.retry(pool, tenants.a, dead[1], actor="carol")
+    assert (retried.id, retried.state) == (dead[1], "pending")
+    assert (await outbox.get(pool, tenants.a, dead[0])).state == "dead"
+
+
+async def test_G10_a_message_marked_delivered_cannot_then_be_marked_failed(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A relay that marked its claim delivered and then, on the same claim, failed (a
+    retried callback) is told its claim is spent; the message stays delivered. Kills
+    generated ``gen-outbox-outbox_mark_failed-and-3`` (a delivered message matched: the
+    write then tries delivered -> pending, which the transition guard refuses with another
+    error)."""
+    from agentdb.errors import OutboxLeaseLost
+
+    async with pool.acquire() as conn:
+        mid = await outbox.enqueue(conn, tenants.a, "mail.sent", {})
+    [claimed] = await outbox.claim(pool, "relay-1")
+    assert await outbox.mark_delivered(pool, [claimed]) == {mid}
+    with pytest.raises(OutboxLeaseLost):
+        await outbox.mark_failed(pool, claimed, "late callback", backoff=timedelta(0))
+    assert (await outbox.get(pool, tenants.a, mid)).state == "delivered"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
 
 import asyncpg
 
@@ -103,20 +104,12 @@ async def test_G2_a_task_that_ends_dead_or_cancelled_counts_as_finished(
 async def _asleep_on_approval(pool: asyncpg.Pool, tenant: uuid.UUID, task_type: str) -> uuid.UUID:
     """A task that recorded a step, an ask ("approve/asked") and the wait ("approve"), then
     went to sleep on signal "approval" - what an agent framework adapter leaves behind."""
-    task = await tasks.create(pool, tenant, task_type)
-    [held] = await leases.claim(pool, "w-approvals", task_types=[task_type])
-    assert held.lease is not None
-    for name, result in (("fetch", '{"rows": 3}'), ("approve/asked", '{"tool": "refund"}')):
-        await steps.record(
-            pool, tenant, task.id, name, kind="step", input_hash=F.HASH, result=result,
-            lease=held.lease,
-        )  # fmt: skip
-    await steps.record(
-        pool, tenant, task.id, "approve", kind="signal", input_hash=F.HASH, result=None,
-        lease=held.lease, waiting=True,
-    )  # fmt: skip
-    await tasks.wait_for_signal(pool, held, "approval", lease=held.lease)
-    return task.id
+    recorded = (
+        ("fetch", "step", '{"rows": 3}'),
+        ("approve/asked", "step", '{"tool": "refund"}'),
+        ("approve", "signal", None),
+    )
+    return await _asleep_with(pool, tenant, task_type, "w-approvals", recorded)
 
 
 async def test_G22_approvals_show_each_waiting_task_once_with_its_ask_and_last_step(
@@ -142,6 +135,84 @@ async def test_G22_approvals_show_each_waiting_task_once_with_its_ask_and_last_s
     assert row["asked"] == {"tool": "refund"}
     assert (row["last_step"], row["last_result"]) == ("fetch", {"rows": 3})
     assert row["lease_holders"] == ["w-approvals"]
+
+
+async def _asleep_with(
+    pool: asyncpg.Pool,
+    tenant: uuid.UUID,
+    task_type: str,
+    owner: str,
+    recorded: tuple[tuple[str, str, str | None], ...],
+    task_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    """A task that recorded ``recorded`` in order - ``(name, kind, result)``, a step with
+    no result left waiting (a sleep of 0 s: over at once, and its row stays waiting) -
+    then went to sleep on signal "approval"."""
+    task = await tasks.create(pool, tenant, task_type, task_id=task_id)
+    [held] = await leases.claim(pool, owner, task_types=[task_type])
+    assert held.lease is not None
+    for name, kind, result in recorded:
+        await steps.record(
+            pool, tenant, task.id, name, kind=kind, input_hash=F.HASH, result=result,
+            lease=held.lease, waiting=result is None,
+            wait=timedelta(0) if kind == "sleep" else None,
+        )  # fmt: skip
+    await tasks.wait_for_signal(pool, held, "approval", lease=held.lease)
+    return task.id
+
+
+async def test_G22_approvals_name_the_newest_waiting_signal_step_whatever_else_is_recorded(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The step a task waits on is its newest step of kind signal still waiting - not a
+    sleep recorded after it (a sleep's row stays waiting once it is over: no write says it
+    ended), not a signal step taken after it (done) - and a task that left an earlier wait
+    open (its handler changed between attempts) is still one row. Kills generated
+    ``gen-overview-overview_approvals-and-4`` (any kind: the sleep), ``-and-5`` (any
+    state: the taken signal) and ``-int-1`` (two waiting steps, two rows); each row names
+    its own holder - ``-and-1`` (every claimer of the tenant's tasks named)."""
+    ask = ("approve", "signal", None)
+    recorded = {
+        "ap-slept": (ask, ("cool-off", "sleep", None)),
+        "ap-took": (ask, ("got-note", "signal", '{"note": 1}')),
+        "ap-left-open": (("old-ask", "signal", None), ask),
+    }
+    ids = {
+        str(await _asleep_with(pool, tenants.a, kind, f"w-{kind}", steps_)): kind
+        for kind, steps_ in recorded.items()
+    }
+    rows = await overview.approvals(pool, tenants.a)
+    assert sorted((ids[r["id"]], r["step"], tuple(r["lease_holders"])) for r in rows) == sorted(
+        (kind, "approve", (f"w-{kind}",)) for kind in recorded
+    )
+
+
+async def test_G2_approvals_of_a_task_read_its_own_tenant_s_rows_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Task ids are unique per tenant only (agent_tasks_pkey is (tenant_id, id)) and
+    create takes the caller's: tenant b's task of the same id, asleep on the same signal
+    with newer rows of the same names - its own holder, last step, ask and a newer wait -
+    changes nothing in a's page, and is not on it. Kills generated
+    ``gen-overview-overview_approvals-tenant-1`` (b's holder named), ``-tenant-2`` (b's
+    wait step), ``-tenant-3`` (b's ask joined too: two rows), ``-tenant-4`` (b's last
+    step) and ``-tenant-5`` (b's task listed); and, with a's two steps, ``-int-3`` (the
+    last two steps: two rows) and ``-cmp-12`` (the last step of another task: a has none)."""
+    mine = await _asleep_with(
+        pool, tenants.a, "ap-mine", "w-a",
+        (("plan", "step", '{"pages": 2}'), ("fetch", "step", '{"rows": 3}'),
+         ("approve/asked", "step", '{"tool": "refund"}'), ("approve", "signal", None)),
+    )  # fmt: skip
+    await _asleep_with(
+        pool, tenants.b, "ap-twin", "w-b",
+        (("fetch", "step", '{"rows": 9}'), ("approve/asked", "step", '{"tool": "wire"}'),
+         ("approve-b", "signal", None)),
+        task_id=mine,
+    )  # fmt: skip
+    [row] = await overview.approvals(pool, tenants.a)
+    assert (row["id"], row["step"], row["asked"]) == (str(mine), "approve", {"tool": "refund"})
+    assert (row["last_step"], row["last_result"]) == ("fetch", {"rows": 3})
+    assert row["lease_holders"] == ["w-a"]
 
 
 async def test_G13_unsettled_pairs_each_effect_with_its_own_tasks_lease(
@@ -198,3 +269,38 @@ async def test_G2_a_timeline_shows_only_its_tenants_events_of_a_shared_task_id(
     assert [(e["event_type"], e["to_state"]) for e in a.events] == [("task.created", "pending")]
     b = await overview.timeline(pool, tenants.b, shared)
     assert [e["to_state"] for e in b.events] == ["pending", "cancelled"]
+
+
+async def test_G2_a_task_s_timeline_shows_its_own_effects(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Kills generated ``gen-overview-overview_task_operations-and-1`` (every effect of the
+    tenant on each task's page)."""
+    mine = await tasks.create(pool, tenants.a, "job")
+    other = await tasks.create(pool, tenants.a, "job")
+    ops = {}
+    for task in (mine, other):
+        ops[task.id] = (
+            await operations.reserve(pool, tenants.a, task.id, f"k-{task.id}", "send", {})
+        ).operation.id
+    page = await overview.timeline(pool, tenants.a, mine.id)
+    assert [e["id"] for e in page.effects] == [str(ops[mine.id])]
+
+
+async def test_G2_activity_counts_an_event_in_its_own_minute_only(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task created two minutes ago counts in that minute, not in each minute after it.
+    Kills generated ``gen-overview-overview_activity-and-1`` (a minute counting every event
+    before its end)."""
+    task = await tasks.create(pool, tenants.a, "job")
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes: the append-only guard is off
+        await admin_conn.execute(
+            "UPDATE agent_events SET created_at = created_at - interval '2 minutes'"
+            " WHERE task_id = $1",
+            task.id,
+        )
+    points = await overview.activity(pool, tenants.a, minutes=5)
+    assert [p.created for p in points].count(1) == 1
+    assert sum(p.created for p in points) == 1

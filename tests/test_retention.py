@@ -271,9 +271,11 @@ async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purg
     ``gen-0020.books_first-agentdb_purge_tasks-tenant-*``, e.g. ``-tenant-18``: the
     one-tenant batch's ``e.tenant_id = p_tenant`` replaced by true): task ids are the
     caller's (``tasks.create(task_id=)``), so tenant b may hold a live task with the id of
-    tenant a's finished one; b's events, operation, outbox row, artifact, signal, step and
-    child of that id must not keep a's task - or its steps - from being purged."""
-    from agentdb import leases, operations, steps
+    tenant a's finished one; b's events, operation, outbox row, artifact, signal, step,
+    child and budget of that id must not keep a's task - or its steps, or its own budget -
+    from being purged (b's budget: ``-tenant-11`` and ``-tenant-25``; b's operation keeping
+    a's budget: ``gen-0011.retention-agentdb_purge_books-cmp-21``)."""
+    from agentdb import budgets, leases, operations, steps
 
     shared = uuid.uuid4()
     a_type, b_type = f"t-{tenants.a.hex[:8]}", f"t-{tenants.b.hex[:8]}"
@@ -294,6 +296,8 @@ async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purg
     await F.insert(admin_conn, "agent_artifacts", {**b_rows, "kind": "k", "uri": "s3://b"})
     await F.signal(admin_conn, tenants.b, shared)
     await tasks.create(pool, tenants.b, b_type, parent=shared, child_key="c")
+    await budgets.set_budget(pool, tenants.b, "usd", 10, task_id=shared)
+    await budgets.set_budget(pool, tenants.a, "usd", 10, task_id=shared)  # a's own: it goes
     await _time_passes(admin_conn, tenants.a)  # a's trail has gone; b's is still retained
     gone = await admin_conn.fetchval(
         "SELECT agentdb_purge_tenant($1, 'events', 100, interval '0')", tenants.a
@@ -396,26 +400,51 @@ async def test_G9_a_purge_takes_batches_of_one_and_what_reached_its_age_this_ins
         assert await admin_conn.fetchval(purge, 1) == 0
 
 
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled", "dead"])
 async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
-    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, end: str, scope: str
 ) -> None:
-    """A task's own budget (nothing held on it) goes with the task, once its audit trail
-    has; the tenant's budget stays. Kills generated
+    """A task's own budget (nothing held on it) goes with the task, however the task
+    ended, once its audit trail has; the tenant's budget stays, and so does another task
+    of the tenant with an operation, a budget, a message and an artifact (which keep only
+    it). Kills generated
     ``gen-0011.retention-agentdb_purge_books-cmp-14`` (the books joined to another
-    tenant's tasks) and ``-int-1`` (only a budget holding 1 is taken)."""
-    from agentdb import budgets
+    tenant's tasks), ``-int-1`` (only a budget holding 1 is taken), ``-list-4`` and
+    ``-list-6`` (a failed or dead task's budget kept, and with it the task) and
+    ``-and-19`` (any operation of the tenant keeping every task's budget), ``-and-21``
+    and ``-and-23`` (any message, any artifact), and
+    ``gen-0020.books_first-agentdb_purge_tasks-and-25`` and ``-and-51`` (any task budget
+    of the tenant keeping every task)."""
+    from agentdb import budgets, operations
 
     task = await tasks.create(pool, tenants.a, "t-budgeted")
     await budgets.set_budget(pool, tenants.a, "usd", 100, task_id=task.id)
     await budgets.set_budget(pool, tenants.a, "usd", 1000)
-    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    busy = await tasks.create(pool, tenants.a, "t-busy")
+    await operations.reserve(pool, tenants.a, busy.id, "k", "send", {})
+    await budgets.set_budget(pool, tenants.a, "usd", 50, task_id=busy.id)
+    async with pool.acquire() as conn:
+        await outbox.enqueue(conn, tenants.a, "t.busy", {}, task_id=busy.id)
+    busy_rows = {"tenant_id": tenants.a, "task_id": busy.id}
+    await F.insert(admin_conn, "agent_artifacts", {**busy_rows, "kind": "k", "uri": "s3://busy"})
+    if end in ("succeeded", "failed"):
+        [held] = await leases.claim(pool, "w", task_types=["t-budgeted"])
+        await tasks.transition(
+            pool, tenants.a, task.id, expected_version=held.state_version, to_state=end,
+            lease=held.lease,
+        )  # fmt: skip
+    else:
+        await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state=end)
     await _audit_trail_passes(admin_conn)
-    purged = await retention.purge(admin_conn, ages={"tasks": timedelta(0)})
-    assert purged.removed["tasks"] == 1
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
     left = await admin_conn.fetch(
         "SELECT task_id FROM agent_budgets WHERE tenant_id = $1", tenants.a
     )
-    assert [r["task_id"] for r in left] == [None]  # the tenant's own, not the task's
+    # The tenant's own and the busy task's, not the purged task's.
+    assert sorted(str(r["task_id"]) for r in left) == sorted(["None", str(busy.id)])
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", busy.id)
 
 
 async def test_G9_G19_the_books_of_what_stays_stay(
@@ -848,3 +877,412 @@ async def test_G9_a_tenant_s_purge_strips_each_payload_once_and_keeps_audited_op
     assert await admin_conn.fetchval(step, tenants.a, "operations") == 0
     kept = "SELECT count(*) FROM agent_operations WHERE tenant_id = $1"
     assert await admin_conn.fetchval(kept, tenants.a) == 1
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_G25_a_live_task_and_its_steps_outlive_its_audit_trail(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A task that waits for weeks - its audit trail's retention passed, its row not
+    written since - is not history: no purge takes it, nor its steps (its handler's
+    ledger); nor a waiting task that recorded no step, which nothing else refers to. Kills
+    generated ``gen-0020.books_first-agentdb_purge_tasks-and-8`` (every tenant's tasks
+    purge: any task, finished or not)."""
+    from agentdb import steps
+
+    for task_type in ("t-live", "t-live-bare"):
+        await tasks.create(pool, tenants.a, task_type)
+        [held] = await leases.claim(pool, "w", task_types=[task_type])
+        assert held.lease is not None
+        if task_type == "t-live":
+            await steps.record(pool, tenants.a, held.id, "plan", kind="step",
+                               input_hash=F.HASH, result='{"n": 1}', lease=held.lease)  # fmt: skip
+        await tasks.wait_for_signal(pool, held, "go", lease=held.lease)
+    await _time_passes(admin_conn)
+    assert await admin_conn.fetchval("SELECT agentdb_purge('events', 1000, interval '0')") > 0
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
+    left = await admin_conn.fetch(
+        "SELECT k.task_type, count(s.name) AS steps FROM agent_tasks k"
+        " LEFT JOIN agent_steps s ON s.tenant_id = k.tenant_id AND s.task_id = k.id"
+        " WHERE k.tenant_id = $1 GROUP BY k.task_type",
+        tenants.a,
+    )
+    assert sorted((r["task_type"], r["steps"]) for r in left) == [("t-live", 1), ("t-live-bare", 0)]
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_G10_a_finished_task_an_outbox_message_names_stays(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A finished task whose message is still to be delivered (it names the task:
+    agent_outbox_task_fkey) is kept by the tasks purge - with no budget of its own to keep
+    it first - and the purge goes on. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tasks-and-14`` (every tenant's) and ``-and-40``
+    (one tenant's): the message's row forgotten, the DELETE fails on its foreign key."""
+    task = await tasks.create(pool, tenants.a, "t-mail")
+    async with pool.acquire() as conn:
+        await outbox.enqueue(conn, tenants.a, "t.done", {"n": 1}, task_id=task.id)
+    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", task.id)
+
+
+async def test_G9_a_tenant_s_delivered_messages_purge_takes_its_own_in_a_batch_of_one(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant b's delivered messages, older and first in the table, are not tenant a's
+    purge's to pick: each batch of one takes one of a's. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tenant-tenant-5`` (every tenant's delivered
+    messages picked: the batch spent on b's rows, which the DELETE then leaves)."""
+    async with pool.acquire() as conn:
+        for tenant in (tenants.b, tenants.b, tenants.a):
+            await outbox.enqueue(conn, tenant, "t.done", {})
+    await outbox.mark_delivered(pool, await outbox.claim(pool, "relay", batch=10))
+    purge = "SELECT agentdb_purge_tenant($1, 'outbox_delivered', 1, interval '0')"
+    assert await admin_conn.fetchval(purge, tenants.a) == 1
+    assert await admin_conn.fetchval(purge, tenants.a) == 0
+    left = "SELECT count(*) FROM agent_outbox WHERE tenant_id = $1"
+    assert (
+        await admin_conn.fetchval(left, tenants.a),
+        await admin_conn.fetchval(left, tenants.b),
+    ) == (0, 2)
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_G19_an_operation_is_kept_by_its_own_budget_hold_only(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A settled operation goes once its trail has, whatever else holds budget: tenant a's
+    other operation, still holding credits, keeps only itself; tenant b's operation of the
+    same id (ids are the caller's: reserve_many's ``operation_id``), holding credits too,
+    keeps only b's. Kills generated ``gen-0020.books_first-agentdb_purge_tenant-and-21``
+    (any hold of the tenant keeping every operation), ``-tenant-12`` and
+    ``agentdb_purge-tenant-7`` (b's hold of the same id keeping a's)."""
+    from agentdb import budgets, operations
+    from agentdb.operations import ReserveRequest
+
+    for tenant in (tenants.a, tenants.b):
+        await budgets.set_budget(pool, tenant, "credits", 100)
+    b_task = await tasks.create(pool, tenants.b, "t-b")
+    b_op = (
+        await operations.reserve(pool, tenants.b, b_task.id, "k", "a", {}, cost={"credits": 5})
+    ).operation
+    a_task = await tasks.create(pool, tenants.a, "t-a")
+    await operations.reserve(pool, tenants.a, a_task.id, "k-held", "a", {}, cost={"credits": 5})
+    [held] = await leases.claim(pool, "w", task_types=["t-a"])
+    assert held.lease is not None
+    [res] = await operations.reserve_many(
+        pool, [ReserveRequest(held.lease, "k-done", "a", {}, operation_id=b_op.id)]
+    )
+    assert not isinstance(res, Exception)
+    await operations.complete(pool, res.operation, result={}, lease=held.lease)
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    assert await _purge(admin_conn, tenants.a, "operations", scope) == 1
+    left = await admin_conn.fetch("SELECT tenant_id, idempotency_key FROM agent_operations")
+    assert sorted((str(r["tenant_id"]), r["idempotency_key"]) for r in left) == sorted(
+        [(str(tenants.a), "k-held"), (str(tenants.b), "k")]
+    )
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G2_G9_an_artifact_keeps_its_own_tenant_s_operation_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """Tenant b's artifact refers to b's operation, whose id a's settled operation also has
+    (ids are the caller's: reserve_many's ``operation_id``): a's operation and its budget
+    hold go, once their trail has. Kills generated
+    ``gen-0011.retention-agentdb_purge_books-tenant-4`` (the artifact looked for by
+    operation id alone: a's hold kept, and with it a's operation)."""
+    from agentdb import budgets, operations
+    from agentdb.operations import ReserveRequest
+
+    await budgets.set_budget(pool, tenants.a, "credits", 100)
+    a_task = await tasks.create(pool, tenants.a, "t-a")
+    res = await operations.reserve(pool, tenants.a, a_task.id, "k", "a", {}, cost={"credits": 5})
+    await operations.complete(pool, res.operation, result={})
+    await tasks.create(pool, tenants.b, "t-b")
+    [held] = await leases.claim(pool, "w", task_types=["t-b"])
+    assert held.lease is not None
+    [b_res] = await operations.reserve_many(
+        pool, [ReserveRequest(held.lease, "k", "a", {}, operation_id=res.operation.id)]
+    )
+    assert not isinstance(b_res, Exception)
+    artifact = {"tenant_id": tenants.b, "kind": "report", "uri": "s3://b/1",
+                "operation_id": res.operation.id}  # fmt: skip
+    await F.insert(admin_conn, "agent_artifacts", artifact)
+    await _time_passes(admin_conn, tenants.a)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    assert await _purge(admin_conn, tenants.a, "operations", scope) == 1
+    left = await admin_conn.fetch(
+        "SELECT tenant_id FROM agent_operations WHERE id = $1", res.operation.id
+    )
+    assert [r["tenant_id"] for r in left] == [tenants.b]
+
+
+async def _purge(admin: asyncpg.Connection, tenant: uuid.UUID, kind: str, scope: str) -> int:
+    """The ``kind`` purge (age 0, batches of 100) of ``tenant`` alone or of every tenant."""
+    if scope == "one tenant":
+        one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '0')"
+        return int(await admin.fetchval(one, tenant, kind))
+    return int(await admin.fetchval("SELECT agentdb_purge($1, 100, interval '0')", kind))
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G2_G9_a_purge_takes_its_tenant_s_rows_not_a_twin_s_of_the_same_key(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """Keys are the caller's (enqueue's ``message_id``, an inbox's message id): tenant b
+    may have a delivered message and an inbox row of the keys of a's. a's, past their age,
+    go; b's, processed and delivered this instant, stay. Kills generated
+    ``gen-0020.books_first-agentdb_purge-tenant-3`` (every tenant's outbox DELETE by id
+    alone) and ``agentdb_purge_tenant-tenant-8`` (one tenant's inbox DELETE by key alone)."""
+    shared = uuid.uuid4()
+    async with pool.acquire() as conn:
+        for tenant in (tenants.a, tenants.b):
+            await outbox.enqueue(conn, tenant, "t.done", {}, message_id=shared)
+    await outbox.mark_delivered(pool, await outbox.claim(pool, "relay", batch=10))
+    for tenant, age in ((tenants.a, timedelta(days=1)), (tenants.b, timedelta(0))):
+        await admin_conn.execute(
+            "UPDATE agent_outbox SET delivered_at = now() - $2::interval WHERE tenant_id = $1",
+            tenant, age,
+        )  # fmt: skip
+        await admin_conn.execute(
+            "INSERT INTO agent_inbox (tenant_id, consumer, message_id, processed_at)"
+            " VALUES ($1, 'c', $2, now() - $3::interval)",
+            tenant, shared, age,
+        )  # fmt: skip
+    if scope == "one tenant":
+        one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '1 hour')"
+        gone = [await admin_conn.fetchval(one, tenants.a, k) for k in ("outbox_delivered", "inbox")]
+    else:
+        every = "SELECT agentdb_purge($1, 100, interval '1 hour')"
+        gone = [await admin_conn.fetchval(every, k) for k in ("outbox_delivered", "inbox")]
+    assert gone == [1, 1]
+    for table in ("agent_outbox", "agent_inbox"):
+        left = await admin_conn.fetch(f"SELECT tenant_id FROM {table}")  # noqa: S608
+        assert [r["tenant_id"] for r in left] == [tenants.b], table
+
+
+async def test_G9_a_tenant_s_payload_purge_takes_its_own_in_a_batch_of_one(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant b's expired payloads, first in the table, are not tenant a's purge's to
+    pick: each batch of one strips one of a's. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tenant-tenant-1`` (every tenant's payloads picked:
+    the batch spent on b's rows, which the UPDATE then leaves)."""
+    for tenant in (tenants.b, tenants.b, tenants.a):
+        await tasks.create(pool, tenant, "t", params={"n": 1})
+    await _time_passes(admin_conn)
+    with_payload = "SELECT count(*) FROM agent_events WHERE tenant_id = $1 AND payload IS NOT NULL"
+    mine = await admin_conn.fetchval(with_payload, tenants.a)
+    assert mine >= 1
+    one = "SELECT agentdb_purge_tenant($1, 'event_payloads', 1, interval '0')"
+    assert [await admin_conn.fetchval(one, tenants.a) for _ in range(mine + 1)] == [1] * mine + [0]
+    assert await admin_conn.fetchval(with_payload, tenants.b) > 0
+
+
+async def test_G9_an_unknown_retention_class_is_refused(admin_conn: asyncpg.Connection) -> None:
+    """Kills generated ``gen-0020.books_first-agentdb_purge-raise-2`` (an unknown class
+    purging nothing, silently)."""
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await admin_conn.fetchval("SELECT agentdb_purge('bogus', 100, interval '0')")
+    assert refused.value.sqlstate == "22023"
+
+
+@pytest.mark.parametrize("end", ["succeeded", "cancelled"])
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_G22_a_finished_task_s_signals_go_and_a_live_one_s_stay(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str, end: str
+) -> None:
+    """Once a finished task's audit trail has gone, its signals go - however it ended; a
+    live task keeps its signals. Task and signal ids are the caller's, so tenant b has
+    twins: a finished task of the live one's id, and a live task of the finished one's id
+    with a retained trail and a signal of the same id as a's. Neither changes what a's
+    purge takes. Kills generated ``gen-0011.retention-agentdb_purge_task_signals-list-1``
+    and ``-list-7`` (a succeeded or cancelled task's signals kept), ``-tenant-5`` (one
+    tenant's purge reading b's finished twin: a's live task's signals taken), ``-cmp-14``
+    (b's retained trail holding a's purge back) and ``-tenant-3`` (every tenant's DELETE
+    by signal id alone: b's signal taken)."""
+    done = await tasks.create(pool, tenants.a, "t-done")
+    live = await tasks.create(pool, tenants.a, "t-live")
+    await tasks.create(pool, tenants.b, "t-twin", task_id=live.id)
+    mine = await F.signal(admin_conn, tenants.a, done.id, name="note")
+    await tasks.signal(pool, tenants.a, live.id, "note")
+    if end == "succeeded":
+        [held] = await leases.claim(pool, "w", task_types=["t-done"])
+        await tasks.transition(pool, tenants.a, done.id, expected_version=held.state_version,
+                               to_state=end, lease=held.lease)  # fmt: skip
+    else:
+        await tasks.transition(pool, tenants.a, done.id, expected_version=0, to_state=end)
+    await tasks.transition(pool, tenants.b, live.id, expected_version=0, to_state="cancelled")
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    # b's live twin of the finished task: a retained trail, and a signal of a's signal's id.
+    await tasks.create(pool, tenants.b, "t-twin-live", task_id=done.id)
+    await F.signal(admin_conn, tenants.b, done.id, name="note", id=mine)
+    assert await _purge(admin_conn, tenants.a, "signals", scope) == 1
+    left = await admin_conn.fetch("SELECT tenant_id, task_id FROM agent_signals")
+    assert sorted((r["tenant_id"] == tenants.a, r["task_id"] == live.id) for r in left) == [
+        (False, False), (True, True),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_G19_an_operation_goes_though_another_of_its_tenant_keeps_its_trail(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A settled operation whose trail has gone goes, with its budget hold, though another
+    operation of the tenant still has a retained event and an artifact. Kills generated
+    ``gen-0011.retention-agentdb_purge_books-cmp-8`` (another operation's event keeping the
+    hold, and so the operation), ``gen-0020.books_first-agentdb_purge-and-15`` (any event
+    of the tenant keeping every operation) and ``-cmp-24`` (another operation's artifact)."""
+    from agentdb import budgets, operations
+
+    await budgets.set_budget(pool, tenants.a, "credits", 100)
+    task = await tasks.create(pool, tenants.a, "t")
+    res = await operations.reserve(pool, tenants.a, task.id, "k-gone", "a", {}, cost={"credits": 5})
+    await operations.complete(pool, res.operation, result={})
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    kept = (await operations.reserve(pool, tenants.a, task.id, "k-kept", "a", {})).operation
+    artifact = {
+        "tenant_id": tenants.a,
+        "kind": "report",
+        "uri": "s3://a/1",
+        "operation_id": kept.id,
+    }
+    await F.insert(admin_conn, "agent_artifacts", artifact)
+    assert await _purge(admin_conn, tenants.a, "operations", scope) == 1
+    left = await admin_conn.fetch("SELECT id FROM agent_operations WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [kept.id]
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_budget_holds") == 0
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_G25_each_task_s_steps_are_judged_by_its_own_age_and_trail(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A task finished two hours ago, its trail gone, goes with its steps under a purge of
+    what is over an hour old - though another task of the tenant has a retained trail; a
+    task finished just now keeps its steps (and itself). Kills generated
+    ``gen-0020.books_first-agentdb_purge_tasks-and-3`` (every tenant's steps purge ignoring
+    the age) and ``-cmp-40`` (one tenant's steps purge held back by another task's events)."""
+    from agentdb import steps
+
+    done = {}
+    for name in ("old", "young"):
+        task = await tasks.create(pool, tenants.a, f"t-{name}")
+        [held] = await leases.claim(pool, "w", task_types=[f"t-{name}"])
+        assert held.lease is not None
+        await steps.record(pool, tenants.a, task.id, "plan", kind="step", input_hash=F.HASH,
+                           result="{}", lease=held.lease)  # fmt: skip
+        await tasks.transition(pool, tenants.a, task.id, expected_version=held.state_version,
+                               to_state="succeeded", lease=held.lease)  # fmt: skip
+        done[name] = task.id
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET updated_at = now() - interval '2 hours' WHERE id = $1",
+            done["old"],
+        )
+    await tasks.create(pool, tenants.a, "t-retained")  # its trail is new
+    if scope == "one tenant":
+        one = "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '1 hour')"
+        gone = await admin_conn.fetchval(one, tenants.a)
+    else:
+        gone = await admin_conn.fetchval("SELECT agentdb_purge('tasks', 100, interval '1 hour')")
+    assert gone == 1
+    left = await admin_conn.fetch("SELECT task_id FROM agent_steps WHERE tenant_id = $1", tenants.a)
+    assert [r["task_id"] for r in left] == [done["young"]]
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_every_class_takes_what_reached_its_age_this_instant(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A payload or event whose time ends now, and a message delivered or an inbox row
+    processed exactly the purge's age ago, have reached it (``<=``). In one transaction,
+    where now() stands still. Kills generated ``gen-0020.books_first-agentdb_purge_tenant-
+    cmp-6``, ``-cmp-11`` and ``-cmp-17`` (one tenant's ``<``)."""
+    task = await tasks.create(pool, tenants.a, "t", params={"n": 1})
+    async with pool.acquire() as conn:
+        await outbox.enqueue(conn, tenants.a, "t.done", {})
+    await outbox.mark_delivered(pool, await outbox.claim(pool, "relay", batch=10))
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes: the append-only guard is off
+        await admin_conn.execute(
+            "UPDATE agent_events SET payload_expires_at = now(), retain_until = now()"
+            " WHERE task_id = $1",
+            task.id,
+        )
+        await admin_conn.execute(
+            "UPDATE agent_outbox SET delivered_at = now() - interval '1 hour' WHERE tenant_id = $1",
+            tenants.a,
+        )
+        await admin_conn.execute(
+            "INSERT INTO agent_inbox (tenant_id, consumer, message_id, processed_at)"
+            " VALUES ($1, 'c', gen_random_uuid(), now() - interval '1 hour')",
+            tenants.a,
+        )
+        kinds = ("event_payloads", "events", "outbox_delivered", "inbox")
+        if scope == "one tenant":
+            one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '1 hour')"
+            gone = [await admin_conn.fetchval(one, tenants.a, k) for k in kinds]
+        else:
+            every = "SELECT agentdb_purge($1, 100, interval '1 hour')"
+            gone = [await admin_conn.fetchval(every, k) for k in kinds]
+    assert all(n >= 1 for n in gone), dict(zip(kinds, gone, strict=True))
+
+
+async def test_G9_G19_a_task_an_artifact_keeps_keeps_its_budget(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A finished task an artifact refers to stays, and so does its budget - the books go
+    only with what they belong to. Kills generated
+    ``gen-0011.retention-agentdb_purge_books-and-22`` (the artifact forgotten: the budget
+    taken from a task that stays)."""
+    from agentdb import budgets
+
+    task = await tasks.create(pool, tenants.a, "t-report")
+    await budgets.set_budget(pool, tenants.a, "usd", 10, task_id=task.id)
+    artifact = {"tenant_id": tenants.a, "task_id": task.id, "kind": "report", "uri": "s3://r"}
+    await F.insert(admin_conn, "agent_artifacts", artifact)
+    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    assert await _purge_tasks(admin_conn, tenants.a, "every tenant") == 0
+    kept = "SELECT count(*) FROM agent_budgets WHERE task_id = $1"
+    assert await admin_conn.fetchval(kept, task.id) == 1
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G2_G9_a_payload_purge_strips_its_tenant_s_event_not_a_twin_key_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """An event's key is its tenant's (agent_events_pkey leads with tenant_id): tenant b may
+    hold an event of the id and instant of one of a's - restored from a backup, say - whose
+    payload is still to be kept. a's expired payload is stripped; b's stays. Kills
+    generated ``gen-0020.books_first-agentdb_purge-tenant-1`` (every tenant's UPDATE by id
+    and instant alone) and ``agentdb_purge_tenant-tenant-2`` (one tenant's)."""
+    task_a = await tasks.create(pool, tenants.a, "t", params={"n": 1})
+    task_b = await tasks.create(pool, tenants.b, "t")
+    await _time_passes(admin_conn, tenants.a)
+    first = await admin_conn.fetchrow(
+        "SELECT id, created_at FROM agent_events WHERE task_id = $1 AND payload IS NOT NULL"
+        " ORDER BY id LIMIT 1",
+        task_a.id,
+    )
+    assert first is not None
+    await F.event(admin_conn, tenants.b, task_b.id, id=first["id"],
+                  created_at=first["created_at"], payload='{"kept": true}')  # fmt: skip
+    assert await _purge(admin_conn, tenants.a, "event_payloads", scope) >= 1
+    twin = await admin_conn.fetchval(
+        "SELECT payload FROM agent_events WHERE tenant_id = $1 AND id = $2",
+        tenants.b, first["id"],
+    )  # fmt: skip
+    assert json.loads(twin) == {"kept": True}

@@ -261,3 +261,22 @@ async def test_status_lists_an_agentdb_worker_process_by_its_id(
         assert f":{procs[0].pid}:" in found[0].owner
     finally:
         stop_workers(procs)
+
+
+async def test_G9_an_event_whose_retention_ends_this_instant_is_in_the_purge_backlog(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The events purge takes an event at its retain_until (``<= now()``): the backlog
+    counts it then too. Read in the transaction whose now() is that instant. Kills generated
+    ``gen-status-status_purge_backlog-cmp-2`` (``<``: counted only after it)."""
+    task = await tasks.create(pool, tenants.a, "t")
+    async with admin_conn.transaction():
+        before = (await snapshot(admin_conn)).purge_backlog["events"]
+        await F.replica_mode(admin_conn)  # time passes: the append-only guard is off
+        await admin_conn.execute(
+            "UPDATE agent_events SET retain_until = now(), payload_expires_at = now()"
+            " WHERE task_id = $1",
+            task.id,
+        )
+        after = (await snapshot(admin_conn)).purge_backlog["events"]
+    assert after == before + 1

@@ -4,6 +4,7 @@ handler's writes fall back on. The handler's rules are tests/test_durable.py's."
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import asyncpg
 
@@ -88,3 +89,41 @@ async def test_G22_G25_a_wait_hands_back_its_own_task_s_signal_not_a_twin_s(
     assert taken.step is not None
     assert taken.step.signal is not None
     assert (taken.step.signal.seq, taken.step.signal.payload) == (1, {"by": "alice"})
+
+
+async def test_G25_a_step_is_read_from_its_own_task(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    """Two tasks of a tenant record a step of one name: each reads back its own. Kills
+    generated ``gen-steps-step_get-and-3`` (the step looked up by name in any task)."""
+    recorded = {}
+    for n in range(2):
+        task = await tasks.create(pool, tenants.a, f"read-own-{n}")
+        [held] = await leases.claim(pool, "w", task_types=[f"read-own-{n}"])
+        assert held.lease is not None
+        await steps.record(pool, tenants.a, task.id, "plan", kind="step", input_hash=F.HASH,
+                           result=f'{{"n": {n}}}', lease=held.lease)  # fmt: skip
+        recorded[task.id] = n
+    for task_id, n in recorded.items():
+        step = await steps.get(pool, tenants.a, task_id, "plan")
+        assert step is not None
+        assert step.result == {"n": n}
+
+
+async def test_G25_a_sleep_is_over_at_its_end_instant(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A sleep of nothing ends the instant it is recorded: read in that transaction, whose
+    now() is its end, it is due - by the step read and by the ledger. Kills generated
+    ``gen-steps-step_get-cmp-1`` and ``gen-steps-step_ledger-cmp-1`` (``<``: not over until
+    after its end)."""
+    task = await tasks.create(pool, tenants.a, "nap")
+    [held] = await leases.claim(pool, "w", task_types=["nap"])
+    assert held.lease is not None
+    async with admin_conn.transaction():
+        await steps.record(
+            admin_conn, tenants.a, task.id, "nap", kind="sleep", input_hash=F.HASH,
+            result=None, lease=held.lease, waiting=True, wait=timedelta(0),
+        )  # fmt: skip
+        step = await steps.get(admin_conn, tenants.a, task.id, "nap")
+        assert step is not None
+        assert step.due
+        assert (await steps.ledger(admin_conn, tenants.a, task.id)).steps["nap"].due

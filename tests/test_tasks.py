@@ -358,3 +358,36 @@ async def test_G7_a_transition_moves_its_own_task_not_a_sibling_at_the_same_vers
     assert (done.id, done.state) == (first.id, "cancelled")
     other = await tasks.get(pool, tenants.a, second.id)
     assert (other.state, other.state_version) == ("pending", 0)
+
+
+async def test_G7_an_operator_s_retry_writes_only_at_the_version_it_read(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """retry reads the task, then writes at the version it read: a task that moved on in
+    between (another operator's retry, a run that failed again) is not retried on a stale
+    reading - the statement matches no row, and retry reads again. Kills generated
+    ``gen-tasks-task_retry-and-4`` (the write at any version)."""
+    task = await tasks.create(pool, tenants.a, "t")
+    dead = await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="dead")
+    assert await tasks._retry(pool, tenants.a, task.id, 0, "carol", {}) is None
+    row = await admin_conn.fetchrow(
+        "SELECT state, state_version FROM agent_tasks WHERE id = $1", task.id
+    )
+    assert row is not None
+    assert tuple(row) == ("dead", dead.state_version)
+    # Control: at the version it has, the same write retries it.
+    again = await tasks._retry(pool, tenants.a, task.id, dead.state_version, "carol", {})
+    assert again is not None
+    assert (again["state"], again["state_version"]) == ("pending", dead.state_version + 1)
+
+
+async def test_G6_an_operator_retries_a_failed_task(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    """A task that failed - its handler said so, it did not die of its attempts - goes back
+    to pending on an operator's retry, as a dead one does. Kills generated
+    ``gen-tasks-task_retry-list-1`` ('failed' left out of the states a retry takes)."""
+    task = await tasks.create(pool, tenants.a, "t-fails")
+    [held] = await leases.claim(pool, "w", task_types=["t-fails"])
+    await tasks.transition(pool, tenants.a, task.id, expected_version=held.state_version,
+                           to_state="failed", lease=held.lease)  # fmt: skip
+    again = await tasks.retry(pool, tenants.a, task.id, actor="carol", reason="fixed upstream")
+    assert (again.state, again.attempts) == ("pending", 0)

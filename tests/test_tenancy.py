@@ -119,3 +119,25 @@ async def test_deadlock_is_transient(db: Database, tenants: Tenants, pool: async
     finally:
         await c1.close()
         await c2.close()
+
+
+async def test_G2_a_tenant_is_found_by_its_own_name_only(
+    pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    """Kills generated ``gen-tenancy-tenant_by_name-cmp-1`` (``name <> $1``: another
+    tenant answers)."""
+    alpha = await tenancy.create_tenant(admin_conn, "by-name-alpha")
+    beta = await tenancy.create_tenant(admin_conn, "by-name-beta")
+    for name, tenant in (("by-name-alpha", alpha), ("by-name-beta", beta)):
+        found = await tenancy.tenant_by_name(pool, name)
+        assert found is not None
+        assert found.id == tenant
+    assert await tenancy.tenant_by_name(pool, "by-name-gamma") is None
+
+
+async def test_G2_G18_a_tenant_s_caps_are_its_own(pool: asyncpg.Pool, tenants: Tenants) -> None:
+    """Kills generated ``gen-tenancy-tenant_limits-tenant-1`` (every tenant's caps listed)."""
+    await tenancy.set_concurrency_limit(pool, tenants.a, 3, task_type="mail")
+    await tenancy.set_concurrency_limit(pool, tenants.b, 1, task_type="report")
+    caps = await tenancy.concurrency_limits(pool, tenants.a)
+    assert [(c.task_type, c.max_running) for c in caps] == [("mail", 3)]

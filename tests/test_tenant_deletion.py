@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from agentdb import leases, operations, outbox, steps, tasks
+from agentdb import leases, operations, outbox, schedules, steps, tasks
 from agentdb.errors import NotFound
 from agentdb.models import Message
 from agentdb.tenancy import TenantDeletion, delete_tenant
@@ -387,22 +387,99 @@ async def test_G17_each_operation_is_judged_by_its_own_events(
     assert await admin_conn.fetchval(left, tenants.b, gone) == 1
 
 
-async def test_G17_a_waiting_task_is_cancelled_and_the_dry_run_says_so(
-    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+@pytest.mark.parametrize("state", ["pending", "running", "waiting"])
+async def test_G17_an_open_task_is_cancelled_and_the_dry_run_says_so(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, state: str
 ) -> None:
-    """A task waiting (for a signal, with no params, no error, no step) is cancelled by
-    the deletion like a pending or running one, and the dry run counts it. Kills
-    generated ``gen-0011.retention-agentdb_delete_tenant-list-2`` (the dry run's list of
-    open states without 'waiting')."""
-    task = await tasks.create(pool, tenants.a, "t-waiting")
-    [held] = await leases.claim(pool, "w", task_types=["t-waiting"])
-    assert held.lease is not None
-    await tasks.wait_for_signal(pool, held, "go", lease=held.lease)
+    """A task pending, running or waiting (for a signal) - with no params, no error, no
+    step: nothing to anonymise, so only its state picks it - is cancelled by the deletion,
+    and the dry run counts it. Kills generated
+    ``gen-0011.retention-agentdb_delete_tenant-list-2`` (the dry run's list of open states
+    without 'waiting') and ``-list-9`` (the deletion's without 'running': the task kept
+    running, its lease held)."""
+    task = await tasks.create(pool, tenants.a, "t-open")
+    if state != "pending":
+        [held] = await leases.claim(pool, "w", task_types=["t-open"])
+        assert held.lease is not None
+        if state == "waiting":
+            await tasks.wait_for_signal(pool, held, "go", lease=held.lease)
+    before = await admin_conn.fetchrow(
+        "SELECT state, params, last_error, current_step FROM agent_tasks WHERE id = $1", task.id
+    )
+    assert before is not None
+    assert tuple(before) == (state, "{}", None, None)
     dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
     real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
     assert _affected(dry) == _affected(real)
     assert {(s.object, s.action): s.affected for s in real.steps}[
         "agent_tasks", "cancel and anonymise"
     ] == 1
-    state = await admin_conn.fetchval("SELECT state FROM agent_tasks WHERE id = $1", task.id)
-    assert state == "cancelled"
+    after = await admin_conn.fetchrow(
+        "SELECT state, lease_owner FROM agent_tasks WHERE id = $1", task.id
+    )
+    assert after is not None
+    assert tuple(after) == ("cancelled", None)
+
+
+async def test_G17_the_dry_run_counts_the_tenant_s_own_schedules(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant b's schedules are not a's to delete: the dry run counts a's one, as the real
+    run deletes it, and b's stay. Kills generated
+    ``gen-0011.retention-agentdb_delete_tenant-tenant-2`` (the dry run counting every
+    tenant's schedules)."""
+    await schedules.create(pool, tenants.a, "nightly", "report", every=timedelta(days=1))
+    for name in ("nightly", "hourly"):
+        await schedules.create(pool, tenants.b, name, "report", every=timedelta(hours=1))
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    for plan in (dry, real):
+        assert {s.object: s.affected for s in plan.steps}["agent_schedules"] == 1
+    assert len(await schedules.of_tenant(pool, tenants.b)) == 2
+
+
+async def test_G2_G17_a_twin_task_s_retained_events_keep_nothing_of_this_tenant(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Task ids are unique per tenant only (create takes the caller's): tenant b's task of
+    the id of a's, its audit trail still retained, says nothing about a's task, whose trail
+    has passed - a's is neither anonymised nor kept, nor is b's trail counted as a's. Kills
+    generated ``gen-0011.retention-agentdb_delete_tenant-tenant-24`` and ``-tenant-26``
+    (step 7, dry and real: b's events anonymise a's task), ``-tenant-37`` (step 11: b's
+    events counted as retained for a) and ``-tenant-43`` (step 13's dry run: b's events
+    keep a's task)."""
+    shared = uuid.uuid4()
+    for tenant in (tenants.a, tenants.b):
+        await tasks.create(pool, tenant, "t-twin", params={"customer": "Ada"}, task_id=shared)
+        await tasks.transition(pool, tenant, shared, expected_version=0, to_state="cancelled")
+    await _retention_passes(admin_conn, tenants.a)
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    for plan in (dry, real):
+        by_step = {s.step: s for s in plan.steps}
+        assert (by_step[7].affected, by_step[11].affected, by_step[13].affected) == (0, 0, 1)
+        assert by_step[11].retained_until is None
+    left = await admin_conn.fetch("SELECT tenant_id, params FROM agent_tasks WHERE id = $1", shared)
+    assert [(r["tenant_id"], json.loads(r["params"])) for r in left] == [
+        (tenants.b, {"customer": "Ada"})
+    ]
+
+
+async def test_G17_G23_a_parent_goes_with_its_child_though_another_task_s_trail_is_kept(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A parent is kept while a child of its own still has an audit trail (the child's
+    row must stay, and it names the parent); once neither has one, both go - though
+    another task of the tenant keeps its trail, and so stays. Kills generated
+    ``gen-0006.control_flow-agentdb_keep_parent-and-3`` (any event of the tenant keeping
+    every parent)."""
+    parent = await tasks.create(pool, tenants.a, "t-parent")
+    child = await tasks.create(pool, tenants.a, "t-child", parent=parent.id, child_key="c")
+    for task in (child, parent):
+        await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    await _retention_passes(admin_conn, tenants.a)
+    kept = await tasks.create(pool, tenants.a, "t-kept")  # its trail is new: retained
+    real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert {s.step: s.affected for s in real.steps}[13] == 2
+    left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [kept.id]

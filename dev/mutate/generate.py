@@ -56,7 +56,8 @@ The tests of a mutant (``tests``), by a fixed, explicit heuristic:
 * a statement of ``agentdb/_citus/queries``: a Citus mutant (``citus=True``,
   run by ``--generated --citus`` on ``AGENTDB_CITUS_DSN``), tested by the plain
   twin's module tests (``_ROUTED_TESTS``, by the word after ``routed_``) and
-  tests/test_fences.py;
+  tests/test_fences.py; so is a statement of ``agentdb/queries`` only a distributed
+  schema runs (``_CITUS_STATEMENTS``, with the cluster tests that run it);
 * a migration object: tests/test_fences.py, plus the cases of
   tests/test_attacks.py that attack it by name - the CHECK constraint or
   trigger itself; for a routine, the triggers that execute it - (their exact
@@ -156,9 +157,19 @@ _ROUTED_TESTS: dict[str, str] = {
 }
 _ROUTED_DEFAULT = "tests/test_leases.py"  # the claim, release, bury and deadline sweep
 _CITUS_TESTS = ("tests/citus/test_citus.py",)
+# Statements of agentdb/queries that only a distributed schema runs (they read the citus
+# extension's own views): Citus mutants, tested on the cluster - on plain Postgres no
+# test reaches them, so every mutant of theirs would survive there.
+_CITUS_STATEMENTS: dict[str, tuple[str, ...]] = {
+    "status_processes_citus": ("tests/citus/test_citus_nodes.py",),
+}
 # Routines only a distributed schema runs, and routines whose tests the name
 # search would not find (or would find too many of).
-_CITUS_ROUTINES = frozenset({"agentdb_distribute", "agentdb_distribute_like"})
+# agentdb_distributed answers false at once where there is no pg_dist_partition: only a
+# Citus cluster runs the rest of it.
+_CITUS_ROUTINES = frozenset(
+    {"agentdb_distribute", "agentdb_distribute_like", "agentdb_distributed"}
+)
 _ROUTINE_TESTS: dict[str, tuple[str, ...]] = {
     "agentdb_partition_events": ("tests/test_events_by_month.py",),
     "agentdb_unpartition_events": ("tests/test_events_by_month.py",),
@@ -962,6 +973,9 @@ def _queries(root: Path, tests: _Tests) -> Iterator[tuple[_Unit, list[_Edit]]]:
             for name, at, sql in _statement_blocks(text):
                 edits: list[_Edit] = []
                 _walk_statement(_Src(sql, at), _tree(sql), edits, name)
+                if name in _CITUS_STATEMENTS:
+                    yield _Unit(rel, name, "statement", _CITUS_STATEMENTS[name], True), edits
+                    continue
                 targets = tests.routed(name) if citus else tests.statement(name)
                 yield _Unit(rel, name, "statement", targets, citus), edits
 
