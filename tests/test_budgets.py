@@ -1162,3 +1162,21 @@ async def test_G19_a_shut_limit_whose_window_has_passed_still_says_when_it_next_
         await operations.reserve(pool, tenants.a, task, "k", "shut", {})
     assert refused.value.retry_after is not None
     assert refused.value.retry_after > datetime.now(UTC) + timedelta(days=1)
+
+
+async def test_G19_a_window_that_ends_this_instant_counts_no_calls(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A rate window is over at its end instant (``window_start + per <= now()``, as the
+    count that opens a new window says): listed in the transaction whose now() is that
+    end, its calls count 0. Kills generated ``gen-budgets-rate_limit_list-cmp-1`` (``<``:
+    the used-up window still shown full)."""
+    await budgets.set_rate_limit(pool, tenants.a, "chat", 1, timedelta(minutes=1))
+    await operations.reserve(pool, tenants.a, await _task(pool, tenants.a), "k", "chat", {})
+    async with admin_conn.transaction():
+        await admin_conn.execute(
+            "UPDATE agent_rate_limits SET window_start = now() - per WHERE tenant_id = $1",
+            tenants.a,
+        )
+        [limit] = await budgets.list_rate_limits(admin_conn, tenants.a, include_global=False)
+        assert limit.used == 0

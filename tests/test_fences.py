@@ -899,3 +899,68 @@ async def test_G7_a_refused_task_write_reports_its_own_task_s_state_not_a_siblin
     with pytest.raises(StaleVersion) as stale:
         await tasks.transition(pool, tenants.a, task.id, expected_version=7, to_state="cancelled")
     assert (stale.value.id, stale.value.actual, stale.value.actual_state) == (task.id, 0, "pending")
+
+
+async def test_G20_G25_a_failed_task_records_no_more_steps(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Every finished state refuses a step with its own error (AG012), failed included -
+    before the lease check would refuse it as not running. Kills generated
+    ``gen-0008.steps-agentdb_guard_step-list-2`` ('failed' left out)."""
+    task = await tasks.create(pool, tenants.a, "t-fails")
+    [held] = await leases.claim(pool, "w", task_types=["t-fails"])
+    assert held.lease is not None
+    await tasks.transition(pool, tenants.a, task.id, expected_version=held.state_version,
+                           to_state="failed", lease=held.lease)  # fmt: skip
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await pool.execute(
+            "INSERT INTO agent_steps (tenant_id, task_id, name, kind, input_hash, result,"
+            " lease_token) VALUES ($1, $2, 'late', 'step', $3, '{}', $4)",
+            tenants.a, task.id, F.HASH, held.lease.token,
+        )  # fmt: skip
+    assert (refused.value.sqlstate, refused.value.constraint_name) == ("AG012", "agent_steps_guard")
+
+
+async def test_G21_an_effect_is_refused_at_its_task_s_deadline_instant(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A deadline has passed at its instant: an operation reserved in the transaction whose
+    now() is the task's deadline is refused. Kills generated
+    ``gen-0006.control_flow-agentdb_guard_open_task-cmp-3`` (``<``: the effect let in)."""
+    task = await tasks.create(pool, tenants.a, "t", deadline=datetime.now(UTC) + timedelta(hours=1))
+    tx = admin_conn.transaction()  # rolled back: the bare deadline write is no transition
+    await tx.start()
+    try:
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET deadline_at = now(), state_version = state_version + 1"
+            " WHERE id = $1",
+            task.id,
+        )
+        with pytest.raises(asyncpg.PostgresError) as refused:
+            await admin_conn.execute(
+                "INSERT INTO agent_operations (tenant_id, task_id, idempotency_key, action,"
+                " input_hash) VALUES ($1, $2, 'k', 'send', $3)",
+                tenants.a, task.id, F.HASH,
+            )  # fmt: skip
+        assert refused.value.sqlstate == "AG013"
+    finally:
+        await tx.rollback()
+
+
+async def test_G18_the_walk_finishes_the_last_tenant_s_task_types(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A claim of two walks to tenant a, then b - enough tenants - and goes on through b's
+    other task types before it stops: b offers its oldest due task, whatever its type.
+    Kills generated ``gen-leases-lease_claim-cmp-28`` (the walk stopping at b's next type
+    instead: b's newer task of its first type claimed)."""
+    first, second = sorted((tenants.a, tenants.b))
+    await tasks.create(pool, first, "t1")
+    oldest = await tasks.create(pool, second, "t2")
+    await tasks.create(pool, second, "t1")
+    got = await leases.claim(pool, "w", batch=2)
+    assert sorted((t.tenant_id == second, t.task_type) for t in got) == [
+        (False, "t1"),
+        (True, "t2"),
+    ]
+    assert oldest.id in {t.id for t in got}

@@ -13,7 +13,8 @@ from agentdb import leases, operations, tasks
 from agentdb.errors import ConfigurationError, LeaseLost
 from agentdb.models import Task
 from tests import factories as F
-from tests.conftest import Database, Tenants
+from tests.conftest import RUNTIME, Database, Tenants
+from tests.test_fences import _hold
 
 
 async def test_G12_claim_takes_a_lease_counts_an_attempt_and_writes_an_event(
@@ -285,3 +286,30 @@ async def test_G6_a_task_put_back_on_its_last_attempt_is_buried_once_it_is_due(
             break
         await asyncio.sleep(0.01)
     assert await leases.bury_exhausted(pool) == [(tenants.a, held.id)]
+
+
+async def test_G6_a_bury_skips_an_exhausted_task_another_transaction_holds(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The bury takes what it can now and leaves a row another transaction holds locked for
+    its next run - it never waits for it. Kills generated
+    ``gen-leases-lease_bury_exhausted-lock-1`` (FOR UPDATE SKIP LOCKED removed: the bury
+    waits, and its lock timeout ends it)."""
+    ids = {}
+    for kind in ("held-back", "free"):
+        await tasks.create(pool, tenants.a, kind, max_attempts=1)
+        [held] = await leases.claim(pool, "w", task_types=[kind])
+        await tasks.transition(pool, tenants.a, held.id, expected_version=held.state_version,
+                               to_state="pending", lease=held.lease)  # fmt: skip
+        ids[kind] = held.id
+    locker = await db.connect(RUNTIME)
+    impatient = await db.connect(RUNTIME)
+    try:
+        await impatient.execute("SET lock_timeout = '2s'")  # it would rather fail than wait
+        tx = await _hold(locker, "agent_tasks", tenants.a, ids["held-back"])
+        assert await leases.bury_exhausted(impatient) == [(tenants.a, ids["free"])]
+        await tx.rollback()
+    finally:
+        await locker.close()
+        await impatient.close()
+    assert await leases.bury_exhausted(pool) == [(tenants.a, ids["held-back"])]

@@ -346,3 +346,20 @@ async def test_G10_a_message_marked_delivered_cannot_then_be_marked_failed(
     with pytest.raises(OutboxLeaseLost):
         await outbox.mark_failed(pool, claimed, "late callback", backoff=timedelta(0))
     assert (await outbox.get(pool, tenants.a, mid)).state == "delivered"
+
+
+async def test_G2_G10_a_failure_is_marked_on_its_own_tenant_s_message_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Message ids are the caller's: tenants a and b each have a message of one id, claimed
+    at the same token. a's relay marks a's failed; b's is untouched. Kills generated
+    ``gen-outbox-outbox_mark_failed-tenant-1`` (the failure written to both twins)."""
+    shared = uuid.uuid4()
+    async with pool.acquire() as conn:
+        for tenant in (tenants.a, tenants.b):
+            await outbox.enqueue(conn, tenant, "mail.sent", {}, message_id=shared)
+    claimed = {m.tenant_id: m for m in await outbox.claim(pool, "relay-1", batch=10)}
+    assert claimed[tenants.a].lease_token == claimed[tenants.b].lease_token
+    await outbox.mark_failed(pool, claimed[tenants.a], "503", backoff=timedelta(0))
+    b_row = await outbox.get(pool, tenants.b, shared)
+    assert (b_row.attempts, b_row.last_error) == (1, None)

@@ -304,3 +304,26 @@ async def test_G2_activity_counts_an_event_in_its_own_minute_only(
     points = await overview.activity(pool, tenants.a, minutes=5)
     assert [p.created for p in points].count(1) == 1
     assert sum(p.created for p in points) == 1
+
+
+async def test_G10_G22_the_outbox_page_lists_its_state_and_a_timeline_its_own_signals(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The outbox page of dead messages lists the dead one, not the pending one beside it;
+    a task's timeline lists its own tenant's signals, not those of b's task of the same id.
+    Kills generated ``gen-overview-overview_outbox-cmp-2`` (``state <> $2``) and
+    ``gen-overview-overview_task_signals-cmp-1`` (``tenant_id <> $1``)."""
+    from agentdb import outbox
+
+    async with pool.acquire() as conn:
+        dead = await outbox.enqueue(conn, tenants.a, "t.dead", {}, max_attempts=1)
+        await outbox.enqueue(conn, tenants.a, "t.later", {})
+    [claimed] = [m for m in await outbox.claim(pool, "relay", batch=10) if m.id == dead]
+    await outbox.mark_failed(pool, claimed, "gone", backoff=timedelta(0))
+    assert [r["id"] for r in await overview.outbox(pool, tenants.a, state="dead")] == [str(dead)]
+    task = await tasks.create(pool, tenants.a, "job")
+    await tasks.create(pool, tenants.b, "job", task_id=task.id)
+    for tenant, name in ((tenants.a, "mine"), (tenants.b, "theirs")):
+        await tasks.signal(pool, tenant, task.id, name)
+    page = await overview.timeline(pool, tenants.a, task.id)
+    assert [s["name"] for s in page.signals] == ["mine"]

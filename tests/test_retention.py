@@ -1286,3 +1286,23 @@ async def test_G2_G9_a_payload_purge_strips_its_tenant_s_event_not_a_twin_key_s(
         tenants.b, first["id"],
     )  # fmt: skip
     assert json.loads(twin) == {"kept": True}
+
+
+@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+async def test_G9_G23_a_finished_parent_stays_while_its_child_is_there(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A parent that finished before its child - its trail gone, the child's too, the child
+    still pending - is kept by the tasks purge: the child names it. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tasks-and-22`` (the children forgotten: the DELETE
+    of the parent fails on agent_tasks_parent_fkey)."""
+    parent = await tasks.create(pool, tenants.a, "t-parent")
+    await tasks.create(pool, tenants.a, "t-child", parent=parent.id, child_key="c")
+    await tasks.transition(pool, tenants.a, parent.id, expected_version=0, to_state="cancelled")
+    await _time_passes(admin_conn)
+    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
+    left = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_tasks WHERE tenant_id = $1", tenants.a
+    )
+    assert left == 2

@@ -280,3 +280,15 @@ async def test_G9_an_event_whose_retention_ends_this_instant_is_in_the_purge_bac
         )
         after = (await snapshot(admin_conn)).purge_backlog["events"]
     assert after == before + 1
+
+
+async def test_G18_a_task_due_this_instant_is_counted_due(
+    tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task is due at its wake-up instant (``wake_at <= now()``, as the claim takes it):
+    created in the transaction that reads the status, whose now() is its wake_at, it is
+    counted. Kills generated ``gen-status-status_due-cmp-1`` (``<``: not due until after)."""
+    async with admin_conn.transaction():
+        await tasks.create(admin_conn, tenants.a, "t")
+        mine = [t for t in (await snapshot(admin_conn)).tenants if t.tenant_id == tenants.a]
+        assert [t.due for t in mine] == [1]

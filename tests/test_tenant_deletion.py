@@ -424,17 +424,22 @@ async def test_G17_an_open_task_is_cancelled_and_the_dry_run_says_so(
 async def test_G17_the_dry_run_counts_the_tenant_s_own_schedules(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
-    """Tenant b's schedules are not a's to delete: the dry run counts a's one, as the real
-    run deletes it, and b's stay. Kills generated
-    ``gen-0011.retention-agentdb_delete_tenant-tenant-2`` (the dry run counting every
-    tenant's schedules)."""
+    """Tenant b's schedules and budgets are not a's to delete: the dry run counts a's one
+    of each, as the real run deletes them, and b's stay. Kills generated
+    ``gen-0011.retention-agentdb_delete_tenant-tenant-2`` and ``-tenant-5`` (the dry run
+    counting every tenant's schedules, budgets)."""
+    from agentdb import budgets
+
     await schedules.create(pool, tenants.a, "nightly", "report", every=timedelta(days=1))
+    await budgets.set_budget(pool, tenants.a, "usd", 10)
     for name in ("nightly", "hourly"):
         await schedules.create(pool, tenants.b, name, "report", every=timedelta(hours=1))
+        await budgets.set_budget(pool, tenants.b, name, 10)
     dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
     real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
     for plan in (dry, real):
-        assert {s.object: s.affected for s in plan.steps}["agent_schedules"] == 1
+        affected = {s.object: s.affected for s in plan.steps}
+        assert (affected["agent_schedules"], affected["agent_budgets"]) == (1, 1)
     assert len(await schedules.of_tenant(pool, tenants.b)) == 2
 
 
