@@ -8,6 +8,7 @@ the write through, so only the one under test can refuse it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -545,6 +546,24 @@ async def test_G7_a_refused_settle_reports_its_own_operation_s_state_not_a_sibli
     )
 
 
+@contextlib.asynccontextmanager
+async def _at_the_deadline(admin: asyncpg.Connection, *task_ids: uuid.UUID) -> AsyncIterator[None]:
+    """A transaction, rolled back at the end, in which the tasks' deadline is its now(): a
+    bare deadline write is no transition (agent_tasks_event_required would refuse it at
+    commit), but every statement in between sees the instant itself."""
+    tx = admin.transaction()
+    await tx.start()
+    try:
+        await admin.execute(
+            "UPDATE agent_tasks SET deadline_at = now(), state_version = state_version + 1"
+            " WHERE id = ANY ($1::uuid[])",
+            list(task_ids),
+        )
+        yield
+    finally:
+        await tx.rollback()
+
+
 async def test_G21_a_deadline_that_falls_on_the_explaining_instant_has_passed(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
@@ -557,17 +576,9 @@ async def test_G21_a_deadline_that_falls_on_the_explaining_instant_has_passed(
     assert isinstance(
         await _explain.task_write(admin_conn, tenants.a, task.id, None, None), StaleVersion
     )
-    # Rolled back: a bare write is no transition (agent_tasks_event_required, at commit).
-    tx = admin_conn.transaction()
-    await tx.start()
-    try:
-        await admin_conn.execute(
-            "UPDATE agent_tasks SET deadline_at = now(), state_version = 1 WHERE id = $1", task.id
-        )
+    async with _at_the_deadline(admin_conn, task.id):
         why = await _explain.task_write(admin_conn, tenants.a, task.id, None, None)
         assert isinstance(why, DeadlineExceeded), why
-    finally:
-        await tx.rollback()
 
 
 async def test_G22_a_signal_sent_beside_an_uncommitted_one_waits_and_takes_the_next_place(
@@ -696,14 +707,7 @@ async def test_G21_G25_a_step_is_refused_at_its_task_s_deadline_instant(
     task = await tasks.create(pool, tenants.a, "t", deadline=datetime.now(UTC) + timedelta(hours=1))
     [held] = await leases.claim(pool, "w", task_types=["t"])
     assert held.lease is not None
-    tx = admin_conn.transaction()  # rolled back: the bare deadline write is no transition
-    await tx.start()
-    try:
-        await admin_conn.execute(
-            "UPDATE agent_tasks SET deadline_at = now(), state_version = state_version + 1"
-            " WHERE id = $1",
-            task.id,
-        )
+    async with _at_the_deadline(admin_conn, task.id):
         with pytest.raises(asyncpg.PostgresError) as refused:
             await admin_conn.execute(
                 "INSERT INTO agent_steps (tenant_id, task_id, name, kind, input_hash, result,"
@@ -714,8 +718,6 @@ async def test_G21_G25_a_step_is_refused_at_its_task_s_deadline_instant(
             "AG013",
             "agent_steps_guard",
         )
-    finally:
-        await tx.rollback()
 
 
 async def test_G20_G22_a_succeeded_task_takes_no_more_signals(
@@ -807,18 +809,9 @@ async def test_G21_a_task_at_its_deadline_instant_is_neither_claimed_nor_walked_
     stuck = await tasks.create(pool, second, "t-stuck", deadline=later)
     await leases.claim(pool, "w-old", task_types=["t-stuck"])
     await F.expire_lease(admin_conn, stuck.id, second)
-    tx = admin_conn.transaction()  # rolled back: the bare deadline writes are no transitions
-    await tx.start()
-    try:
-        await admin_conn.execute(
-            "UPDATE agent_tasks SET deadline_at = now(), state_version = state_version + 1"
-            " WHERE id = ANY ($1::uuid[])",
-            [late.id, stuck.id],
-        )
+    async with _at_the_deadline(admin_conn, late.id, stuck.id):
         got = await leases.claim(admin_conn, "w", batch=1)
         assert [(t.tenant_id, t.id) for t in got] == [(second, due.id)]
-    finally:
-        await tx.rollback()
 
 
 async def test_G18_a_task_that_used_its_attempts_takes_no_tenant_s_turn(
@@ -928,14 +921,7 @@ async def test_G21_an_effect_is_refused_at_its_task_s_deadline_instant(
     now() is the task's deadline is refused. Kills generated
     ``gen-0006.control_flow-agentdb_guard_open_task-cmp-3`` (``<``: the effect let in)."""
     task = await tasks.create(pool, tenants.a, "t", deadline=datetime.now(UTC) + timedelta(hours=1))
-    tx = admin_conn.transaction()  # rolled back: the bare deadline write is no transition
-    await tx.start()
-    try:
-        await admin_conn.execute(
-            "UPDATE agent_tasks SET deadline_at = now(), state_version = state_version + 1"
-            " WHERE id = $1",
-            task.id,
-        )
+    async with _at_the_deadline(admin_conn, task.id):
         with pytest.raises(asyncpg.PostgresError) as refused:
             await admin_conn.execute(
                 "INSERT INTO agent_operations (tenant_id, task_id, idempotency_key, action,"
@@ -943,8 +929,6 @@ async def test_G21_an_effect_is_refused_at_its_task_s_deadline_instant(
                 tenants.a, task.id, F.HASH,
             )  # fmt: skip
         assert refused.value.sqlstate == "AG013"
-    finally:
-        await tx.rollback()
 
 
 async def test_G18_the_walk_finishes_the_last_tenant_s_task_types(
