@@ -623,3 +623,16 @@ async def test_G23_retention_keeps_a_parent_while_its_children_stay(
         "SELECT count(*) FROM agent_tasks WHERE id = ANY ($1::uuid[])", [parent.id, child.id]
     )
     assert left == 0
+
+
+async def test_G2_G23_a_parent_s_children_are_its_own_tenant_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenant b's parent of the id of a's (create takes the caller's ids) has a child of
+    its own: a's parent lists only its own. Kills generated
+    ``gen-children-child_list-tenant-2`` (the children looked up by parent id alone)."""
+    parent = await tasks.create(pool, tenants.a, "parent")
+    await tasks.create(pool, tenants.b, "parent", task_id=parent.id)
+    mine = await tasks.create(pool, tenants.a, "child", parent=parent.id, child_key="c")
+    await tasks.create(pool, tenants.b, "child", parent=parent.id, child_key="c")
+    assert [c.task.id for c in await children.children(pool, tenants.a, parent.id)] == [mine.id]
