@@ -219,6 +219,13 @@ async def _time_passes(admin: asyncpg.Connection, tenant: uuid.UUID | None = Non
         )
 
 
+async def _trail_gone(admin: asyncpg.Connection) -> None:
+    """Every event's retention passes and the events purge takes them: what a task or an
+    operation is judged by once its audit trail has gone."""
+    await _time_passes(admin)
+    await admin.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+
+
 async def test_G9_an_unsettled_operation_is_never_purged(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
@@ -556,8 +563,7 @@ async def test_G9_G25_a_failed_task_goes_with_its_steps_and_only_its_own_rows_ke
     await operations.complete(pool, res.operation, result={}, lease=done.lease)
     await tasks.transition(pool, tenants.a, done.id, lease=done.lease,
                            expected_version=done.state_version, to_state="succeeded")  # fmt: skip
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
     left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
     assert {r["id"] for r in left} == {live.id, done.id}
@@ -769,8 +775,7 @@ async def test_G9_G19_a_purge_leaves_what_a_locked_budget_refers_to_for_the_next
         await budgets.set_budget(pool, tenants.a, "usd", 10, task_id=task.id)
         await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
         owner, books = task.id, "agent_budgets WHERE task_id = $2"
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     args: tuple[uuid.UUID, ...] = ()
     if scope == "every tenant":
         purge = f"SELECT agentdb_purge('{kind}', 100, interval '0')"
@@ -923,8 +928,7 @@ async def test_G9_G10_a_finished_task_an_outbox_message_names_stays(
     async with pool.acquire() as conn:
         await outbox.enqueue(conn, tenants.a, "t.done", {"n": 1}, task_id=task.id)
     await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", task.id)
 
@@ -978,8 +982,7 @@ async def test_G9_G19_an_operation_is_kept_by_its_own_budget_hold_only(
     )
     assert not isinstance(res, Exception)
     await operations.complete(pool, res.operation, result={}, lease=held.lease)
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     assert await _purge(admin_conn, tenants.a, "operations", scope) == 1
     left = await admin_conn.fetch("SELECT tenant_id, idempotency_key FROM agent_operations")
     assert sorted((str(r["tenant_id"]), r["idempotency_key"]) for r in left) == sorted(
@@ -1118,8 +1121,7 @@ async def test_G9_G22_a_finished_task_s_signals_go_and_a_live_one_s_stay(
     else:
         await tasks.transition(pool, tenants.a, done.id, expected_version=0, to_state=end)
     await tasks.transition(pool, tenants.b, live.id, expected_version=0, to_state="cancelled")
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     # b's live twin of the finished task: a retained trail, and a signal of a's signal's id.
     await tasks.create(pool, tenants.b, "t-twin-live", task_id=done.id)
     await F.signal(admin_conn, tenants.b, done.id, name="note", id=mine)
@@ -1145,8 +1147,7 @@ async def test_G9_G19_an_operation_goes_though_another_of_its_tenant_keeps_its_t
     task = await tasks.create(pool, tenants.a, "t")
     res = await operations.reserve(pool, tenants.a, task.id, "k-gone", "a", {}, cost={"credits": 5})
     await operations.complete(pool, res.operation, result={})
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     kept = (await operations.reserve(pool, tenants.a, task.id, "k-kept", "a", {})).operation
     artifact = {
         "tenant_id": tenants.a,
@@ -1182,8 +1183,7 @@ async def test_G9_G25_each_task_s_steps_are_judged_by_its_own_age_and_trail(
         await tasks.transition(pool, tenants.a, task.id, expected_version=held.state_version,
                                to_state="succeeded", lease=held.lease)  # fmt: skip
         done[name] = task.id
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     async with admin_conn.transaction():
         await F.replica_mode(admin_conn)
         await admin_conn.execute(
@@ -1253,8 +1253,7 @@ async def test_G9_G19_a_task_an_artifact_keeps_keeps_its_budget(
     artifact = {"tenant_id": tenants.a, "task_id": task.id, "kind": "report", "uri": "s3://r"}
     await F.insert(admin_conn, "agent_artifacts", artifact)
     await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     assert await _purge_tasks(admin_conn, tenants.a, "every tenant") == 0
     kept = "SELECT count(*) FROM agent_budgets WHERE task_id = $1"
     assert await admin_conn.fetchval(kept, task.id) == 1
@@ -1299,8 +1298,7 @@ async def test_G9_G23_a_finished_parent_stays_while_its_child_is_there(
     parent = await tasks.create(pool, tenants.a, "t-parent")
     await tasks.create(pool, tenants.a, "t-child", parent=parent.id, child_key="c")
     await tasks.transition(pool, tenants.a, parent.id, expected_version=0, to_state="cancelled")
-    await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await _trail_gone(admin_conn)
     assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
     left = await admin_conn.fetchval(
         "SELECT count(*) FROM agent_tasks WHERE tenant_id = $1", tenants.a
