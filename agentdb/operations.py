@@ -106,6 +106,7 @@ async def reserve(
     trace_id: str | None = None,
     span_id: str | None = None,
     cost: Cost | None = None,
+    operation_id: uuid.UUID | None = None,
 ) -> Reservation:
     """Reserve ``idempotency_key`` for this ``action`` and ``input`` before calling the provider.
 
@@ -130,6 +131,9 @@ async def reserve(
     ceiling of what :func:`complete` may spend. Every reservation (and every
     re-armed retry) also counts against the action's rate limits.
 
+    ``operation_id``: the id a new operation gets (default a fresh one); a key
+    that holds an operation already keeps that one's.
+
     Raises:
         IdempotencyConflict, OperationInFlight: as above.
         LeaseLost: ``lease`` was taken over.
@@ -153,7 +157,8 @@ async def reserve(
     with telemetry.span("agentdb.operation.reserve", attrs):
         try:
             row = await _reserve_row(db, tenant_id, task_id, idempotency_key, action, digest,
-                                     actor, trace_id, span_id, lease, costed)  # fmt: skip
+                                     actor, trace_id, span_id, lease, costed,
+                                     operation_id)  # fmt: skip
         except (BudgetExceeded, RateLimited) as refused:
             raise await budgets.refusal(
                 db, refused, tenant_id, task_id, idempotency_key, action, cost, actor,
@@ -180,6 +185,7 @@ async def _reserve_row(
     span_id: str | None,
     lease: Lease | None,
     costed: dict[str, list[Any] | None],
+    operation_id: uuid.UUID | None,
 ) -> _db.Record:
     """The reserve statement's row, rerun while it loses a race to a concurrent reservation."""
     units, amounts = costed["units"], costed["amounts"]
@@ -187,7 +193,7 @@ async def _reserve_row(
     for _ in range(_RACE_RERUNS):
         params = {
             "tenant_id": tenant_id,
-            "id": new_id(),
+            "id": operation_id or new_id(),
             "task_id": task_id,
             "idempotency_key": idempotency_key,
             "action": action,
@@ -604,6 +610,7 @@ async def _one_by_one(
         results.append(await _each(reserve(
             db, r.lease.tenant_id, r.lease.task_id, r.idempotency_key, r.action, r.input,
             lease=r.lease, retry_failed=retry_failed, actor=actor, trace_id=trace, span_id=span,
+            operation_id=r.operation_id,
         )))  # fmt: skip
     return results
 

@@ -10,7 +10,7 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0020.books_first (20).
+-- Migrations: 0001.foundation ... 0021.delegated_writes (21).
 
 -- ==== sequences ====================================================================
 
@@ -1427,6 +1427,18 @@ BEGIN
     END IF;
     ALTER FUNCTION agentdb_guard_step() SET citus.allow_nested_distributed_execution = on;
     ALTER FUNCTION agentdb_guard_outbox_task() SET citus.allow_nested_distributed_execution = on;
+
+    -- The routed claim and transition (0021.delegated_writes), distributed by
+    -- their tenant argument and colocated with agent_tenants: Citus sends a
+    -- call made outside a transaction block whole to the node that holds the
+    -- tenant's shards, and it runs and commits there.
+    PERFORM create_distributed_function(
+        'agentdb_routed_claim(uuid, text, bigint, interval, text[])', '$1',
+        colocate_with => 'agent_tenants');
+    PERFORM create_distributed_function(
+        'agentdb_routed_transition(uuid, uuid, bigint, text, boolean, text, timestamptz, text,'
+        ' text, bigint, text, text, jsonb, uuid[], text[], jsonb[], text, text, text, bigint,'
+        ' integer)', '$1', colocate_with => 'agent_tenants');
 
     FOREACH name IN ARRAY paused LOOP
         EXECUTE format('ALTER TABLE agent_events ENABLE TRIGGER %I', name);
@@ -3130,6 +3142,177 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION agentdb_routed_claim(p_tenant_id uuid, p_lease_owner text, p_batch bigint, p_lease_ttl interval, p_task_types text[])
+ RETURNS TABLE(id uuid, tenant_id uuid, task_type text, workflow_version text, state text, state_version bigint, current_step text, wake_at timestamp with time zone, dedupe_key text, input_hash text, params jsonb, attempts integer, max_attempts integer, last_error text, lease_ttl interval, lease_owner text, lease_token bigint, lease_acquired_at timestamp with time zone, lease_expires_at timestamp with time zone, deadline_at timestamp with time zone, trace_id text, span_id text, created_at timestamp with time zone, updated_at timestamp with time zone, from_state text, ord bigint)
+ LANGUAGE plpgsql
+ SET search_path TO <schema>, pg_temp
+AS $function$
+#variable_conflict use_column
+BEGIN
+    FOR id, tenant_id, task_type, workflow_version, state, state_version, current_step, wake_at,
+        dedupe_key, input_hash, params, attempts, max_attempts, last_error, lease_ttl,
+        lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at, trace_id,
+        span_id, created_at, updated_at, from_state, ord IN
+    WITH caps AS MATERIALIZED (
+        SELECT l.task_type, l.max_running
+        FROM agent_concurrency_limits l
+        WHERE l.tenant_id = $1 AND l.max_running IS NOT NULL
+        ORDER BY l.task_type
+        FOR UPDATE SKIP LOCKED
+    ), free AS MATERIALIZED (
+        SELECT c.task_type,
+               c.max_running - (SELECT count(*) FROM agent_tasks r
+                                WHERE r.tenant_id = $1 AND r.state = 'running'
+                                  AND (c.task_type = '*' OR r.task_type = c.task_type)) AS slots
+        FROM caps c
+    ), open AS MATERIALIZED (
+        SELECT (SELECT count(*) FROM caps) = (
+                   SELECT count(*) FROM agent_concurrency_limits l
+                   WHERE l.tenant_id = $1 AND l.max_running IS NOT NULL)
+               AND coalesce((SELECT f.slots FROM free f WHERE f.task_type = '*'), 1) > 0 AS ok
+    ), expired AS MATERIALIZED (
+        SELECT t.id, t.state AS from_state
+        FROM agent_tasks t
+        WHERE t.tenant_id = $1 AND t.state = 'running' AND t.lease_expires_at <= now()
+          AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))
+          AND (t.deadline_at IS NULL OR t.deadline_at > now())
+        ORDER BY t.lease_expires_at
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ), fresh AS MATERIALIZED (
+        SELECT t.id, t.state AS from_state, t.task_type, t.wake_at
+        FROM agent_tasks t
+        WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()
+          AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))
+          AND (t.deadline_at IS NULL OR t.deadline_at > now())
+          AND (SELECT o.ok FROM open o)
+          AND NOT EXISTS (SELECT 1 FROM free f WHERE f.task_type = t.task_type AND f.slots <= 0)
+        ORDER BY t.wake_at
+        LIMIT $3
+        FOR UPDATE SKIP LOCKED
+    ), by_type AS (
+        SELECT f.id, f.from_state, f.task_type, f.wake_at,
+               row_number() OVER (PARTITION BY f.task_type ORDER BY f.wake_at, f.id) AS nth
+        FROM fresh f
+    ), allowed AS (
+        SELECT b.id, b.from_state, row_number() OVER (ORDER BY b.wake_at, b.id) AS nth
+        FROM by_type b
+        WHERE b.nth <= coalesce((SELECT f.slots FROM free f WHERE f.task_type = b.task_type), b.nth)
+    ), picked AS (
+        SELECT p.id, p.from_state, p.ord
+        FROM ((SELECT e.id, e.from_state, 0::int8 AS ord FROM expired e)
+              UNION ALL
+              (SELECT a.id, a.from_state, a.nth FROM allowed a
+               WHERE a.nth <= coalesce((SELECT f.slots FROM free f WHERE f.task_type = '*'), a.nth))) p
+        ORDER BY p.ord
+        LIMIT $3
+    )
+    UPDATE agent_tasks t
+    SET state = 'running',
+        state_version = t.state_version + 1,
+        lease_owner = $2,
+        lease_token = t.lease_token + 1,
+        lease_acquired_at = now(),
+        lease_expires_at = now() + coalesce($4, t.lease_ttl),
+        attempts = t.attempts + 1,
+        updated_at = now()
+    FROM picked p
+    WHERE t.tenant_id = $1 AND t.id = p.id
+    RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+              t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+              t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+              t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id,
+              t.created_at, t.updated_at, p.from_state, p.ord
+    LOOP
+        -- One single-row INSERT per claim: Citus routes it to the shard beside
+        -- the task's (an INSERT ... SELECT it would plan through the node, as
+        -- a COPY that row-level security refuses).
+        INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                                  from_state, to_state, task_state_version, payload, trace_id,
+                                  span_id)
+        VALUES (p_tenant_id, agentdb_routed_claim.id,
+                CASE WHEN agentdb_routed_claim.from_state = 'running'
+                     THEN 'task.reclaimed' ELSE 'task.claimed' END,
+                agentdb_routed_claim.lease_owner, agentdb_routed_claim.workflow_version,
+                agentdb_routed_claim.from_state, agentdb_routed_claim.state,
+                agentdb_routed_claim.state_version,
+                jsonb_build_object('lease_token', agentdb_routed_claim.lease_token,
+                                   'attempt', agentdb_routed_claim.attempts),
+                agentdb_routed_claim.trace_id, agentdb_routed_claim.span_id);
+        RETURN NEXT;
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION agentdb_routed_transition(p_tenant_id uuid, p_id uuid, p_expected_version bigint, p_to_state text, p_set_step boolean, p_current_step text, p_wake_at timestamp with time zone, p_last_error text, p_lease_owner text, p_lease_token bigint, p_event_type text, p_actor_id text, p_payload jsonb, p_outbox_ids uuid[], p_outbox_topics text[], p_outbox_payloads jsonb[], p_trace_id text, p_span_id text, p_wait_signal text, p_signal_cursor bigint, p_wait_children integer)
+ RETURNS TABLE(id uuid, tenant_id uuid, task_type text, workflow_version text, state text, state_version bigint, current_step text, wake_at timestamp with time zone, dedupe_key text, input_hash text, params jsonb, attempts integer, max_attempts integer, last_error text, lease_ttl interval, lease_owner text, lease_token bigint, lease_acquired_at timestamp with time zone, lease_expires_at timestamp with time zone, deadline_at timestamp with time zone, trace_id text, span_id text, created_at timestamp with time zone, updated_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SET search_path TO <schema>, pg_temp
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_from text;
+    v_trace text;
+    v_span text;
+BEGIN
+    FOR id, tenant_id, task_type, workflow_version, state, state_version, current_step, wake_at,
+        dedupe_key, input_hash, params, attempts, max_attempts, last_error, lease_ttl,
+        lease_owner, lease_token, lease_acquired_at, lease_expires_at, deadline_at, trace_id,
+        span_id, created_at, updated_at, v_from IN
+    WITH prior AS MATERIALIZED (
+        SELECT state, now() AS at FROM agent_tasks WHERE tenant_id = $1 AND id = $2
+    )
+    UPDATE agent_tasks t
+    SET state = $4,
+        state_version = t.state_version + 1,
+        current_step = CASE WHEN $5 THEN $6 ELSE t.current_step END,
+        wake_at = CASE
+            WHEN $4 IN ('pending', 'waiting')
+                THEN coalesce($7, CASE WHEN $4 = 'waiting' THEN 'infinity'::timestamptz ELSE prior.at END)
+            ELSE t.wake_at END,
+        last_error = coalesce($8, t.last_error),
+        lease_owner = CASE WHEN $4 = 'running' THEN t.lease_owner END,
+        lease_acquired_at = CASE WHEN $4 = 'running' THEN t.lease_acquired_at END,
+        lease_expires_at = CASE WHEN $4 = 'running' THEN t.lease_expires_at END,
+        wait_signal = CASE WHEN $4 = 'waiting' THEN $19 END,
+        signal_cursor = coalesce($20, t.signal_cursor),
+        wait_children = CASE WHEN $4 = 'waiting' THEN $21::int4 END,
+        -- A run that ends waiting gives its attempt back: attempts count the runs that
+        -- failed or crashed, so a handler that waits often is not worn out by it.
+        attempts = CASE WHEN $4 = 'waiting' AND prior.state = 'running'
+                        THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
+        updated_at = now()
+    FROM prior
+    WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3
+      AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))
+    RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
+              t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
+              t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
+              t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id,
+              t.created_at, t.updated_at, prior.state AS from_state
+    LOOP
+        v_trace := coalesce(p_trace_id, agentdb_routed_transition.trace_id);
+        v_span := coalesce(p_span_id, agentdb_routed_transition.span_id);
+        -- Single-row INSERTs, routed to the shards beside the task's (an
+        -- INSERT ... SELECT Citus would plan through the node, as a COPY that
+        -- row-level security refuses).
+        INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,
+                                  from_state, to_state, task_state_version, payload, trace_id,
+                                  span_id)
+        VALUES (p_tenant_id, p_id, p_event_type, p_actor_id,
+                agentdb_routed_transition.workflow_version, v_from,
+                agentdb_routed_transition.state, agentdb_routed_transition.state_version,
+                p_payload, v_trace, v_span);
+        FOR i IN 1 .. coalesce(array_length(p_outbox_ids, 1), 0) LOOP
+            INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
+            VALUES (p_outbox_ids[i], p_tenant_id, p_id, p_outbox_topics[i], p_outbox_payloads[i],
+                    v_trace, v_span);
+        END LOOP;
+        RETURN NEXT;
+    END LOOP;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION agentdb_running_count(p_tenant uuid, p_task_type text)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -3194,7 +3377,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0020.books_first'::text $function$;
+AS $function$ SELECT '0021.delegated_writes'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

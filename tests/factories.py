@@ -221,6 +221,25 @@ async def expire_lease(
     )
 
 
+async def purge_every(
+    admin: asyncpg.Connection, kind: str, batch: int, older_than: timedelta
+) -> int:
+    """The ``kind`` purge of every tenant, up to ``batch`` rows: ``agentdb_purge``, one
+    call, as retention.purge makes it on plain Postgres. On Citus that call is refused
+    (FOR UPDATE over every shard): ``agentdb_purge_tenant`` tenant by tenant instead, as
+    retention.purge makes it there."""
+    if not ON_CITUS:
+        every = "SELECT agentdb_purge($1, $2, $3)"
+        return int(await admin.fetchval(every, kind, batch, older_than))
+    done = 0
+    for row in await admin.fetch("SELECT id FROM agent_tenants ORDER BY id"):
+        if done >= batch:
+            break
+        one = "SELECT agentdb_purge_tenant($1, $2, $3, $4)"
+        done += int(await admin.fetchval(one, row["id"], kind, batch - done, older_than))
+    return done
+
+
 async def replica_mode(admin: asyncpg.Connection) -> None:
     """Switch off triggers for the rest of ``admin``'s transaction (a superuser's way to
     fake time passing). On Citus the triggers fire on the workers: the setting is

@@ -1060,6 +1060,7 @@ async def _second_call_s_retry_after(
     return refused.value.retry_after
 
 
+@pytest.mark.plain_postgres("global rate limits are refused on Citus by design")
 async def test_G19_a_global_refusal_s_retry_after_is_not_the_tenant_limit_s_with_room(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:
@@ -1151,12 +1152,14 @@ async def test_G19_a_shut_limit_whose_window_has_passed_still_says_when_it_next_
     (nothing was counted since). Kills generated ``gen-budgets-rate_window-int-2``
     (``max_calls = -1``: a shut limit read only while its last window runs)."""
     await budgets.set_rate_limit(pool, tenants.a, "shut", 0, _LONG)
-    await admin_conn.execute(
-        "UPDATE agent_rate_limits SET window_start = window_start - $2::interval * 2"
+    # Its window never opened (window_start is -infinity until a call is counted): the
+    # window it last counted in is as long past as can be.
+    start = await admin_conn.fetchval(
+        "SELECT window_start = '-infinity' FROM agent_rate_limits"
         " WHERE tenant_id = $1 AND action = 'shut'",
         tenants.a,
-        _LONG,
     )
+    assert start
     task = await _task(pool, tenants.a)
     with pytest.raises(RateLimited) as refused:
         await operations.reserve(pool, tenants.a, task, "k", "shut", {})
@@ -1174,9 +1177,17 @@ async def test_G19_a_window_that_ends_this_instant_counts_no_calls(
     await budgets.set_rate_limit(pool, tenants.a, "chat", 1, timedelta(minutes=1))
     await operations.reserve(pool, tenants.a, await _task(pool, tenants.a), "k", "chat", {})
     async with admin_conn.transaction():
+        # now() - per, computed here (Citus refuses a STABLE operator on a column in an
+        # UPDATE); the transaction's now() is the one the listing reads.
+        row = await admin_conn.fetchrow(
+            "SELECT now(), per FROM agent_rate_limits WHERE tenant_id = $1", tenants.a
+        )
+        assert row is not None
+        now, per = row
         await admin_conn.execute(
-            "UPDATE agent_rate_limits SET window_start = now() - per WHERE tenant_id = $1",
+            "UPDATE agent_rate_limits SET window_start = $2 WHERE tenant_id = $1",
             tenants.a,
+            now - per,
         )
         [limit] = await budgets.list_rate_limits(admin_conn, tenants.a, include_global=False)
         assert limit.used == 0

@@ -158,3 +158,16 @@ def test_error_for_maps_agentdb_objects_and_leaves_everything_else_alone() -> No
         transient = errormap.error_for(code, None, "x")
         assert isinstance(transient, TransientError), code
         assert transient.sqlstate == code
+
+
+def test_a_shard_moved_under_a_waiting_statement_is_transient_and_no_other_internal_error_is() -> (
+    None
+):
+    """Citus's XX000 for a statement planned against a shard a move or split replaced
+    (tests/citus/test_citus_rebalance.py met it): retryable. Any other XX000 is not
+    agentdb's to interpret."""
+    moved = errormap.error_for("XX000", None, "could not find valid entry for shard 102125")
+    assert isinstance(moved, TransientError)
+    assert moved.sqlstate == "XX000"
+    assert errormap.error_for("XX000", None, "could not open relation with OID 1") is None
+    assert errormap.error_for("XX001", None, "could not find valid entry for shard 1") is None

@@ -30,6 +30,7 @@ from agentdb.errors import (
 from agentdb.models import Lease, OutboxMessage, Task
 from agentdb.operations import Completion, ReserveRequest
 from agentdb.worker import Job, Worker
+from tests import _pg
 from tests import factories as F
 from tests.conftest import RUNTIME, Database, Tenants
 from tests.test_worker import (
@@ -693,7 +694,10 @@ async def test_G2_G25_a_step_takes_only_a_signal_its_own_task_was_sent(
     args = (tenants.a, shared, "took", F.HASH)
     with pytest.raises(asyncpg.PostgresError) as refused:
         await pool.execute(insert, *args, 1, held.lease.token)
-    assert (refused.value.sqlstate, refused.value.constraint_name) == ("AG018", "agent_steps_guard")
+    assert (refused.value.sqlstate, refused.value.constraint_name) == (
+        "AG018",
+        _pg.guard("agent_steps_guard"),
+    )
     # Control: the same step, claiming no signal, is taken.
     await pool.execute(insert, *args, None, held.lease.token)
 
@@ -716,7 +720,7 @@ async def test_G21_G25_a_step_is_refused_at_its_task_s_deadline_instant(
             )  # fmt: skip
         assert (refused.value.sqlstate, refused.value.constraint_name) == (
             "AG013",
-            "agent_steps_guard",
+            _pg.guard("agent_steps_guard"),
         )
 
 
@@ -788,7 +792,7 @@ async def test_G8_G12_a_heartbeat_needs_no_event_after_the_task_s_trail_was_purg
             " payload_expires_at = now() - interval '1 day' WHERE task_id = $1",
             task.id,
         )
-    assert await admin_conn.fetchval("SELECT agentdb_purge('events', 1000, interval '0')") > 0
+    assert await F.purge_every(admin_conn, "events", 1000, timedelta(0)) > 0
     renewed = await leases.renew(pool, held.lease)
     assert renewed.token == held.lease.token
 
@@ -911,7 +915,10 @@ async def test_G20_G25_a_failed_task_records_no_more_steps(
             " lease_token) VALUES ($1, $2, 'late', 'step', $3, '{}', $4)",
             tenants.a, task.id, F.HASH, held.lease.token,
         )  # fmt: skip
-    assert (refused.value.sqlstate, refused.value.constraint_name) == ("AG012", "agent_steps_guard")
+    assert (refused.value.sqlstate, refused.value.constraint_name) == (
+        "AG012",
+        _pg.guard("agent_steps_guard"),
+    )
 
 
 async def test_G21_an_effect_is_refused_at_its_task_s_deadline_instant(

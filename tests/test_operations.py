@@ -47,6 +47,23 @@ async def test_G4_same_key_same_input_returns_the_stored_result(
     assert again.operation.result == {"charge": "ch_1"}
 
 
+async def test_G3_a_new_operation_takes_the_callers_id_and_a_held_key_keeps_its_own(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """``operation_id`` names a new operation (as reserve_many's ReserveRequest does, and
+    through reserve on Citus, where the batch runs element by element); the key's holder
+    keeps the id it was given."""
+    task = await _task(pool, tenants.a)
+    mine, other = uuid.uuid4(), uuid.uuid4()
+    first = await operations.reserve(pool, tenants.a, task, "k-id", "charge", {}, operation_id=mine)
+    assert (first.fresh, first.operation.id) == (True, mine)
+    await operations.complete(pool, first.operation, result={})
+    again = await operations.reserve(
+        pool, tenants.a, task, "k-id", "charge", {}, operation_id=other
+    )
+    assert (again.fresh, again.operation.id) == (False, mine)
+
+
 async def test_G4_same_key_different_input_is_a_conflict_never_a_replay(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

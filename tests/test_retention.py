@@ -22,6 +22,21 @@ from tests.conftest import Database, Tenants
 EXPIRED = 100_000
 
 
+#: A purge of one tenant (agentdb_purge_tenant), and of every tenant in one call
+#: (agentdb_purge): plain Postgres's only - Citus refuses its FOR UPDATE over every
+#: shard, and retention.purge runs the one-tenant form tenant by tenant there.
+SCOPES = [
+    "one tenant",
+    pytest.param(
+        "every tenant",
+        marks=pytest.mark.plain_postgres(
+            "agentdb_purge reads every tenant's rows FOR UPDATE: refused on Citus, where "
+            "retention.purge calls agentdb_purge_tenant tenant by tenant (the 'one tenant' case)"
+        ),
+    ),
+]
+
+
 async def _seed(admin: asyncpg.Connection, tenants: Tenants) -> None:
     task = F.task_row(tenants.a)
     async with admin.transaction():
@@ -223,7 +238,7 @@ async def _trail_gone(admin: asyncpg.Connection) -> None:
     """Every event's retention passes and the events purge takes them: what a task or an
     operation is judged by once its audit trail has gone."""
     await _time_passes(admin)
-    await admin.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await F.purge_every(admin, "events", 1000, timedelta(0))
 
 
 async def test_G9_an_unsettled_operation_is_never_purged(
@@ -270,7 +285,7 @@ async def _purge_tasks(admin: asyncpg.Connection, tenant: uuid.UUID, scope: str)
     return (await retention.purge(admin, ages={"tasks": timedelta(0)})).removed["tasks"]
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purge(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -342,7 +357,7 @@ async def _with_a_step(
         )
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_purging_a_task_leaves_another_tenants_task_of_the_same_id(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -401,13 +416,11 @@ async def test_G9_a_purge_takes_batches_of_one_and_what_reached_its_age_this_ins
             " FROM generate_series(1, 2)",
             tenants.a,
         )
-        purge = "SELECT agentdb_purge('inbox', $1, interval '30 days')"
-        assert await admin_conn.fetchval(purge, 1) == 1
-        assert await admin_conn.fetchval(purge, 1) == 1
-        assert await admin_conn.fetchval(purge, 1) == 0
+        for expected in (1, 1, 0):
+            assert await F.purge_every(admin_conn, "inbox", 1, timedelta(days=30)) == expected
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled", "dead"])
 async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, end: str, scope: str
@@ -444,7 +457,7 @@ async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
     else:
         await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state=end)
     await _audit_trail_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await F.purge_every(admin_conn, "events", 1000, timedelta(0))
     assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
     left = await admin_conn.fetch(
         "SELECT task_id FROM agent_budgets WHERE tenant_id = $1", tenants.a
@@ -494,8 +507,8 @@ async def test_G9_G19_the_books_of_what_stays_stay(
             "UPDATE agent_operations SET updated_at = now() - interval '1 day' WHERE id <> $1",
             young,
         )
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
-    gone = await admin_conn.fetchval("SELECT agentdb_purge('operations', 100, interval '1 hour')")
+    await F.purge_every(admin_conn, "events", 1000, timedelta(0))
+    gone = await F.purge_every(admin_conn, "operations", 100, timedelta(hours=1))
     assert gone == 1
     ops = await admin_conn.fetch(
         "SELECT id, state FROM agent_operations WHERE task_id = $1", task.id
@@ -522,14 +535,14 @@ async def test_G9_G19_the_books_of_what_stays_stay(
         await tasks.transition(pool, tenant, t.id, expected_version=0, to_state="cancelled")
         owned[tenant] = t.id
     await _time_passes(admin_conn)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")  # both's
+    await F.purge_every(admin_conn, "events", 1000, timedelta(0))  # both's
     tenant_tasks = "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '0')"
     assert await admin_conn.fetchval(tenant_tasks, tenants.a) == 0  # its message keeps it
     left = await admin_conn.fetch("SELECT task_id FROM agent_budgets WHERE task_id IS NOT NULL")
     assert sorted(r["task_id"] for r in left) == sorted(owned.values())
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G25_a_failed_task_goes_with_its_steps_and_only_its_own_rows_keep_one(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -584,8 +597,8 @@ async def test_G9_the_signals_purge_leaves_a_live_twin_s_signals(
         await F.signal(admin_conn, tenant, shared)
     await tasks.transition(pool, tenants.a, shared, expected_version=0, to_state="cancelled")
     await _time_passes(admin_conn, tenants.a)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
-    assert await admin_conn.fetchval("SELECT agentdb_purge('signals', 100, interval '0')") == 1
+    await F.purge_every(admin_conn, "events", 1000, timedelta(0))
+    assert await F.purge_every(admin_conn, "signals", 100, timedelta(0)) == 1
     left = await admin_conn.fetch("SELECT tenant_id FROM agent_signals WHERE task_id = $1", shared)
     assert [r["tenant_id"] for r in left] == [tenants.b]
 
@@ -709,7 +722,7 @@ async def _two_due(admin: asyncpg.Connection, tenant: uuid.UUID, kind: str) -> l
     return ids
 
 
-@pytest.mark.parametrize("scope", ["every tenant", "one tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("kind", list(_LOCKABLE))
 async def test_G9_a_purge_skips_a_row_another_transaction_holds_and_takes_the_rest(
     admin_conn: asyncpg.Connection,
@@ -745,7 +758,7 @@ async def test_G9_a_purge_skips_a_row_another_transaction_holds_and_takes_the_re
     await admin_conn.execute("RESET lock_timeout")
 
 
-@pytest.mark.parametrize("scope", ["every tenant", "one tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("kind", ["operations", "tasks"])
 async def test_G9_G19_a_purge_leaves_what_a_locked_budget_refers_to_for_the_next_run(
     pool: asyncpg.Pool,
@@ -797,7 +810,7 @@ async def test_G9_G19_a_purge_leaves_what_a_locked_budget_refers_to_for_the_next
     await admin_conn.execute("RESET lock_timeout")
 
 
-@pytest.mark.parametrize("scope", ["every tenant", "one tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("kind", ["signals", "tasks", "events"])
 async def test_G9_a_purge_takes_batches_up_to_100000_and_no_more(
     admin_conn: asyncpg.Connection, tenants: Tenants, kind: str, scope: str
@@ -884,7 +897,7 @@ async def test_G9_a_tenant_s_purge_strips_each_payload_once_and_keeps_audited_op
     assert await admin_conn.fetchval(kept, tenants.a) == 1
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G25_a_live_task_and_its_steps_outlive_its_audit_trail(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -904,7 +917,7 @@ async def test_G9_G25_a_live_task_and_its_steps_outlive_its_audit_trail(
                                input_hash=F.HASH, result='{"n": 1}', lease=held.lease)  # fmt: skip
         await tasks.wait_for_signal(pool, held, "go", lease=held.lease)
     await _time_passes(admin_conn)
-    assert await admin_conn.fetchval("SELECT agentdb_purge('events', 1000, interval '0')") > 0
+    assert await F.purge_every(admin_conn, "events", 1000, timedelta(0)) > 0
     assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
     left = await admin_conn.fetch(
         "SELECT k.task_type, count(s.name) AS steps FROM agent_tasks k"
@@ -915,7 +928,7 @@ async def test_G9_G25_a_live_task_and_its_steps_outlive_its_audit_trail(
     assert sorted((r["task_type"], r["steps"]) for r in left) == [("t-live", 1), ("t-live-bare", 0)]
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G10_a_finished_task_an_outbox_message_names_stays(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -954,7 +967,7 @@ async def test_G9_a_tenant_s_delivered_messages_purge_takes_its_own_in_a_batch_o
     ) == (0, 2)
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G19_an_operation_is_kept_by_its_own_budget_hold_only(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -990,7 +1003,7 @@ async def test_G9_G19_an_operation_is_kept_by_its_own_budget_hold_only(
     )
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G2_G9_an_artifact_keeps_its_own_tenant_s_operation_not_a_twin_s(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -1017,7 +1030,7 @@ async def test_G2_G9_an_artifact_keeps_its_own_tenant_s_operation_not_a_twin_s(
                 "operation_id": res.operation.id}  # fmt: skip
     await F.insert(admin_conn, "agent_artifacts", artifact)
     await _time_passes(admin_conn, tenants.a)
-    await admin_conn.execute("SELECT agentdb_purge('events', 1000, interval '0')")
+    await F.purge_every(admin_conn, "events", 1000, timedelta(0))
     assert await _purge(admin_conn, tenants.a, "operations", scope) == 1
     left = await admin_conn.fetch(
         "SELECT tenant_id FROM agent_operations WHERE id = $1", res.operation.id
@@ -1033,7 +1046,7 @@ async def _purge(admin: asyncpg.Connection, tenant: uuid.UUID, kind: str, scope:
     return int(await admin.fetchval("SELECT agentdb_purge($1, 100, interval '0')", kind))
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G2_G9_a_purge_takes_its_tenant_s_rows_not_a_twin_s_of_the_same_key(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -1096,7 +1109,7 @@ async def test_G9_an_unknown_retention_class_is_refused(admin_conn: asyncpg.Conn
 
 
 @pytest.mark.parametrize("end", ["succeeded", "cancelled"])
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G22_a_finished_task_s_signals_go_and_a_live_one_s_stay(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str, end: str
 ) -> None:
@@ -1132,7 +1145,7 @@ async def test_G9_G22_a_finished_task_s_signals_go_and_a_live_one_s_stay(
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G19_an_operation_goes_though_another_of_its_tenant_keeps_its_trail(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -1162,7 +1175,7 @@ async def test_G9_G19_an_operation_goes_though_another_of_its_tenant_keeps_its_t
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_budget_holds") == 0
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G25_each_task_s_steps_are_judged_by_its_own_age_and_trail(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -1195,13 +1208,13 @@ async def test_G9_G25_each_task_s_steps_are_judged_by_its_own_age_and_trail(
         one = "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '1 hour')"
         gone = await admin_conn.fetchval(one, tenants.a)
     else:
-        gone = await admin_conn.fetchval("SELECT agentdb_purge('tasks', 100, interval '1 hour')")
+        gone = await F.purge_every(admin_conn, "tasks", 100, timedelta(hours=1))
     assert gone == 1
     left = await admin_conn.fetch("SELECT task_id FROM agent_steps WHERE tenant_id = $1", tenants.a)
     assert [r["task_id"] for r in left] == [done["young"]]
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_every_class_takes_what_reached_its_age_this_instant(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -1259,7 +1272,7 @@ async def test_G9_G19_a_task_an_artifact_keeps_keeps_its_budget(
     assert await admin_conn.fetchval(kept, task.id) == 1
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G2_G9_a_payload_purge_strips_its_tenant_s_event_not_a_twin_key_s(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -1287,7 +1300,7 @@ async def test_G2_G9_a_payload_purge_strips_its_tenant_s_event_not_a_twin_key_s(
     assert json.loads(twin) == {"kept": True}
 
 
-@pytest.mark.parametrize("scope", ["one tenant", "every tenant"])
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G23_a_finished_parent_stays_while_its_child_is_there(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:

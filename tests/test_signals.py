@@ -53,7 +53,8 @@ async def _events(
     admin: asyncpg.Connection, task_id: uuid.UUID
 ) -> list[tuple[str, str, dict[str, object]]]:
     rows = await admin.fetch(
-        "SELECT event_type, actor_id, payload FROM agent_events WHERE task_id = $1 ORDER BY id",
+        "SELECT event_type, actor_id, payload FROM agent_events WHERE task_id = $1"
+        " ORDER BY created_at, id",  # as the timelines: ids share a millisecond by chance
         task_id,
     )
     return [(r["event_type"], r["actor_id"], json.loads(r["payload"])) for r in rows]

@@ -466,6 +466,11 @@ async def test_a_pooler_mismatch_stops_the_worker_and_releases_what_it_held(
 # ---- shutdown ----------------------------------------------------------------------
 
 
+@pytest.mark.plain_postgres(
+    "holds the finishing writes with LOCK TABLE agent_outbox on the coordinator; on Citus a "
+    "transition is one call delegated to the tenant's worker (0021.delegated_writes), which "
+    "never waits for a lock on the coordinator's table"
+)
 async def test_sigterm_leaves_nothing_running_with_jobs_in_handlers_and_in_finishing_writes(
     db: Database,
     tenants: Tenants,

@@ -51,26 +51,6 @@ __all__ = [
 _Q = _db.queries(__name__)
 
 
-def _claim_event(row: _db.Record) -> dict[str, Any]:
-    return {
-        "tenant_id": row["tenant_id"],
-        "task_id": row["id"],
-        "event_type": "task.reclaimed" if row["from_state"] == "running" else "task.claimed",
-        "actor_id": row["lease_owner"],
-        "policy_version": row["workflow_version"],
-        "from_state": row["from_state"],
-        "to_state": row["state"],
-        "task_state_version": row["state_version"],
-        "payload": document(
-            {"lease_token": row["lease_token"], "attempt": row["attempts"]},
-            cap=EVENT_PAYLOAD_CAP,
-            what="claim event",
-        ),
-        "trace_id": row["trace_id"],
-        "span_id": row["span_id"],
-    }
-
-
 @dataclass(slots=True)
 class _Ring:
     """The tenants one discovery found, for the claims that follow it.
@@ -280,20 +260,21 @@ async def _claim_tenant(
     task_types: list[str] | None,
 ) -> list[_db.Record]:
     try:
-        async with _db.transaction(db) as conn:
-            rows = await _db.fetch_many(
-                conn, _Q["routed_claim"], tenant_id=tenant, lease_owner=owner, batch=want,
-                lease_ttl=lease_ttl, task_types=task_types,
-            )  # fmt: skip
-            rows.sort(key=lambda r: r["ord"])
-            await _db.execute_each(conn, _Q["routed_task_event"], [_claim_event(r) for r in rows])
+        # One statement outside any transaction block: Citus delegates the call
+        # (agentdb_routed_claim, 0021.delegated_writes) to the tenant's node, where
+        # the claim and its events commit together.
+        rows = await _db.fetch_many(
+            db, _Q["routed_claim"], tenant_id=tenant, lease_owner=owner, batch=want,
+            lease_ttl=lease_ttl, task_types=task_types,
+        )  # fmt: skip
     except ConcurrencyLimitExceeded:
         # The statement counted the running tasks in its snapshot; a writer that
         # committed after it and before its caps lock filled a slot, and the
-        # trigger refused (the cap held; this tenant's transaction rolled back).
+        # trigger refused (the cap held; this tenant's claim rolled back whole).
         # Raising would lose the tenants already claimed in this walk: their
         # leases would run out unworked, an attempt spent on each.
         return []
+    rows.sort(key=lambda r: r["ord"])
     return rows
 
 
@@ -461,44 +442,24 @@ async def transition(
     event: dict[str, Any],
     messages: Sequence[dict[str, Any]],
 ) -> _db.Record | None:
-    """``tasks.transition`` on Citus: the UPDATE, then its event and outbox messages,
-    in one transaction on the tenant's worker. ``None``: the UPDATE matched nothing.
+    """``tasks.transition`` on Citus: the UPDATE, its event and its outbox messages, in one
+    call that Citus delegates to the tenant's node (agentdb_routed_transition,
+    0021.delegated_writes). ``None``: the UPDATE matched nothing.
 
-    ``update`` holds routed_transition's parameters; ``event`` those of
-    routed_task_event but the ones the updated row supplies; each message
-    those of routed_outbox_message but the tenant and task.
+    ``update``, ``event`` and the messages are task_transition's parameters.
 
     Raises:
         mapped database errors.
     """
-    async with _db.transaction(db) as conn:
-        row = await _db.fetch_optional(conn, _Q["routed_transition"], **update)
-        if row is None:
-            return None
-        trace_id = event["trace_id"] or row["trace_id"]
-        span_id = event["span_id"] or row["span_id"]
-        await _db.execute_each(
-            conn,
-            _Q["routed_task_event"],
-            [
-                {
-                    **event, "tenant_id": row["tenant_id"], "task_id": row["id"],
-                    "policy_version": row["workflow_version"], "from_state": row["from_state"],
-                    "to_state": row["state"], "task_state_version": row["state_version"],
-                    "trace_id": trace_id, "span_id": span_id,
-                }
-            ],
-        )  # fmt: skip
-        await _db.execute_each(
-            conn,
-            _Q["routed_outbox_message"],
-            [
-                {**m, "tenant_id": row["tenant_id"], "task_id": row["id"],
-                 "trace_id": trace_id, "span_id": span_id}
-                for m in messages
-            ],
-        )  # fmt: skip
-        return row
+    return await _db.fetch_optional(
+        db,
+        _Q["routed_transition"],
+        **update,
+        **event,
+        outbox_ids=[m["id"] for m in messages],
+        outbox_topics=[m["topic"] for m in messages],
+        outbox_payloads=[m["payload"] for m in messages],
+    )
 
 
 async def outbox_claim(

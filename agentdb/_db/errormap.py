@@ -1,6 +1,7 @@
 """The one mapping of database errors onto agentdb's errors: SQLSTATE and constraint name.
 
-Never message text (messages are localised and change between versions). It
+Never message text (messages are localised and change between versions), but
+for one Citus error that has nothing else to tell it by (``_CITUS_SHARD_MOVED``). It
 lives with the driver layer, the one place that sees asyncpg's errors; the
 classes it returns are :mod:`agentdb.errors`'s.
 """
@@ -67,6 +68,15 @@ _EVENT_PARTITION_KEY = re.compile(r"agent_events_(?:legacy|default|p[0-9]{4}_[0-
 _TENANT_FKEYS: Final = frozenset(n for n in CONSTRAINTS if n.endswith("_tenant_fkey"))
 #: SQLSTATEs a transaction pooler causes when named prepared statements are in use.
 _POOLED = {"26000": "invalid_sql_statement_name", "42P05": "duplicate_prepared_statement"}
+#: Citus, while a shard group is moved or split (citus_move_shard_placement,
+#: isolate_tenant_to_new_shard): a statement planned against the old shard, that
+#: waited for the move's write lock, finds it gone - XX000 "could not find valid entry
+#: for shard N" (seen in tests/citus/test_citus_rebalance.py, from a signal's trigger
+#: and from a step's insert). Nothing was written; run again, it is planned against the
+#: new shard. The one place this module reads a message: XX000 is Citus's and
+#: Postgres's catch-all, this is its only retryable case, and Citus does not translate
+#: its messages.
+_CITUS_SHARD_MOVED = "could not find valid entry for shard "
 
 
 def error_for(
@@ -93,6 +103,10 @@ def error_for(
         return PoolerMismatch(
             f"a transaction-pooling proxy is in the way ({_POOLED[sqlstate]}: {message}): "
             "set AGENTDB_POOLER=transaction or pass --pooler transaction"
+        )
+    if sqlstate == "XX000" and message.startswith(_CITUS_SHARD_MOVED):
+        return TransientError(
+            f"a shard moved while the statement waited: {message}", sqlstate=sqlstate
         )
     if sqlstate in RETRYABLE or sqlstate.startswith("08"):
         return TransientError(

@@ -186,16 +186,16 @@ MUTANTS += (
     ),
     m(
         "routed-claim-takes-late",
-        "agentdb/_citus/queries/routed.sql",
-        "      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))\n"
-        "      AND (t.deadline_at IS NULL OR t.deadline_at > now())\n"
-        "      AND (SELECT o.ok FROM open o)",
-        "      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))\n"
-        "      AND (SELECT o.ok FROM open o)",
+        MIGRATIONS,
+        "          AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))\n"
+        "          AND (t.deadline_at IS NULL OR t.deadline_at > now())\n"
+        "          AND (SELECT o.ok FROM open o)",
+        "          AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))\n"
+        "          AND (SELECT o.ok FROM open o)",
         (LATE,),
-        "routed_claim (Citus): a task past its deadline is offered to a worker",
+        "agentdb_routed_claim (Citus): a task past its deadline is offered to a worker",
         citus=True,
-        within="routed_claim",
+        within="agentdb_routed_claim",
     ),
     m(
         "routed-sweep-spares-running",

@@ -84,8 +84,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "routed-claim-refusal-loses-the-walk",
         "agentdb/_citus/routed.py",
-        "        return []\n    return rows",
-        "        raise\n    return rows",
+        "        return []\n    rows.sort(",
+        "        raise\n    rows.sort(",
         (T + "test_fairness.py::test_G18_a_tenant_refused_mid_walk_loses_only_its_own_claim",),
         "Citus claim: one tenant's AG009 raises out of the walk, orphaning the tenants claimed",
         within="_claim_tenant",
@@ -131,25 +131,28 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "routed-transition-no-token",
-        ROUTED_SQL,
-        "  AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))\nRETURNING t.id,",
-        "  AND ($9::text IS NULL OR (t.lease_owner = $9 AND $10::int8 IS NOT NULL))\nRETURNING t.id,",
+        MIGRATIONS,
+        "      AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))\n"
+        "    RETURNING t.id,",
+        "      AND ($9::text IS NULL OR (t.lease_owner = $9 AND $10::int8 IS NOT NULL))\n"
+        "    RETURNING t.id,",
         (FENCES, TASKS),
-        "routed_transition: a holder whose lease was taken over (same owner name) still writes",
+        "agentdb_routed_transition: a holder whose lease was taken over (same owner name) still"
+        " writes",
         citus=True,
-        within="routed_transition",
+        within="agentdb_routed_transition",
     ),
     m(
         "routed-transition-no-version",
-        ROUTED_SQL,
-        "WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3\n"
-        "  AND ($9::text IS NULL OR (t.lease_owner = $9",
-        "WHERE t.tenant_id = $1 AND t.id = $2 AND $3::int8 IS NOT NULL\n"
-        "  AND ($9::text IS NULL OR (t.lease_owner = $9",
+        MIGRATIONS,
+        "    WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3\n"
+        "      AND ($9::text IS NULL OR (t.lease_owner = $9",
+        "    WHERE t.tenant_id = $1 AND t.id = $2 AND $3::int8 IS NOT NULL\n"
+        "      AND ($9::text IS NULL OR (t.lease_owner = $9",
         (TASKS, FENCES),
-        "routed_transition: a stale expected_version still moves the task",
+        "agentdb_routed_transition: a stale expected_version still moves the task",
         citus=True,
-        within="routed_transition",
+        within="agentdb_routed_transition",
     ),
     m(
         "routed-reserve-no-lease",
@@ -204,14 +207,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "routed-claim-finished-tasks",
-        ROUTED_SQL,
-        "    WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()",
-        "    WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting', 'succeeded')"
+        MIGRATIONS,
+        "        WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()",
+        "        WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting', 'succeeded')"
         " AND t.wake_at <= now()",
         (T + "test_leases.py", T + "test_worker.py"),
-        "routed_claim: a finished task is leased again",
+        "agentdb_routed_claim: a finished task is leased again",
         citus=True,
-        within="routed_claim",
+        within="agentdb_routed_claim",
     ),
     m(
         "routed-outbox-claim-hands-out-an-exhausted-message",

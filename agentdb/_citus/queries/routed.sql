@@ -105,87 +105,24 @@ RETURNING t.tenant_id, t.id, t.workflow_version, t.state, t.state_version, t.att
           t.trace_id, t.span_id, v.from_state;
 
 -- name: routed_claim :many
--- Lease up to $3 of tenant $1's due tasks to worker $2: running tasks whose
--- lease expired first, then pending/waiting ones in wake_at order, never
--- beyond the tenant's caps (G18). The caps are locked FOR UPDATE SKIP
--- LOCKED; if another claimer holds any of them this claim takes no new
--- task (it may still recover expired ones, which do not change how many
--- run). Candidates are locked SKIP LOCKED, then trimmed to each task type's
--- free slots and to the tenant's. The caller writes each claim's event
--- (routed_task_event) in the same transaction.
--- guarantee: G18, G12, G7
+-- Lease up to $3 of tenant $1's due tasks to worker $2, each claim with its
+-- event (task.claimed or task.reclaimed): running tasks whose lease expired
+-- first, then pending/waiting ones in wake_at order, never beyond the
+-- tenant's caps (G18). One call of agentdb_routed_claim()
+-- (0021.delegated_writes), whose statement this one was: Citus sends it
+-- whole to the tenant's node when it is made outside a transaction block.
+-- The caps are locked FOR UPDATE SKIP LOCKED; if another claimer holds any
+-- of them this claim takes no new task (it may still recover expired ones,
+-- which do not change how many run).
+-- guarantee: G18, G12, G7, G8
 -- zero rows: nothing of this tenant is due that this worker may take, or its caps are full or held by another claimer.
 -- params: $1 tenant_id uuid, $2 lease_owner text, $3 batch int8, $4 lease_ttl interval, $5 task_types text[]
-WITH caps AS MATERIALIZED (
-    SELECT l.task_type, l.max_running
-    FROM agent_concurrency_limits l
-    WHERE l.tenant_id = $1 AND l.max_running IS NOT NULL
-    ORDER BY l.task_type
-    FOR UPDATE SKIP LOCKED
-), free AS MATERIALIZED (
-    SELECT c.task_type,
-           c.max_running - (SELECT count(*) FROM agent_tasks r
-                            WHERE r.tenant_id = $1 AND r.state = 'running'
-                              AND (c.task_type = '*' OR r.task_type = c.task_type)) AS slots
-    FROM caps c
-), open AS MATERIALIZED (
-    SELECT (SELECT count(*) FROM caps) = (
-               SELECT count(*) FROM agent_concurrency_limits l
-               WHERE l.tenant_id = $1 AND l.max_running IS NOT NULL)
-           AND coalesce((SELECT f.slots FROM free f WHERE f.task_type = '*'), 1) > 0 AS ok
-), expired AS MATERIALIZED (
-    SELECT t.id, t.state AS from_state
-    FROM agent_tasks t
-    WHERE t.tenant_id = $1 AND t.state = 'running' AND t.lease_expires_at <= now()
-      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))
-      AND (t.deadline_at IS NULL OR t.deadline_at > now())
-    ORDER BY t.lease_expires_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), fresh AS MATERIALIZED (
-    SELECT t.id, t.state AS from_state, t.task_type, t.wake_at
-    FROM agent_tasks t
-    WHERE t.tenant_id = $1 AND t.state IN ('pending', 'waiting') AND t.wake_at <= now()
-      AND t.attempts < t.max_attempts AND ($5::text[] IS NULL OR t.task_type = ANY ($5))
-      AND (t.deadline_at IS NULL OR t.deadline_at > now())
-      AND (SELECT o.ok FROM open o)
-      AND NOT EXISTS (SELECT 1 FROM free f WHERE f.task_type = t.task_type AND f.slots <= 0)
-    ORDER BY t.wake_at
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), by_type AS (
-    SELECT f.id, f.from_state, f.task_type, f.wake_at,
-           row_number() OVER (PARTITION BY f.task_type ORDER BY f.wake_at, f.id) AS nth
-    FROM fresh f
-), allowed AS (
-    SELECT b.id, b.from_state, row_number() OVER (ORDER BY b.wake_at, b.id) AS nth
-    FROM by_type b
-    WHERE b.nth <= coalesce((SELECT f.slots FROM free f WHERE f.task_type = b.task_type), b.nth)
-), picked AS (
-    SELECT p.id, p.from_state, p.ord
-    FROM ((SELECT e.id, e.from_state, 0::int8 AS ord FROM expired e)
-          UNION ALL
-          (SELECT a.id, a.from_state, a.nth FROM allowed a
-           WHERE a.nth <= coalesce((SELECT f.slots FROM free f WHERE f.task_type = '*'), a.nth))) p
-    ORDER BY p.ord
-    LIMIT $3
-)
-UPDATE agent_tasks t
-SET state = 'running',
-    state_version = t.state_version + 1,
-    lease_owner = $2,
-    lease_token = t.lease_token + 1,
-    lease_acquired_at = now(),
-    lease_expires_at = now() + coalesce($4, t.lease_ttl),
-    attempts = t.attempts + 1,
-    updated_at = now()
-FROM picked p
-WHERE t.tenant_id = $1 AND t.id = p.id
-RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
-          t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
-          t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
-          t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id, t.created_at,
-          t.updated_at, p.from_state, p.ord;
+SELECT c.id, c.tenant_id, c.task_type, c.workflow_version, c.state, c.state_version,
+       c.current_step, c.wake_at, c.dedupe_key, c.input_hash, c.params, c.attempts,
+       c.max_attempts, c.last_error, c.lease_ttl, c.lease_owner, c.lease_token,
+       c.lease_acquired_at, c.lease_expires_at, c.deadline_at, c.trace_id, c.span_id,
+       c.created_at, c.updated_at, c.from_state, c.ord
+FROM agentdb_routed_claim($1, $2, $3, $4, $5) c;
 
 -- name: routed_deadline_tenants :many
 -- Tenants with an unfinished task whose deadline has passed: where
@@ -411,15 +348,6 @@ WHERE EXISTS (SELECT 1 FROM agent_outbox o
 ORDER BY t.id <= coalesce($1, '00000000-0000-0000-0000-000000000000'::uuid), t.id
 LIMIT $2;
 
--- name: routed_outbox_message :execrows
--- One outbox message of tenant $1's task $2 (G10), written beside the
--- transition that emits it, in the same transaction.
--- guarantee: G10
--- zero rows: never; the insert either writes its row or raises.
--- params: $1 tenant_id uuid, $2 task_id uuid, $3 id uuid, $4 topic text, $5 payload jsonb, $6 trace_id text, $7 span_id text
-INSERT INTO agent_outbox (id, tenant_id, task_id, topic, payload, trace_id, span_id)
-VALUES ($3, $1, $2, $4, $5, $6, $7);
-
 -- name: routed_outbox_retry :one
 -- The outbox_retry UPDATE alone (outbox.sql): tenant $1's dead message $2
 -- back to pending, due now, its attempts given back. It returns what the
@@ -592,42 +520,18 @@ WHERE name = $1 AND tenant_id = $3
 RETURNING tenant_id;
 
 -- name: routed_transition :one
--- The task_transition UPDATE alone (tasks.sql): move tenant $1's task $2 if
--- it is still at $3 and, for a lease holder, under the caller's lease. The
--- caller writes the event (routed_task_event) and the outbox messages
--- (routed_outbox_message) in the same transaction.
--- guarantee: G7, G12, G22, G23
+-- task_transition (tasks.sql) on Citus: move tenant $1's task $2 if it is
+-- still at $3 and, for a lease holder, under the caller's lease, with its
+-- event and outbox messages. One call of agentdb_routed_transition()
+-- (0021.delegated_writes), whose UPDATE this statement's was: Citus sends it
+-- whole to the tenant's node when it is made outside a transaction block.
+-- guarantee: G7, G12, G22, G23, G8, G10
 -- zero rows: the task is gone, another writer moved state_version on, or the caller's lease was taken over; reload before deciding anything.
--- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 wait_signal text, $12 signal_cursor int8, $13 wait_children int4
--- Citus refuses now() inside CASE or COALESCE: "now" is read once in prior.
-WITH prior AS MATERIALIZED (
-    SELECT state, now() AS at FROM agent_tasks WHERE tenant_id = $1 AND id = $2
-)
-UPDATE agent_tasks t
-SET state = $4,
-    state_version = t.state_version + 1,
-    current_step = CASE WHEN $5 THEN $6 ELSE t.current_step END,
-    wake_at = CASE
-        WHEN $4 IN ('pending', 'waiting')
-            THEN coalesce($7, CASE WHEN $4 = 'waiting' THEN 'infinity'::timestamptz ELSE prior.at END)
-        ELSE t.wake_at END,
-    last_error = coalesce($8, t.last_error),
-    lease_owner = CASE WHEN $4 = 'running' THEN t.lease_owner END,
-    lease_acquired_at = CASE WHEN $4 = 'running' THEN t.lease_acquired_at END,
-    lease_expires_at = CASE WHEN $4 = 'running' THEN t.lease_expires_at END,
-    wait_signal = CASE WHEN $4 = 'waiting' THEN $11 END,
-    signal_cursor = coalesce($12, t.signal_cursor),
-    wait_children = CASE WHEN $4 = 'waiting' THEN $13::int4 END,
-    -- A run that ends waiting gives its attempt back: attempts count the runs that
-    -- failed or crashed, so a handler that waits often is not worn out by it.
-    attempts = CASE WHEN $4 = 'waiting' AND prior.state = 'running'
-                    THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
-    updated_at = now()
-FROM prior
-WHERE t.tenant_id = $1 AND t.id = $2 AND t.state_version = $3
-  AND ($9::text IS NULL OR (t.lease_owner = $9 AND t.lease_token = $10))
-RETURNING t.id, t.tenant_id, t.task_type, t.workflow_version, t.state, t.state_version,
-          t.current_step, t.wake_at, t.dedupe_key, t.input_hash, t.params, t.attempts,
-          t.max_attempts, t.last_error, t.lease_ttl, t.lease_owner, t.lease_token,
-          t.lease_acquired_at, t.lease_expires_at, t.deadline_at, t.trace_id, t.span_id, t.created_at,
-          t.updated_at, prior.state AS from_state;
+-- params: $1 tenant_id uuid, $2 id uuid, $3 expected_version int8, $4 to_state text, $5 set_step bool, $6 current_step text, $7 wake_at timestamptz, $8 last_error text, $9 lease_owner text, $10 lease_token int8, $11 event_type text, $12 actor_id text, $13 payload jsonb, $14 outbox_ids uuid[], $15 outbox_topics text[], $16 outbox_payloads jsonb[], $17 trace_id text, $18 span_id text, $19 wait_signal text, $20 signal_cursor int8, $21 wait_children int4
+SELECT c.id, c.tenant_id, c.task_type, c.workflow_version, c.state, c.state_version,
+       c.current_step, c.wake_at, c.dedupe_key, c.input_hash, c.params, c.attempts,
+       c.max_attempts, c.last_error, c.lease_ttl, c.lease_owner, c.lease_token,
+       c.lease_acquired_at, c.lease_expires_at, c.deadline_at, c.trace_id, c.span_id,
+       c.created_at, c.updated_at
+FROM agentdb_routed_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                               $16, $17, $18, $19, $20, $21) c;
