@@ -2177,6 +2177,15 @@ CASES: list[Case] = [
         role="replica",
     ),
     Case("agent_signals_guard", "AG015", _sig_at(RC), _sig_at(RR), label="isolation"),
+    # Postgres runs READ UNCOMMITTED as READ COMMITTED: taken as it is (kills generated
+    # gen-0006.control_flow-agentdb_require_read_committed-list-2, which refused it).
+    Case(
+        "agent_signals_guard",
+        "AG015",
+        _sig_at("read_uncommitted"),
+        _sig_at(RR),
+        label="isolation-read-uncommitted",
+    ),
     Case(
         "agent_tasks_signal_guard",
         "AG015",

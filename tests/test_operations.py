@@ -64,6 +64,23 @@ async def test_G3_a_new_operation_takes_the_callers_id_and_a_held_key_keeps_its_
     assert (again.fresh, again.operation.id) == (False, mine)
 
 
+async def test_G13_an_attempt_is_counted_when_made_not_when_settled(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The reservation and a re-armed retry each count an attempt; completing or failing
+    one counts none. Kills generated ``gen-operations-operation_settle-cmp-2`` (every
+    settle but a re-arm counted as an attempt)."""
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "k-done", "charge", {})
+    done = await operations.complete(pool, res.operation, result={})
+    assert done.attempts == res.operation.attempts
+    first = await operations.reserve(pool, tenants.a, task, "k-retried", "charge", {})
+    failed = await operations.fail(pool, first.operation, "503")
+    assert failed.attempts == first.operation.attempts
+    again = await operations.reserve(pool, tenants.a, task, "k-retried", "charge", {})
+    assert (again.fresh, again.operation.attempts) == (True, failed.attempts + 1)
+
+
 async def test_G4_same_key_different_input_is_a_conflict_never_a_replay(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:
@@ -262,6 +279,24 @@ async def test_G12_a_reserve_is_fenced_by_its_task_s_lease_not_another_task_s_of
         == 0
     )
     mine = await operations.reserve(pool, tenants.a, y.id, "k", "send", {}, lease=current.lease)
+    assert mine.fresh
+
+
+async def test_G12_a_reserve_under_a_lease_its_own_worker_took_over_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Worker w's lease on a task ran out and w took the task again (token 2): a reserve
+    made under the first lease - the same owner, token 1 - is refused; under the second
+    it is made. Kills generated ``gen-operations-operation_reserve-and-3`` (the fence
+    matching the owner's name alone)."""
+    task = await tasks.create(pool, tenants.a, "fence-again")
+    [first] = await leases.claim(pool, "w", task_types=["fence-again"])
+    await F.expire_lease(admin_conn, task.id)
+    [second] = await leases.claim(pool, "w", task_types=["fence-again"])
+    assert (first.lease_owner, first.lease_token + 1) == (second.lease_owner, second.lease_token)
+    with pytest.raises(LeaseLost):
+        await operations.reserve(pool, tenants.a, task.id, "k", "send", {}, lease=first.lease)
+    mine = await operations.reserve(pool, tenants.a, task.id, "k", "send", {}, lease=second.lease)
     assert mine.fresh
 
 

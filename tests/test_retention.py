@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from agentdb import leases, outbox, retention, tasks
+from agentdb import leases, operations, outbox, retention, tasks
 from agentdb.errors import ConfigurationError
 from agentdb.models import Task
 from tests import factories as F
@@ -584,6 +584,29 @@ async def test_G9_G25_a_failed_task_goes_with_its_steps_and_only_its_own_rows_ke
     assert [r["task_id"] for r in kept_steps] == [done.id]
 
 
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_a_finished_task_with_a_settled_operation_and_nothing_else_stays(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A succeeded task whose only other row is its settled operation (no step, message,
+    signal or budget), its audit trail gone: the operation keeps it, whatever else is
+    gone. Kills generated ``gen-0020.books_first-agentdb_purge_tasks-and-38`` and
+    ``-and-12`` (the operation forgotten: the task's delete refused by the operation's
+    foreign key, and the purge with it)."""
+    created = await tasks.create(pool, tenants.a, "t-paid")
+    [held] = await leases.claim(pool, "w", task_types=["t-paid"])
+    assert held.lease is not None
+    assert held.id == created.id
+    res = await operations.reserve(pool, tenants.a, held.id, "k", "a", {}, lease=held.lease)
+    await operations.complete(pool, res.operation, result={}, lease=held.lease)
+    await tasks.transition(pool, tenants.a, held.id, lease=held.lease,
+                           expected_version=held.state_version, to_state="succeeded")  # fmt: skip
+    await _trail_gone(admin_conn)
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
+    left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [held.id]
+
+
 async def test_G9_the_signals_purge_leaves_a_live_twin_s_signals(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
@@ -1108,7 +1131,7 @@ async def test_G9_an_unknown_retention_class_is_refused(admin_conn: asyncpg.Conn
     assert refused.value.sqlstate == "22023"
 
 
-@pytest.mark.parametrize("end", ["succeeded", "cancelled"])
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled"])
 @pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G22_a_finished_task_s_signals_go_and_a_live_one_s_stay(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str, end: str
@@ -1120,14 +1143,16 @@ async def test_G9_G22_a_finished_task_s_signals_go_and_a_live_one_s_stay(
     purge takes. Kills generated ``gen-0011.retention-agentdb_purge_task_signals-list-1``
     and ``-list-7`` (a succeeded or cancelled task's signals kept), ``-tenant-5`` (one
     tenant's purge reading b's finished twin: a's live task's signals taken), ``-cmp-14``
-    (b's retained trail holding a's purge back) and ``-tenant-3`` (every tenant's DELETE
-    by signal id alone: b's signal taken)."""
+    (b's retained trail holding a's purge back), ``-tenant-3`` (every tenant's DELETE
+    by signal id alone: b's signal taken), ``-list-6`` (a failed task's kept) and
+    ``-and-5`` (any event of the tenant - the live task's, after the trail went -
+    keeping a finished task's signals)."""
     done = await tasks.create(pool, tenants.a, "t-done")
     live = await tasks.create(pool, tenants.a, "t-live")
     await tasks.create(pool, tenants.b, "t-twin", task_id=live.id)
     mine = await F.signal(admin_conn, tenants.a, done.id, name="note")
     await tasks.signal(pool, tenants.a, live.id, "note")
-    if end == "succeeded":
+    if end in ("succeeded", "failed"):
         [held] = await leases.claim(pool, "w", task_types=["t-done"])
         await tasks.transition(pool, tenants.a, done.id, expected_version=held.state_version,
                                to_state=end, lease=held.lease)  # fmt: skip
@@ -1135,13 +1160,15 @@ async def test_G9_G22_a_finished_task_s_signals_go_and_a_live_one_s_stay(
         await tasks.transition(pool, tenants.a, done.id, expected_version=0, to_state=end)
     await tasks.transition(pool, tenants.b, live.id, expected_version=0, to_state="cancelled")
     await _trail_gone(admin_conn)
+    # The live task goes on: an event of tenant a's again, not the finished task's.
+    await tasks.signal(pool, tenants.a, live.id, "later")
     # b's live twin of the finished task: a retained trail, and a signal of a's signal's id.
     await tasks.create(pool, tenants.b, "t-twin-live", task_id=done.id)
     await F.signal(admin_conn, tenants.b, done.id, name="note", id=mine)
     assert await _purge(admin_conn, tenants.a, "signals", scope) == 1
     left = await admin_conn.fetch("SELECT tenant_id, task_id FROM agent_signals")
     assert sorted((r["tenant_id"] == tenants.a, r["task_id"] == live.id) for r in left) == [
-        (False, False), (True, True),
+        (False, False), (True, True), (True, True),
     ]  # fmt: skip
 
 
@@ -1250,6 +1277,41 @@ async def test_G9_every_class_takes_what_reached_its_age_this_instant(
             every = "SELECT agentdb_purge($1, 100, interval '1 hour')"
             gone = [await admin_conn.fetchval(every, k) for k in kinds]
     assert all(n >= 1 for n in gone), dict(zip(kinds, gone, strict=True))
+
+
+async def test_G9_G19_G22_signals_and_a_hold_go_when_their_owner_reached_its_age_this_instant(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A finished task's signals, and a settled operation's budget hold, go with a task or
+    an operation last updated exactly the purge's age ago (``<=``). In one transaction,
+    where now() stands still. Kills generated
+    ``gen-0011.retention-agentdb_purge_task_signals-cmp-13`` and
+    ``gen-0011.retention-agentdb_purge_books-cmp-6`` (``<``: kept, and the operation with
+    its hold)."""
+    from agentdb import budgets
+
+    done = await tasks.create(pool, tenants.a, "t-done")
+    await tasks.signal(pool, tenants.a, done.id, "note")
+    version = (await tasks.get(pool, tenants.a, done.id)).state_version
+    await tasks.transition(pool, tenants.a, done.id, expected_version=version, to_state="cancelled")
+    await budgets.set_budget(pool, tenants.a, "usd", 100)
+    paid = await tasks.create(pool, tenants.a, "t-paid")
+    res = await operations.reserve(pool, tenants.a, paid.id, "k", "llm", {}, cost={"usd": 5})
+    await operations.complete(pool, res.operation, result={})
+    await _trail_gone(admin_conn)
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes: the version guards are off
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET updated_at = now() - interval '1 hour' WHERE id = $1", done.id
+        )
+        await admin_conn.execute(
+            "UPDATE agent_operations SET updated_at = now() - interval '1 hour' WHERE id = $1",
+            res.operation.id,
+        )
+        one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '1 hour')"
+        gone = [await admin_conn.fetchval(one, tenants.a, k) for k in ("signals", "operations")]
+    assert gone == [1, 1]
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_budget_holds") == 0
 
 
 async def test_G9_G19_a_task_an_artifact_keeps_keeps_its_budget(

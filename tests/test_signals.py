@@ -326,12 +326,13 @@ async def test_G22_signals_are_read_after_a_place_and_per_task(
 ) -> None:
     """``received(after=n)`` starts past place n; a task's unread signals are its own, not
     another task's of the tenant. Kills generated ``gen-signals-signal_list-cmp-3``
-    (``seq >= after``: place n read again) and ``gen-signals-signal_unread-and-2`` (every
-    task's unread signals)."""
+    (``seq >= after``: place n read again), ``gen-signals-signal_unread-and-2`` (every
+    task's unread signals) and ``gen-signals-signal_list-and-1`` (every task's history)."""
     mine = await tasks.create(pool, tenants.a, "s-read")
     other = await tasks.create(pool, tenants.a, "s-read")
     for name in ("one", "two"):
         await tasks.signal(pool, tenants.a, mine.id, name)
     await tasks.signal(pool, tenants.a, other.id, "theirs")
     assert [s.name for s in await signals.received(pool, tenants.a, mine.id, after=1)] == ["two"]
+    assert [s.name for s in await signals.received(pool, tenants.a, mine.id)] == ["one", "two"]
     assert [s.name for s in await signals.unread(pool, tenants.a, mine.id)] == ["one", "two"]

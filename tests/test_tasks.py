@@ -344,6 +344,20 @@ async def test_count_unhandled_counts_the_due_tasks_no_handler_here_takes(
     assert await tasks.count_unhandled(pool, ["send_email"]) == [("resize", 2)]
 
 
+async def test_count_unhandled_counts_a_waiting_task_whose_wake_up_came(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A task that waited until a time now past is due as a pending one is: waiting in
+    silence too. Kills generated ``gen-tasks-task_count_unhandled-list-2`` (only pending
+    tasks counted)."""
+    task = await tasks.create(pool, tenants.a, "resize")
+    [held] = await leases.claim(pool, "w", task_types=["resize"])
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    waiting = await tasks.wait_until(pool, held, past, lease=held.lease)
+    assert (waiting.id, waiting.state) == (task.id, "waiting")
+    assert await tasks.count_unhandled(pool, ["send_email"]) == [("resize", 1)]
+
+
 async def test_G7_a_transition_moves_its_own_task_not_a_sibling_at_the_same_version(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

@@ -488,3 +488,26 @@ async def test_G17_G23_a_parent_goes_with_its_child_though_another_task_s_trail_
     assert {s.step: s.affected for s in real.steps}[13] == 2
     left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
     assert [r["id"] for r in left] == [kept.id]
+
+
+async def test_G17_a_deletion_takes_the_tenant_s_own_signals_and_counts_its_own_operations(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Each tenant has a task with a signal, and b an operation whose audit trail has run
+    out: deleting a takes a's signal and leaves b's, and its dry run counts only a's
+    operations that no retained event refers to (none), as the real run deletes them.
+    Kills generated ``gen-0011.retention-agentdb_delete_tenant-cmp-10`` (every other
+    tenant's signals deleted, a's kept) and ``-tenant-38`` (the dry run counting every
+    tenant's operations whose trail has gone)."""
+    for tenant in (tenants.a, tenants.b):
+        task = await tasks.create(pool, tenant, "t-signalled")
+        await tasks.signal(pool, tenant, task.id, "note")
+    b_task = await tasks.create(pool, tenants.b, "t-op")
+    await operations.reserve(pool, tenants.b, b_task.id, "k", "llm", {})
+    await _retention_passes(admin_conn, tenants.b)
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(real)
+    assert {s.object: s.affected for s in real.steps}["agent_signals"] == 1
+    left = await admin_conn.fetch("SELECT tenant_id FROM agent_signals")
+    assert [r["tenant_id"] for r in left] == [tenants.b]

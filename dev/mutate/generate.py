@@ -168,7 +168,15 @@ _CITUS_STATEMENTS: dict[str, tuple[str, ...]] = {
 # agentdb_distributed answers false at once where there is no pg_dist_partition: only a
 # Citus cluster runs the rest of it.
 _CITUS_ROUTINES = frozenset(
-    {"agentdb_distribute", "agentdb_distribute_like", "agentdb_distributed"}
+    {
+        "agentdb_distribute",
+        "agentdb_distribute_like",
+        "agentdb_distributed",
+        # The routed claim and transition (0021.delegated_writes): the Citus runtime's,
+        # as routed.sql's statements are; their tests are the Citus suites.
+        "agentdb_routed_claim",
+        "agentdb_routed_transition",
+    }
 )
 _ROUTINE_TESTS: dict[str, tuple[str, ...]] = {
     "agentdb_partition_events": ("tests/test_events_by_month.py",),
