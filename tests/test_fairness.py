@@ -802,6 +802,23 @@ async def test_G18_a_cap_counts_its_own_tenant_s_running_tasks_only(
     assert [t.tenant_id for t in got] == [tenants.a]  # its second slot, no more
 
 
+async def test_G18_a_tenant_with_two_due_task_types_takes_one_turn_in_the_walk(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The walk steps one (tenant, task type) at a time but counts tenants: the first
+    tenant's two due types are one tenant, so a batch of two still reaches the second
+    tenant, and each gives one. Kills generated ``gen-leases-lease_claim-and-6`` (every
+    takeable step counted as a tenant found: the walk stops at the first tenant's second
+    type, and that tenant takes the whole batch)."""
+    first, second = sorted([tenants.a, tenants.b])
+    for task_type in ("kind-1", "kind-2"):
+        await tasks.create(pool, first, task_type)
+    await tasks.create(pool, second, "kind-1")
+    routed._RINGS.clear()  # on Citus: a discovery of its own
+    got = await leases.claim(pool, "w", batch=2)
+    assert Counter(t.tenant_id for t in got) == {first: 1, second: 1}
+
+
 async def test_G18_a_cap_met_past_the_walk_s_first_step_counts_its_own_tenant_only(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
