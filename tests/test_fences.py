@@ -955,3 +955,26 @@ async def test_G18_the_walk_finishes_the_last_tenant_s_task_types(
         (True, "t2"),
     ]
     assert oldest.id in {t.id for t in got}
+
+
+async def test_G22_the_signal_wake_touches_only_a_waiting_task(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A pending task scheduled for later that somehow carries a wait_signal (no runtime
+    write leaves one outside a wait; a raw one can) and reads past a signal while a
+    matching one is unread is not woken: the signal wake is a waiting task's. Kills
+    generated ``gen-0006.control_flow-agentdb_guard_signal_cursor-and-5`` (the wake
+    applied whatever the state: the scheduled task made due at once)."""
+    later = datetime.now(UTC) + timedelta(hours=1)
+    task = await tasks.create(pool, tenants.a, "t-later", wake_at=later)
+    for name in ("note", "go"):
+        await F.signal(admin_conn, tenants.a, task.id, name=name)
+    version = (await tasks.get(pool, tenants.a, task.id)).state_version
+    await F.update_task(admin_conn, tenants.a, task.id, wait_signal="go", signal_cursor=1,
+                        state_version=version + 1)  # fmt: skip
+    row = await admin_conn.fetchrow(
+        "SELECT state, wake_at FROM agent_tasks WHERE tenant_id = $1 AND id = $2",
+        tenants.a,
+        task.id,
+    )
+    assert (row["state"], row["wake_at"]) == ("pending", later)
