@@ -977,4 +977,5 @@ async def test_G22_the_signal_wake_touches_only_a_waiting_task(
         tenants.a,
         task.id,
     )
+    assert row is not None
     assert (row["state"], row["wake_at"]) == ("pending", later)
