@@ -659,3 +659,20 @@ async def test_G8_an_event_days_older_than_its_task_is_not_counted_as_a_second_r
                       created_at=born - timedelta(days=2))  # fmt: skip
     assert await F.update_task(admin_conn, tenants.a, task, current_step="next",
                                state_version=1) == 1  # fmt: skip
+
+
+async def test_G8_an_event_exactly_a_day_older_than_its_task_records_its_version(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """The day allowed for clocks that disagree is inclusive: an event dated exactly a day
+    before its task was created records the version it names (two days are refused: the
+    test above). Kills generated ``gen-0011.retention-agentdb_event_records_once-cmp-5``
+    (``>``: the event at exactly a day refused as older than its task)."""
+    task = await F.create_task(admin_conn, tenants.a)
+    born = await admin_conn.fetchval("SELECT created_at FROM agent_tasks WHERE id = $1", task)
+    async with admin_conn.transaction():
+        await F.event(admin_conn, tenants.a, task, task_state_version=1, to_state="pending",
+                      created_at=born - timedelta(days=1))  # fmt: skip
+        await admin_conn.execute(_NEXT_VERSION, task)
+    reached = await admin_conn.fetchval("SELECT state_version FROM agent_tasks WHERE id = $1", task)
+    assert reached == 1
