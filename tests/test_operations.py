@@ -243,6 +243,21 @@ async def test_G13_unsettled_list_skips_operations_whose_task_holds_a_live_lease
     assert await operations.list_unsettled(pool) == []  # its worker is alive and on it
 
 
+async def test_G13_unsettled_list_takes_an_operation_whose_task_s_lease_ran_out(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task still running but whose lease ran out (its worker died mid-call): its
+    reserved operation is recovery's to reconcile. Kills generated
+    ``gen-operations-operation_list_unsettled-and-6`` (every running task's operations
+    skipped, live lease or not)."""
+    await tasks.create(pool, tenants.a, "t")
+    [claimed] = await leases.claim(pool, "w1", lease_ttl=timedelta(minutes=5))
+    res = await operations.reserve(pool, tenants.a, claimed.id, "k", "a", {}, lease=claimed.lease)
+    await F.expire_lease(admin_conn, claimed.id, tenants.a)
+    assert (await tasks.get(pool, tenants.a, claimed.id)).state == "running"
+    assert [op.id for op in await operations.list_unsettled(pool)] == [res.operation.id]
+
+
 async def test_G2_a_reservation_on_a_task_id_another_tenant_also_uses_is_this_tenant_s(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

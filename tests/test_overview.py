@@ -233,6 +233,22 @@ async def test_G13_unsettled_pairs_each_effect_with_its_own_tasks_lease(
     assert [(r["task_id"], r["idempotency_key"]) for r in listed] == [(str(idle.id), "k-idle")]
 
 
+async def test_G2_G13_an_effect_is_judged_by_its_own_tenant_s_task_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Task ids are the caller's: tenant b has an idle task of the same id as a's, which
+    runs under a live lease with its effect in flight. a's effect is its worker's, not the
+    operator's: not listed. Kills generated ``gen-overview-overview_unsettled-tenant-1``
+    (the task joined by id alone: a's effect judged by b's idle twin, and listed)."""
+    mine = await tasks.create(pool, tenants.a, "busy")
+    [held] = await leases.claim(pool, "w1", task_types=["busy"])
+    assert (held.tenant_id, held.id) == (tenants.a, mine.id)
+    await operations.reserve(pool, tenants.a, mine.id, "k-mine", "psp.charge", {}, lease=held.lease)
+    await tasks.create(pool, tenants.b, "idle", task_id=mine.id)
+
+    assert await overview.unsettled(pool, tenants.a) == []
+
+
 async def test_G13_an_effect_whose_task_s_lease_ends_this_instant_is_listed(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
