@@ -81,6 +81,25 @@ async def test_G13_an_attempt_is_counted_when_made_not_when_settled(
     assert (again.fresh, again.operation.attempts) == (True, failed.attempts + 1)
 
 
+async def test_G19_a_failed_operation_releases_what_it_held(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A failure spends nothing: the estimate its reservation held goes back to the budget
+    in the statement that records it. Kills generated
+    ``gen-operations-operation_settle-list-2`` (only a success settling its holds: a
+    failed call's estimate held for ever)."""
+    from agentdb import budgets
+
+    await budgets.set_budget(pool, tenants.a, "usd", 100)
+    task = await _task(pool, tenants.a)
+    res = await operations.reserve(pool, tenants.a, task, "k-fail", "charge", {}, cost={"usd": 40})
+    [before] = await budgets.list_budgets(pool, tenants.a)
+    assert (before.held, before.spent) == (40, 0)
+    await operations.fail(pool, res.operation, "503")
+    [after] = await budgets.list_budgets(pool, tenants.a)
+    assert (after.held, after.spent) == (0, 0)
+
+
 async def test_G4_same_key_different_input_is_a_conflict_never_a_replay(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:
