@@ -108,6 +108,21 @@ async def test_G24_a_paused_schedule_fires_nothing_and_never_fires_its_paused_ti
         await schedules.pause(pool, tenants.b, "nightly")  # another tenant's name
 
 
+async def test_G24_pausing_a_schedule_pauses_that_one_only(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A tenant's other schedules go on: pausing one by name pauses it alone, and the
+    call answers with that one. Kills generated
+    ``gen-0007.schedules-agentdb_pause_schedule-and-1`` (every schedule of the tenant
+    paused by the name of one)."""
+    for name in ("nightly", "hourly"):
+        await schedules.create(pool, tenants.a, name, "s-pause", every=timedelta(hours=1))
+    paused = await schedules.pause(pool, tenants.a, "nightly")
+    assert (paused.name, paused.paused) == ("nightly", True)
+    states = {s.name: s.paused for s in await schedules.of_tenant(pool, tenants.a)}
+    assert states == {"nightly": True, "hourly": False}
+
+
 async def test_G24_schedulers_racing_on_one_tick_create_one_task(
     db: Database, pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
