@@ -3,12 +3,15 @@ handler's writes fall back on. The handler's rules are tests/test_durable.py's."
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import timedelta
 
 import asyncpg
+import pytest
 
 from agentdb import leases, steps, tasks
+from agentdb.errors import LeaseLost
 from tests import factories as F
 from tests.conftest import Tenants
 
@@ -67,6 +70,34 @@ async def test_G22_G25_a_wait_takes_only_its_own_task_s_signal_of_that_name(
     )
     assert taken.step is None
     assert await steps.get(pool, tenants.a, mine.id, "review") is None
+
+
+async def test_G12_G25_a_wait_under_another_owner_s_lease_takes_nothing(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """w2 holds task y at token 1; worker w holds task x at token 1. A wait on y under a
+    lease naming w with y's token - w's lease on x, pointed at y - takes nothing: y's
+    fence is y's holder, not the tenant's. (The steps guard checks the token alone, which
+    matches.) y's signal stays for its holder. Kills generated
+    ``gen-steps-step_take_signal-and-1`` (the fence asking whether any task of the tenant
+    is leased with that owner and token)."""
+    y = await tasks.create(pool, tenants.a, "t-y")
+    await tasks.signal(pool, tenants.a, y.id, "approval")
+    [held_y] = await leases.claim(pool, "w2", task_types=["t-y"])
+    await tasks.create(pool, tenants.a, "t-x")
+    [held_x] = await leases.claim(pool, "w", task_types=["t-x"])
+    assert held_y.lease is not None
+    assert held_x.lease is not None
+    assert held_x.lease.token == held_y.lease.token
+    pointed = dataclasses.replace(held_x.lease, task_id=y.id)
+    with pytest.raises(LeaseLost):
+        await steps.take_signal(
+            pool, tenants.a, y.id, "review", "approval", input_hash=F.HASH, lease=pointed
+        )
+    taken = await steps.take_signal(
+        pool, tenants.a, y.id, "review", "approval", input_hash=F.HASH, lease=held_y.lease
+    )
+    assert taken.step is not None
 
 
 async def test_G22_G25_a_wait_hands_back_its_own_task_s_signal_not_a_twin_s(
