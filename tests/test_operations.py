@@ -100,6 +100,28 @@ async def test_G19_a_failed_operation_releases_what_it_held(
     assert (after.held, after.spent) == (0, 0)
 
 
+async def test_G2_G8_reserve_many_writes_one_event_though_another_tenant_has_the_task_id(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Task ids are the caller's: tenant b has a task of the id of a's. A batch
+    reservation on a's task is read against a's task alone - one reservation, one event,
+    a's. Kills generated ``gen-operations-operation_reserve_many-tenant-2`` (the task
+    joined by id alone: an event for each tenant's task of that id)."""
+    from agentdb.operations import ReserveRequest
+
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.b, "t-twin", task_id=shared)
+    await tasks.create(pool, tenants.a, "t-mine", task_id=shared)
+    [held] = await leases.claim(pool, "w", task_types=["t-mine"])
+    assert held.lease is not None
+    [res] = await operations.reserve_many(pool, [ReserveRequest(held.lease, "k", "llm", {})])
+    assert not isinstance(res, Exception), res
+    events = await admin_conn.fetch(
+        "SELECT tenant_id FROM agent_events WHERE operation_id = $1", res.operation.id
+    )
+    assert [r["tenant_id"] for r in events] == [tenants.a]
+
+
 async def test_G4_same_key_different_input_is_a_conflict_never_a_replay(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:
