@@ -1314,6 +1314,30 @@ async def test_G9_G19_G22_signals_and_a_hold_go_when_their_owner_reached_its_age
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_budget_holds") == 0
 
 
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_a_settled_operation_younger_than_the_age_stays(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """An operation settled just now, its audit trail gone, is younger than a purge age of
+    a day: it stays; at age 0 it goes. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tenant-and-15`` (the one-tenant purge forgetting
+    the age: every settled operation taken)."""
+    task = await tasks.create(pool, tenants.a, "t-young")
+    res = await operations.reserve(pool, tenants.a, task.id, "k", "llm", {})
+    await operations.complete(pool, res.operation, result={})
+    await _trail_gone(admin_conn)
+    if scope == "one tenant":
+        one = "SELECT agentdb_purge_tenant($1, 'operations', 100, $2)"
+        gone = [
+            await admin_conn.fetchval(one, tenants.a, age)
+            for age in (timedelta(days=1), timedelta(0))
+        ]
+    else:
+        every = "SELECT agentdb_purge('operations', 100, $1)"
+        gone = [await admin_conn.fetchval(every, age) for age in (timedelta(days=1), timedelta(0))]
+    assert gone == [0, 1]
+
+
 async def test_G9_G19_a_task_an_artifact_keeps_keeps_its_budget(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
