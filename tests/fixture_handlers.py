@@ -74,6 +74,16 @@ async def stubborn(job: Job) -> None:
 STUBBORN = {"stubborn": stubborn}
 
 
+async def plan_mode(job: Job) -> None:
+    """Records how its worker's pooled sessions plan prepared statements."""
+    mode = await job.pool.fetchval("SELECT current_setting('plan_cache_mode')")
+    await asyncio.to_thread(Path(os.environ["AGENTDB_TEST_MARKER"]).write_text, str(mode))
+
+
+#: A job that reads its pool's plan cache mode (tests/test_worker.py).
+PLAN_MODE = {"plan_mode": plan_mode}
+
+
 async def poison_publisher(message: OutboxMessage) -> None:
     """Kills its own relay process (SIGKILL) on a 'poison' message, as a message that
     crashes the publisher's library would; publishes every other message."""

@@ -75,6 +75,23 @@ def test_history_runs_units_first_and_says_so_in_the_report() -> None:
     assert "History" not in "\n".join(versus_section({"versus": {**section, "history": 0}}))
 
 
+def test_the_warm_up_is_left_out_and_the_report_says_so() -> None:
+    # A run warms its processes with another tenant's units: the quick bench's
+    # counts (_check_versus: every row error-free, so each side finished exactly
+    # its measured units) show they stay out of the figures; this shows the
+    # report says it happened, and says nothing when it did not.
+    from agentdb.tools.bench.harness import FULL, QUICK
+    from agentdb.tools.bench.versus_report import versus_section
+
+    assert FULL.versus_warmup > 0
+    assert QUICK.versus_warmup > 0
+    section = {"workers": 4, "concurrency": 10, "poll_ms": 50.0, "wal_per_database": True,
+               "rows": [], "ratios": [], "history": 0}  # fmt: skip
+    said = "\n".join(versus_section({"versus": {**section, "warmup": 200}}))
+    assert "first drove 200 units of the same workload for another tenant" in said
+    assert "Warm-up" not in "\n".join(versus_section({"versus": {**section, "warmup": 0}}))
+
+
 # Lines as pg_waldump 15 prints them: database 16384 is measured, 16999 is another.
 _WALDUMP = """\
 rmgr: Heap        len (rec/tot):     54/   198, tx:        735, lsn: 0/0153D9B8, prev 0/0153D980, desc: INSERT off 5 flags 0x00, blkref #0: rel 1663/16384/16385 blk 0 FPW
@@ -230,7 +247,9 @@ def _check_versus(results: dict[str, Any], report: str) -> None:
             if versus["wal_per_database"]:
                 assert x["breakdown"]["by_relation"], x
         assert {r["metric"] for r in versus["ratios"]} >= {"units/s", "WAL bytes/unit"}
+        assert versus["warmup"] > 0
         assert "## 7. agentdb against DBOS" in report
+        assert "**Warm-up**" in report
         assert "What each side guarantees that the other does not" in report
 
 

@@ -91,10 +91,10 @@ def test_migrate_help_imports_neither_the_audit_nor_the_bench() -> None:
 
 
 # Each package's statement files and the modules that read them: agentdb/queries/x.sql
-# is agentdb/x.py's, agentdb/_citus/queries/x.sql agentdb/_citus/x.py's.
+# is agentdb/x.py's, agentdb/_citus/queries/x.sql agentdb/_citus/x.py's (and _db's alike).
 _QUERY_FILES = sorted(
     p.relative_to(PACKAGE).as_posix()
-    for folder in (PACKAGE / "queries", PACKAGE / "_citus" / "queries")
+    for folder in (PACKAGE / "queries", PACKAGE / "_citus" / "queries", PACKAGE / "_db" / "queries")
     for p in folder.glob("*.sql")
 )
 

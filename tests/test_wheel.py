@@ -112,6 +112,7 @@ def test_the_wheel_carries_the_product_and_nothing_that_needs_a_checkout(wheel: 
         "agentdb/tools/cli.py",
         "agentdb/queries/tasks.sql",
         "agentdb/_citus/queries/routed.sql",
+        "agentdb/_db/queries/pool.sql",
         "agentdb/_sql/migrations/0001.foundation.sql",
         "agentdb/_sql/schema.sql",
         "agentdb/testing/plugin.py",

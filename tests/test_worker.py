@@ -20,7 +20,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from agentdb import leases, operations, tasks
+from agentdb import _db, leases, operations, tasks
 from agentdb.errors import OperationInFlight, TransientError
 from agentdb.models import Lease, Operation
 from agentdb.testing._postgres import ON_CITUS
@@ -539,6 +539,71 @@ async def test_G12_a_handler_that_ignores_its_cancellation_does_not_keep_the_wor
     assert (again.id, again.lease_token, again.attempts) == (task.id, 2, 1)
 
 
+async def test_a_worker_process_plans_each_statement_once_per_session(
+    db: Database, tenants: Tenants, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """``agentdb worker``'s pool forces generic plans (create_pool's ``generic_plans``):
+    its connections run the same statements all day, and a custom plan per execution was
+    a quarter of their statement time. A pool opened without it keeps the server's
+    default (the control)."""
+    await tasks.create(pool, tenants.a, "plan_mode")
+    marker = tmp_path / "mode"
+    proc = _spawn(db, "worker", "tests.fixture_handlers:PLAN_MODE", "--poll-interval", "0.1",
+                  marker=marker)  # fmt: skip
+    try:
+        await _until(lambda: _written(marker))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    # Citus cannot plan a multi-shard statement with parameters generically: there
+    # the pool leaves the server's default.
+    assert marker.read_text() == ("auto" if ON_CITUS else "force_generic_plan")
+    assert await pool.fetchval("SELECT current_setting('plan_cache_mode')") == "auto"
+
+
+async def test_generic_plans_is_a_session_setting_except_behind_a_transaction_pooler(
+    db: Database,
+) -> None:
+    url = db.url("agentdb_test_runtime")
+    for pooler, generic, expected in (
+        ("none", True, "auto" if ON_CITUS else "force_generic_plan"),
+        ("none", False, "auto"),
+        # PgBouncer refuses a startup parameter it does not track, and there every
+        # statement is unnamed, planned at each execution anyway.
+        ("transaction", True, "auto"),
+    ):
+        p = await _db.create_pool(url, min_size=2, max_size=2, pooler=pooler,
+                                  generic_plans=generic)  # fmt: skip
+        try:
+            async with p.acquire() as a, p.acquire() as b:
+                got = [await c.fetchval("SELECT current_setting('plan_cache_mode')")
+                       for c in (a, b)]  # fmt: skip
+        finally:
+            await p.close()
+        assert got == [expected, expected], (pooler, generic)
+
+
+def test_the_relay_command_opens_its_pool_with_generic_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The relay's publisher never sees its pool, so the command's call is checked.
+    from agentdb.tools import processes
+    from agentdb.tools.cli import build_parser
+
+    seen: dict[str, object] = {}
+
+    def fake_run_with_pool(dsn: str, size: int, body: object, **kw: object) -> None:
+        seen.update(kw)
+
+    monkeypatch.setattr(processes, "run_with_pool", fake_run_with_pool)
+    monkeypatch.setattr(processes, "setup_logging", lambda args: None)
+    args = build_parser().parse_args(
+        ["relay", "tests.fixture_handlers:quiet_publisher", "--dsn", "postgresql://x@127.0.0.1/y"]
+    )
+    assert args.func(args) == 0
+    assert seen["generic_plans"] is True
+
+
 async def _sigterm_once_started(db: Database, handlers: str, tmp_path: Path) -> tuple[int, str]:
     """``agentdb worker`` with ``handlers`` (grace 0.5 s), sent SIGTERM once a handler has
     started; its exit status and stderr (killed, and the test failing, after 60 s)."""
@@ -560,6 +625,10 @@ async def _sigterm_once_started(db: Database, handlers: str, tmp_path: Path) -> 
 
 async def _exists(path: Path) -> bool:
     return await asyncio.to_thread(path.exists)
+
+
+async def _written(path: Path) -> bool:
+    return await _exists(path) and await asyncio.to_thread(path.read_text) != ""
 
 
 def test_bad_handler_module_is_one_line(db: Database) -> None:

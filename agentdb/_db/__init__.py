@@ -60,8 +60,9 @@ __all__ = [
 ]
 
 _PACKAGE = Path(__file__).resolve().parent.parent
-# The Citus path keeps its statements in its own package (agentdb/_citus/queries).
-_FILES = load(_PACKAGE / "queries", _PACKAGE / "_citus" / "queries")
+# The Citus path keeps its statements in its own package (agentdb/_citus/queries), and
+# this package the few its pool runs on a new connection (agentdb/_db/queries).
+_FILES = load(_PACKAGE / "queries", _PACKAGE / "_citus" / "queries", _PACKAGE / "_db" / "queries")
 #: Every statement, by name (for tools and tests; library modules use :func:`queries`).
 QUERIES: Mapping[str, Query] = MappingProxyType(
     {name: q for found in _FILES.values() for name, q in found.items()}

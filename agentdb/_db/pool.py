@@ -15,12 +15,14 @@ and advisory locks are transaction-scoped (see :mod:`agentdb.migrate`).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import asyncpg
 
 from agentdb import _dsn
 from agentdb._db.execute import Pool
+from agentdb._db.sqlfile import Query
 from agentdb.errors import ConfigurationError, DatabaseUnavailable
 
 __all__ = ["POOLERS", "Pooler", "connect", "create_pool", "pooler_mode"]
@@ -70,11 +72,28 @@ def _options(schema: str | None, pooler: Pooler) -> dict[str, Any]:
 
 
 async def _no_reset(conn: asyncpg.Connection[Any]) -> None:
-    """agentdb leaves no session state on a pooled connection - no session SET, advisory
-    lock, LISTEN, cursor or temp table - so asyncpg's reset query on release (one round
-    trip per statement a helper runs on the pool) would undo nothing. An open transaction
+    """agentdb leaves no session state on a pooled connection - no session SET (but the
+    plan cache mode a ``generic_plans`` pool gives each connection for its life, on
+    purpose), advisory lock, LISTEN, cursor or temp table - so asyncpg's reset query on
+    release (one round trip per statement a helper runs on the pool) would undo nothing
+    it should. An open transaction
     is still rolled back: asyncpg does that before it calls this. Behind a transaction
     pooler the reset would also run on whichever server connection the proxy picks."""
+
+
+def _Q() -> Mapping[str, Query]:
+    # Looked up when first used: agentdb._db, which loads the statement files, imports
+    # this module first.
+    from agentdb import _db
+
+    return _db.queries(__name__)
+
+
+async def _plan_generically(conn: asyncpg.Connection[Any]) -> None:
+    # The simple query protocol: no prepared statement of the pool's own, so behind a
+    # transaction pooler named without the switch the first statement of the caller's
+    # still meets the proxy, and says which switch is missing (docs/deploy/pgbouncer.md).
+    await conn.execute(_Q()["pool_generic_plans"].sql)
 
 
 async def create_pool(
@@ -86,6 +105,7 @@ async def create_pool(
     pooler: str | None = None,
     connect_timeout: float = 10.0,
     application_name: str | None = None,
+    generic_plans: bool = False,
 ) -> Pool:
     """Open an asyncpg pool on ``dsn`` (its sessions in ``schema`` when given).
 
@@ -93,6 +113,24 @@ async def create_pool(
     otherwise; default ``$AGENTDB_POOLER``, else ``"none"``. ``application_name``
     names the sessions (``agentdb status`` lists workers and relays by it) unless
     ``dsn`` names them itself.
+
+    ``generic_plans``: each new connection is set to plan each prepared
+    statement once (``plan_cache_mode = force_generic_plan``, statement
+    ``pool_generic_plans``) - for a worker's or relay's pool, which runs the
+    same few statements on every connection all day. Left to itself PostgreSQL
+    plans a statement afresh for its first five executions on each connection,
+    and then again on every execution whose custom plan it prices below the
+    generic one: the batched statements (an ``unnest`` of array parameters,
+    whose length only a custom plan sees) and most writes by key were
+    re-planned on nearly every call, a quarter to a third of the worker's
+    statement time (docs/benchmarks.md, "Planning"). agentdb's statements do
+    not depend on a custom plan for their guarantees or for their reads under
+    a held snapshot (each names its index in its form, see
+    ``agentdb/queries/leases.sql``); the test suite passes with every session
+    forced generic. Left as it was where Citus is installed (it cannot plan a
+    multi-shard statement with parameters generically) and behind a
+    transaction pooler (a session setting would leak to other clients, and
+    there every statement is unnamed, planned at each execution anyway).
 
     Raises:
         ConfigurationError: ``dsn`` is not a postgresql:// URL, an unknown ``pooler``,
@@ -107,6 +145,8 @@ async def create_pool(
             **(extra.get("server_settings") or {}),
             "application_name": application_name,
         }
+    if generic_plans and mode != "transaction":
+        extra["init"] = _plan_generically
     try:
         pool: Pool = await asyncpg.create_pool(
             url,

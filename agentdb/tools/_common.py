@@ -80,8 +80,11 @@ def run_with_pool(
     *,
     schema: str | None = None,
     application_name: str | None = None,
+    generic_plans: bool = False,
 ) -> T:
     """Open a pool, check the schema, run ``body(pool)`` on a fresh event loop, close the pool.
+
+    ``generic_plans``: as :func:`agentdb.create_pool`'s (the worker's and the relay's).
 
     Raises:
         DatabaseUnavailable: the pool could not be opened.
@@ -91,7 +94,12 @@ def run_with_pool(
 
     async def main() -> T:
         pool = await _db.create_pool(
-            dsn, min_size=1, max_size=size, schema=schema, application_name=application_name
+            dsn,
+            min_size=1,
+            max_size=size,
+            schema=schema,
+            application_name=application_name,
+            generic_plans=generic_plans,
         )
         try:
             await agentdb_schema.check(pool)

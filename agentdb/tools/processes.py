@@ -146,10 +146,11 @@ def _worker(args: argparse.Namespace) -> int:
             )
             exit_now(0)
 
-    # One connection per running job plus heartbeats and claims.
+    # One connection per running job plus heartbeats and claims; each runs the
+    # same statements all day, so each plans them once (create_pool's generic_plans).
     run_with_pool(
         dsn, args.pool_size or args.concurrency + 2, body, schema=args.schema,
-        application_name=f"agentdb worker {worker_id}",
+        application_name=f"agentdb worker {worker_id}", generic_plans=True,
     )  # fmt: skip
     return 0
 
@@ -193,5 +194,8 @@ def _relay(args: argparse.Namespace) -> int:
         )
         await relay.run()
 
-    run_with_pool(dsn, 4, body, schema=args.schema, application_name=f"agentdb relay {relay_id}")
+    run_with_pool(
+        dsn, 4, body, schema=args.schema, application_name=f"agentdb relay {relay_id}",
+        generic_plans=True,
+    )  # fmt: skip
     return 0

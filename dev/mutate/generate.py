@@ -4,8 +4,9 @@ The hand catalogue (catalogue.py) holds the breakages someone thought of; this
 module derives the rest mechanically, from pglast's parse of (libpg_query,
 Postgres' own parser):
 
-* every statement of ``agentdb/queries/*.sql`` and ``agentdb/_citus/queries/*.sql``
-  (split at their ``-- name: X :kind`` headers, as agentdb/_db/sqlfile.py does);
+* every statement of ``agentdb/queries/*.sql``, ``agentdb/_citus/queries/*.sql`` and
+  ``agentdb/_db/queries/*.sql`` (split at their ``-- name: X :kind`` headers, as
+  agentdb/_db/sqlfile.py does);
 * in ``sql/migrations/*.sql`` (not the rollbacks): the CHECK constraints, the
   WHEN clauses of triggers, the USING / WITH CHECK of policies, and the bodies
   of the functions and procedures - ``LANGUAGE sql`` bodies parsed as SQL,
@@ -98,7 +99,7 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-QUERY_DIRS = ("agentdb/queries", "agentdb/_citus/queries")
+QUERY_DIRS = ("agentdb/queries", "agentdb/_citus/queries", "agentdb/_db/queries")
 MIGRATIONS = "sql/migrations"
 EQUIVALENT_FILE = "dev/mutate/equivalent_generated.txt"
 OPERATORS = ("tenant", "and", "cmp", "list", "lock", "raise", "int")
@@ -146,6 +147,8 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     # Which signal a wait finds already sent (and which it has read) is shown by the
     # signal tests, not by the guard's refusals.
     "agentdb_guard_signal_cursor": ("tests/test_signals.py",),
+    # The pool's session setting: the worker's process and the pool tests read it back.
+    "pool_generic_plans": ("tests/test_worker.py",),
 }
 # routed_<word>_...: the plain statements' module whose twin it is.
 _ROUTED_TESTS: dict[str, str] = {

@@ -68,12 +68,13 @@ class Sizes:
     versus_runs: int = 400  # multi-step agent runs per run
     versus_workers: int = 4  # worker processes per side
     versus_concurrency: int = 10  # units each process runs at once
+    versus_warmup: int = 600  # units each run does first, unmeasured (warm connections)
 
 
 FULL = Sizes(8000, 16, 8000, 1500, 40_000, 10_000, 1_000_000, 1000)
 QUICK = Sizes(640, 16, 400, 100, 2000, 10_000, 100_000, 150, 10, 1_000, 4_000, 80, 30, 5.0,
               versus_units=120, versus_runs=60, versus_workers=2,
-              versus_concurrency=5)  # fmt: skip
+              versus_concurrency=5, versus_warmup=20)  # fmt: skip
 SKIP_1M_LARGE = 100_000
 # Rows per seeding statement: large enough to amortise the round trip, small
 # enough that one statement's WAL and memory stay modest.

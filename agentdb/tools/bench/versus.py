@@ -16,8 +16,21 @@ Two workloads, each run by both sides with the same worker processes
   (``signals.approve`` / ``DBOSClient.send``), looking every 10 ms.
 
 A run starts its processes and waits until they serve (startup left out for
-both), then the driver enqueues the run's units (8 at a time) while the
-workers drain them; the run ends when every unit finished. Measured per
+both), warms them up, then the driver enqueues the run's units (8 at a time)
+while the workers drain them; the run ends when every unit finished.
+
+Warm connections: before the measured units, each run drives
+``Sizes.versus_warmup`` units of the same workload through the same
+processes, for another tenant, and leaves them out of every figure. A
+worker's first statements on each pooled connection cost what its later
+ones do not: PostgreSQL plans a prepared statement afresh for its first five
+executions before it settles on a generic plan, and asyncpg asks the server
+once per connection how to encode each array type a statement uses (a
+catalogue query that takes ~10 ms to plan). Profiled with
+``pg_stat_statements`` on cold processes (4 x 12 connections draining 1,000
+units), planning was 42% of agentdb's statement time and those type queries
+8%: what a worker that lives for days pays once was being charged to each
+of a short run's units. DBOS's processes get the same warm-up. Measured per
 run: units per second from the first enqueue to the last finish; the
 server CPU of the database's backends (:class:`~agentdb.tools.bench.harness.Probe`)
 and the worker processes' CPU, per unit; the database's own WAL per unit,
@@ -150,6 +163,7 @@ class Versus:
     dpool: _db.Pool | None = None
     client: Any = None
     tenant: uuid.UUID | None = None
+    warm_tenant: uuid.UUID | None = None
     threads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(_ENQUEUERS))
     oids: dict[str, int] = field(default_factory=dict)
     runs: int = 0
@@ -165,6 +179,7 @@ class Versus:
         self.pool = await _db.create_pool(self.agentdb.url, min_size=2, max_size=_ENQUEUERS)
         self.dpool = await _db.create_pool(self.dbos.url, min_size=1, max_size=2)
         self.tenant = await tenancy.create_tenant(self.pool, "bench-versus")
+        self.warm_tenant = await tenancy.create_tenant(self.pool, "bench-versus-warmup")
         self.client = DBOSClient(
             system_database_url=_sqlalchemy(self.dbos.url),
             system_database_pool_size=_ENQUEUERS + 2,
@@ -213,9 +228,15 @@ class Versus:
                 await until(f"{side} starting", _START_PATIENCE,
                             self._ready(side, ready, len(procs)), procs, log)  # fmt: skip
                 await conn_pool.execute(ANALYZE if side == "agentdb" else "ANALYZE")
+                drive = self._drive_agentdb if side == "agentdb" else self._drive_dbos
+                if self.sizes.versus_warmup:
+                    # Another tenant's units, left out of every figure: each
+                    # worker connection's first statements (see the module's
+                    # "Warm connections") are what a long-running worker pays
+                    # once, not per unit.
+                    await drive(tag, workflow, self.sizes.versus_warmup, procs, log, warm=True)
                 cpu_before = sum(proc_ticks(p.pid) for p in procs)
                 wal_start = await self._position()
-                drive = self._drive_agentdb if side == "agentdb" else self._drive_dbos
                 (seconds, enqueue_seconds), window = await self.probe.timed(
                     db.name, lambda: drive(tag, workflow, n, procs, log)
                 )
@@ -254,9 +275,10 @@ class Versus:
         return lsn(await self.probe.conn.fetchval("SELECT pg_current_wal_lsn()::text"))
 
     async def _drive_agentdb(
-        self, tag: str, workload: str, n: int, procs: list[subprocess.Popen[bytes]], log: IO[bytes]
-    ) -> tuple[float, float]:
-        pool, tenant = self.pool, self.tenant
+        self, tag: str, workload: str, n: int, procs: list[subprocess.Popen[bytes]],
+        log: IO[bytes], *, warm: bool = False,
+    ) -> tuple[float, float]:  # fmt: skip
+        pool, tenant = self.pool, self.warm_tenant if warm else self.tenant
         assert pool is not None
         assert tenant is not None
         waiting: set[uuid.UUID] = set()
@@ -293,11 +315,13 @@ class Versus:
         return time.perf_counter() - start, enqueue_seconds
 
     async def _drive_dbos(
-        self, tag: str, workflow: str, n: int, procs: list[subprocess.Popen[bytes]], log: IO[bytes]
-    ) -> tuple[float, float]:
+        self, tag: str, workflow: str, n: int, procs: list[subprocess.Popen[bytes]],
+        log: IO[bytes], *, warm: bool = False,
+    ) -> tuple[float, float]:  # fmt: skip
         from agentdb.tools.bench.dbos_worker import QUEUE
 
-        dpool, client, tenant = self.dpool, self.client, str(self.tenant)
+        dpool, client = self.dpool, self.client
+        tenant = str(self.warm_tenant if warm else self.tenant)
         assert dpool is not None
         loop = asyncio.get_running_loop()
         waiting: set[str] = set()
@@ -343,7 +367,7 @@ class Versus:
             rows = await self.pool.fetch(_A_LATENCY, self.tenant, tag)
             ok = "succeeded"
         else:
-            rows = await self.dpool.fetch(_D_LATENCY, f"{tag}/%")
+            rows = await self.dpool.fetch(_D_LATENCY, f"{tag}/{self.tenant}/%")
             ok = "SUCCESS"
         done = [float(r["ms"]) for r in rows if r["state"] == ok]
         return done, len(done)
@@ -508,6 +532,7 @@ async def bench_versus(
         "poll_ms": _POLL * 1000,
         "wal_per_database": wal is not None,
         "history": history,
+        "warmup": sizes.versus_warmup,
         "rows": list(rows.values()),
     }
     result["ratios"] = ratio_rows(result)

@@ -151,6 +151,14 @@ def versus_section(r: dict[str, Any]) -> list[str]:
             "page pays on its first change after a checkpoint."
             if v.get("history")
             else ""
+        )
+        + (
+            f" **Warm-up**: each run's processes first drove {v['warmup']:,} units of the "
+            "same workload for another tenant, left out of every figure, so each pooled "
+            "connection had planned its statements and learnt its types (what a long-running "
+            "worker pays once)."
+            if v.get("warmup")
+            else ""
         ),
         "",
         *_table(
