@@ -112,11 +112,15 @@ FENCES = "tests/test_fences.py"
 CHECK_EDGES = (
     "tests/test_check_edges.py::test_G5_every_check_takes_its_edge_and_refuses_one_past_it"
 )
-# Statement modules without a tests/test_<module>.py: the files that exercise them.
+# Statement modules whose behaviour other files show: the files that exercise them,
+# besides tests/test_<module>.py where it exists.
 _MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "_explain": (FENCES,),  # why a fenced write matched nothing: StaleVersion, LeaseLost
     "_mcp_calls": ("tests/integrations/test_mcp.py",),
     "inbox": ("tests/test_outbox.py",),
+    # A reservation's budget holds and rate-limit windows (G19) are proven by the budget
+    # tests, which tests/test_operations.py never sets up.
+    "operations": ("tests/test_budgets.py",),
     "schema": ("tests/test_schema_check.py",),
     "steps": ("tests/test_durable.py",),
 }
