@@ -10,7 +10,7 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0021.delegated_writes (21).
+-- Migrations: 0001.foundation ... 0022.lease_expiry (22).
 
 -- ==== sequences ====================================================================
 
@@ -584,7 +584,7 @@ CREATE INDEX agent_tasks_deadline_idx ON agent_tasks USING btree (deadline_at) W
 CREATE UNIQUE INDEX agent_tasks_dedupe_key ON agent_tasks USING btree (tenant_id, dedupe_key) WHERE (dedupe_key IS NOT NULL);
 CREATE INDEX agent_tasks_due_idx ON agent_tasks USING btree (tenant_id, task_type, wake_at) WHERE (state = ANY (ARRAY['pending'::text, 'waiting'::text]));
 CREATE INDEX agent_tasks_finished_idx ON agent_tasks USING btree (updated_at) WHERE (state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'dead'::text]));
-CREATE INDEX agent_tasks_lease_expiry_idx ON agent_tasks USING btree (lease_expires_at) WHERE (state = 'running'::text);
+CREATE INDEX agent_tasks_lease_expiry_idx ON agent_tasks USING btree (lease_expires_at) WHERE (lease_expires_at IS NOT NULL);
 CREATE INDEX agent_tasks_running_idx ON agent_tasks USING btree (tenant_id, task_type) WHERE (state = 'running'::text);
 CREATE UNIQUE INDEX agent_tasks_schedule_tick_key ON agent_tasks USING btree (tenant_id, schedule_id, schedule_tick) WHERE (schedule_id IS NOT NULL);
 CREATE TRIGGER agent_tasks_child_guard BEFORE INSERT ON agent_tasks FOR EACH ROW WHEN ((new.parent_id IS NOT NULL)) EXECUTE FUNCTION agentdb_guard_child();
@@ -1287,10 +1287,13 @@ BEGIN
     -- here under the same names, before the tables are distributed (their
     -- shards copy the definition) or on the distributed tables (Citus carries
     -- the DDL to every shard).
-    IF pg_get_indexdef('agent_tasks_lease_expiry_idx'::regclass) NOT LIKE '%(tenant_id, lease_expires_at)%' THEN
+    -- 0022: the expiry index holds every leased task (lease_expires_at IS NOT
+    -- NULL), not a state's: see 0022.lease_expiry's header.
+    IF pg_get_indexdef('agent_tasks_lease_expiry_idx'::regclass)
+           NOT LIKE '%(tenant_id, lease_expires_at) WHERE (lease_expires_at IS NOT NULL)' THEN
         DROP INDEX agent_tasks_lease_expiry_idx;
         CREATE INDEX agent_tasks_lease_expiry_idx ON agent_tasks (tenant_id, lease_expires_at)
-            WHERE state = 'running';
+            WHERE lease_expires_at IS NOT NULL;
     END IF;
     IF pg_get_indexdef('agent_outbox_pending_idx'::regclass) NOT LIKE '%(tenant_id, next_attempt_at)%' THEN
         DROP INDEX agent_outbox_pending_idx;
@@ -3377,7 +3380,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0021.delegated_writes'::text $function$;
+AS $function$ SELECT '0022.lease_expiry'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid

@@ -1191,3 +1191,32 @@ async def test_G19_a_window_that_ends_this_instant_counts_no_calls(
         )
         [limit] = await budgets.list_rate_limits(admin_conn, tenants.a, include_global=False)
         assert limit.used == 0
+
+
+async def test_G19_a_reservation_holds_each_cost_on_its_own_unit_s_budget(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """With budgets in two units, a cost in one of them is held on that unit's budget
+    alone, and a cost in both holds each amount on its own unit. Kills generated
+    ``gen-operations-operation_reserve-and-4`` (every budget of the task held for every
+    unit of the cost)."""
+    await budgets.set_budget(pool, tenants.a, "usd", 100)
+    await budgets.set_budget(pool, tenants.a, "tokens", 10_000)
+    task = await _task(pool, tenants.a)
+    await operations.reserve(pool, tenants.a, task, "one", "llm", {}, cost={"usd": 5})
+
+    async def held() -> dict[str, int]:
+        rows = await admin_conn.fetch(
+            "SELECT unit, held FROM agent_budgets WHERE tenant_id = $1", tenants.a
+        )
+        return {r["unit"]: r["held"] for r in rows}
+
+    assert await held() == {"usd": 5, "tokens": 0}
+    await operations.reserve(pool, tenants.a, task, "two", "llm", {},
+                             cost={"usd": 2, "tokens": 300})  # fmt: skip
+    assert await held() == {"usd": 7, "tokens": 300}
+    holds = await admin_conn.fetch(
+        "SELECT unit, amount FROM agent_budget_holds WHERE tenant_id = $1 ORDER BY unit, amount",
+        tenants.a,
+    )
+    assert [(h["unit"], h["amount"]) for h in holds] == [("tokens", 300), ("usd", 2), ("usd", 5)]

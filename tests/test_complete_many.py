@@ -563,3 +563,62 @@ async def test_G12_finish_many_finishes_the_tenant_s_task_not_a_twin_s(
         tenants.a: "succeeded",
         tenants.b: "running",
     }
+
+
+async def test_G12_complete_many_refuses_an_older_lease_of_the_same_owner(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A worker that lost its lease and claimed the task again under the same name holds a
+    new token: a completion still carrying the old one was written for the lost attempt and
+    is refused, as a stranger's would be. Kills generated
+    ``gen-operations-operation_complete_many-and-7`` (the lease matched by its owner
+    alone)."""
+    [first] = await _claimed(pool, tenants.a, 1, owner="w")
+    assert first.lease is not None
+    op = (
+        await operations.reserve(pool, tenants.a, first.id, "k", "send", {}, lease=first.lease)
+    ).operation
+    await F.expire_lease(admin_conn, first.id)
+    [again] = await leases.claim(pool, "w", lease_ttl=HOUR)
+    assert again.lease is not None
+    assert (again.id, again.lease.owner, again.lease.token) == (first.id, "w", 2)
+    [stale] = await operations.complete_many(pool, [Completion(op, lease=first.lease)])
+    assert isinstance(stale, LeaseLost)
+    assert (await operations.get(pool, tenants.a, op.id)).state == "reserved"
+    [done] = await operations.complete_many(pool, [Completion(op, lease=again.lease)])
+    assert not isinstance(done, Exception)  # the control: the current token settles it
+    assert done.state == "succeeded"
+
+
+async def test_G19_complete_many_spends_a_re_armed_operation_s_own_attempt_once(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A failed operation released its first attempt's hold; re-armed, it holds again under
+    a new attempt. Settled in a batch, it spends the new hold and leaves the released one
+    as it was: the budget is charged once. Kills generated
+    ``gen-operations-operation_complete_many-and-9`` (every hold of the operation settled,
+    the released one too)."""
+    await budgets.set_budget(pool, tenants.a, "usd", 100)
+    [held] = await _claimed(pool, tenants.a, 1)
+    assert held.lease is not None
+    first = await operations.reserve(
+        pool, tenants.a, held.id, "k", "llm", {}, cost={"usd": 5}, lease=held.lease
+    )
+    await operations.fail(pool, first.operation, "503", lease=held.lease)
+    again = await operations.reserve(
+        pool, tenants.a, held.id, "k", "llm", {}, cost={"usd": 5}, lease=held.lease
+    )
+    assert (again.fresh, again.operation.id) == (True, first.operation.id)
+    [done] = await operations.complete_many(pool, [Completion(again.operation, lease=held.lease)])
+    assert not isinstance(done, Exception)
+    holds = await admin_conn.fetch(
+        "SELECT attempt, state, settled FROM agent_budget_holds WHERE operation_id = $1"
+        " ORDER BY attempt",
+        done.id,
+    )
+    assert [(h["state"], h["settled"]) for h in holds] == [("released", None), ("settled", 5)]
+    book = await admin_conn.fetchrow(
+        "SELECT spent, held FROM agent_budgets WHERE tenant_id = $1", tenants.a
+    )
+    assert book is not None
+    assert (book["spent"], book["held"]) == (5, 0)

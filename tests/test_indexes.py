@@ -55,7 +55,7 @@ INDEX_QUERIES: dict[str, str] = {
         " AND tenant_id = '00000000-0000-4000-8000-000000000001' AND task_type = 't'"
     ),
     "agent_tasks_lease_expiry_idx": (
-        "SELECT id FROM agent_tasks WHERE state = 'running' AND lease_expires_at < now()"
+        "SELECT id FROM agent_tasks WHERE lease_expires_at <= now()"
         " ORDER BY lease_expires_at LIMIT 10"
     ),
     "agent_operations_task_idx": (
@@ -236,3 +236,54 @@ async def test_G7_an_update_of_a_full_page_s_task_or_operation_stays_on_its_page
     before = await page(op_sql, agentdb_tenant, ops[0])
     await F.update_operation(admin_conn, agentdb_tenant, ops[0], state="in_flight", state_version=1)
     assert await page(op_sql, agentdb_tenant, ops[0]) == before
+
+
+def _subplan(plan: object, name: str) -> object:
+    """The node of ``plan`` whose ``Subplan Name`` is ``name`` (a CTE: ``CTE x``), or None."""
+    if isinstance(plan, dict):
+        if plan.get("Subplan Name") == name:
+            return plan
+        values: list[object] = list(plan.values())
+    elif isinstance(plan, list):
+        values = list(plan)
+    else:
+        return None
+    for value in values:
+        found = _subplan(value, name)
+        if found is not None:
+            return found
+    return None
+
+
+@pytest.mark.plain_postgres("the claim of one node: Citus claims tenant by tenant (routed.py)")
+async def test_G12_the_claim_reads_expired_leases_by_expiry_whatever_the_statistics_say(
+    admin_conn: asyncpg.Connection, agentdb_tenant: uuid.UUID
+) -> None:
+    """The claim's first step (lease_claim's ``expired``) is read from the range of expired
+    leases of agent_tasks_lease_expiry_idx, even when the last ANALYZE saw no running task.
+    Written with a state test, agent_tasks_running_idx could answer it too, and with those
+    statistics the planner read it whole and sorted it: under a held snapshot, an entry per
+    task that was running since (0022.lease_expiry). Sequential scans stay on: the choice
+    between the two indexes is the planner's own."""
+    from agentdb import _db
+
+    await admin_conn.execute("SET session_replication_role = replica")  # rows, no history
+    try:
+        await admin_conn.execute(
+            "INSERT INTO agent_tasks (tenant_id, task_type, workflow_version, state, wake_at)"
+            " SELECT $1, 't', 'v1', s, now() + interval '1 hour'"
+            " FROM unnest(ARRAY['pending', 'succeeded']) s, generate_series(1, 5000)",
+            agentdb_tenant,
+        )
+    finally:
+        await admin_conn.execute("SET session_replication_role = origin")
+    await admin_conn.execute("ANALYZE agent_tasks")
+    claim = _db.QUERIES["lease_claim"]
+    args = claim.bind(
+        {"lease_owner": "w", "batch": 10, "lease_ttl": None, "task_types": None,
+         "after_tenant": None}
+    )  # fmt: skip
+    raw = await admin_conn.fetchval("EXPLAIN (FORMAT JSON) " + claim.sql, *args)
+    expired = _subplan(json.loads(raw), "CTE expired")
+    assert expired is not None
+    assert _index_names(expired) == {"agent_tasks_lease_expiry_idx"}

@@ -313,3 +313,28 @@ async def test_G6_a_bury_skips_an_exhausted_task_another_transaction_holds(
         await locker.close()
         await impatient.close()
     assert await leases.bury_exhausted(pool) == [(tenants.a, ids["held-back"])]
+
+
+@pytest.mark.plain_postgres(
+    "one clock: on Citus the claim reads now() on the tenant's worker, the test on the coordinator"
+)
+async def test_G12_a_lease_that_ends_this_very_instant_is_taken_over(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A lease is live until its expiry, not at it: a claim at the very instant a lease
+    ends takes the task over (its attempt counted again, its token bumped). In one
+    transaction, where now() stands still. Kills generated
+    ``gen-leases-lease_claim-cmp-42`` (the expired step's ``<=`` made ``<``)."""
+    task = await tasks.create(pool, tenants.a, "ending", lease_ttl=timedelta(hours=1))
+    [held] = await leases.claim(pool, "w1")
+    assert held.id == task.id
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # the lease runs out, to this very instant
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET lease_expires_at = now() WHERE id = $1", task.id
+        )
+        await admin_conn.execute("SET LOCAL session_replication_role = origin")
+        taken = await leases.claim(admin_conn, "w2")
+    assert [(t.id, t.attempts) for t in taken] == [(task.id, 2)]
+    assert taken[0].lease is not None
+    assert (taken[0].lease.owner, taken[0].lease.token) == ("w2", 2)

@@ -404,3 +404,60 @@ async def test_G19_a_success_spends_each_unit_s_own_actual_cost(
         "tokens": (120, 0),
         "usd": (3, 0),
     }
+
+
+async def test_G12_reserve_under_a_lease_names_its_owner_and_its_tenant_s_task(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A reservation under a lease is fenced by the lease's owner and token on the task of
+    the lease's tenant. Refused: the current token under another owner's name, and the
+    lease of tenant b's task whose id a's task shares (ids are the caller's). Kills
+    generated ``gen-operations-operation_reserve-and-2`` (the owner not compared) and
+    ``-tenant-1`` (the task looked up in every tenant)."""
+    import dataclasses
+
+    mine = await tasks.create(pool, tenants.a, "t-own")
+    [held] = await leases.claim(pool, "w", task_types=["t-own"])
+    assert held.lease is not None
+    intruder = dataclasses.replace(held.lease, owner="intruder")
+    with pytest.raises(LeaseLost):
+        await operations.reserve(pool, tenants.a, mine.id, "k", "send", {}, lease=intruder)
+    # b's task, running under a lease, with the id of a's task that nobody holds.
+    twin = await tasks.create(pool, tenants.a, "t-twin")
+    await tasks.create(pool, tenants.b, "t-twin-b", task_id=twin.id)
+    [b_held] = await leases.claim(pool, "w", task_types=["t-twin-b"])
+    assert b_held.lease is not None
+    borrowed = dataclasses.replace(b_held.lease, tenant_id=tenants.a)
+    with pytest.raises(LeaseLost):
+        await operations.reserve(pool, tenants.a, twin.id, "k2", "send", {}, lease=borrowed)
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM agent_operations WHERE tenant_id = $1 AND task_id = $2",
+            tenants.a,
+            twin.id,
+        )
+        == 0
+    )
+    # The control: the holder's own lease reserves.
+    res = await operations.reserve(pool, tenants.a, mine.id, "k", "send", {}, lease=held.lease)
+    assert res.fresh
+
+
+async def test_G13_an_operation_whose_task_s_lease_ends_this_instant_is_unsettled_work(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Recovery's work list reads a lease as live until its expiry, not at it (as the
+    claim's recovery does: a lease that expires at now() is taken over). In one
+    transaction, where now() stands still. Kills generated
+    ``gen-operations-operation_list_unsettled-cmp-5`` (``>=``)."""
+    await tasks.create(pool, tenants.a, "ending")
+    [held] = await leases.claim(pool, "w1", task_types=["ending"])
+    await operations.reserve(pool, tenants.a, held.id, "k-end", "psp.charge", {}, lease=held.lease)
+    assert [o.idempotency_key for o in await operations.list_unsettled(admin_conn)] == []
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # the lease runs out, to this very instant
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET lease_expires_at = now() WHERE id = $1", held.id
+        )
+        listed = await operations.list_unsettled(admin_conn)
+    assert [o.idempotency_key for o in listed] == ["k-end"]

@@ -188,9 +188,13 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
            row_number() OVER (PARTITION BY o.tenant_id ORDER BY o.wake_at, o.id) AS nth
     FROM offered o
 ), expired AS (
+    -- Running tasks whose lease expired, tested by the expiry alone (only a
+    -- running task has a lease: agent_tasks_running_is_leased), so that only
+    -- agent_tasks_lease_expiry_idx's range of expiries can answer it, never a
+    -- whole read of agent_tasks_running_idx (0022.lease_expiry's header).
     SELECT tenant_id, id, state AS from_state
     FROM agent_tasks
-    WHERE state = 'running' AND lease_expires_at <= now() AND attempts < max_attempts
+    WHERE lease_expires_at <= now() AND attempts < max_attempts
       AND ($4::text[] IS NULL OR task_type = ANY ($4))
       AND (deadline_at IS NULL OR deadline_at > now())
     ORDER BY lease_expires_at
