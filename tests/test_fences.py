@@ -979,3 +979,26 @@ async def test_G22_the_signal_wake_touches_only_a_waiting_task(
     )
     assert row is not None
     assert (row["state"], row["wake_at"]) == ("pending", later)
+
+
+async def test_G20_a_reserved_operation_of_a_finished_task_may_still_be_written_as_reserved(
+    tenants: Tenants, runtime_conn: asyncpg.Connection
+) -> None:
+    """The retry guard judges a re-arm only - a failed operation moved back to reserved: an
+    operation still reserved when its task was cancelled may be written with its state
+    named and unchanged (its provider reference recorded, at a version with its event),
+    while the task's failed operation re-armed is refused. Kills generated
+    ``gen-0006.control_flow-agent_operations_for_open_task_retry-and-1`` (the WHEN without
+    ``OLD.state = 'failed'``: any write naming reserved judged a re-arm, AG012)."""
+    task_id = await F.create_task(runtime_conn, tenants.a)
+    reserved = await F.create_operation(runtime_conn, tenants.a, task_id)
+    failed = await F.create_operation(runtime_conn, tenants.a, task_id)
+    await F.update_operation(runtime_conn, tenants.a, failed, state="failed", state_version=1)
+    await F.update_task(runtime_conn, tenants.a, task_id, state="cancelled", state_version=1)
+    version = await F.update_operation(runtime_conn, tenants.a, reserved, state="reserved",
+                                       provider_reference="p-1", state_version=1)  # fmt: skip
+    assert version == 1
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await F.update_operation(runtime_conn, tenants.a, failed, state="reserved", attempts=2,
+                                 state_version=2)  # fmt: skip
+    assert refused.value.sqlstate == "AG012"
