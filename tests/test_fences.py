@@ -1002,3 +1002,24 @@ async def test_G20_a_reserved_operation_of_a_finished_task_may_still_be_written_
         await F.update_operation(runtime_conn, tenants.a, failed, state="reserved", attempts=2,
                                  state_version=2)  # fmt: skip
     assert refused.value.sqlstate == "AG012"
+
+
+async def test_G2_G22_a_signal_wakes_its_own_tenant_s_task_not_a_twin_waiting_for_it(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant a's task and tenant b's task of the same id both wait for "approval": a's
+    signal wakes a's task and leaves b's asleep, until b's own signal wakes it. Kills
+    generated ``gen-0006.control_flow-agentdb_deliver_signal-tenant-2`` (the wake-up by task
+    id alone: both twins woken, the signal refused)."""
+    shared = await _twins(pool, tenants, b_state="pending")
+    for kind in ("twin-b", "twin-a"):
+        [held] = await leases.claim(pool, "w", task_types=[kind])
+        asleep = await tasks.wait_for_signal(pool, held, "approval", lease=_lease(held))
+        assert asleep.state == "waiting"
+    states = "SELECT tenant_id, state FROM agent_tasks WHERE id = $1"
+    await tasks.signal(pool, tenants.a, shared, "approval")
+    woken = {r["tenant_id"]: r["state"] for r in await admin_conn.fetch(states, shared)}
+    assert woken == {tenants.a: "pending", tenants.b: "waiting"}
+    await tasks.signal(pool, tenants.b, shared, "approval")
+    woken = {r["tenant_id"]: r["state"] for r in await admin_conn.fetch(states, shared)}
+    assert woken == {tenants.a: "pending", tenants.b: "pending"}
