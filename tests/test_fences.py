@@ -1023,3 +1023,33 @@ async def test_G2_G22_a_signal_wakes_its_own_tenant_s_task_not_a_twin_waiting_fo
     await tasks.signal(pool, tenants.b, shared, "approval")
     woken = {r["tenant_id"]: r["state"] for r in await admin_conn.fetch(states, shared)}
     assert woken == {tenants.a: "pending", tenants.b: "pending"}
+
+
+async def test_G20_a_re_arm_racing_a_cancel_waits_for_it_and_is_refused(
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    runtime_conn: asyncpg.Connection,
+    other_conn: asyncpg.Connection,
+) -> None:
+    """Two connections: one cancels the task and holds its transaction open; the other
+    re-arms the task's failed operation meanwhile. The open-task guard reads the task
+    under a row lock, so the re-arm waits for the cancel and, once it commits, is refused
+    (a re-arm that read the task before the cancel committed would otherwise slip in after
+    it). Kills generated ``gen-0006.control_flow-agentdb_guard_open_task-lock-1`` (the
+    task read without FOR SHARE: the re-arm lands)."""
+    task_id = await F.create_task(runtime_conn, tenants.a)
+    op = await F.create_operation(runtime_conn, tenants.a, task_id)
+    await F.update_operation(runtime_conn, tenants.a, op, state="failed", state_version=1)
+    async with runtime_conn.transaction():
+        await tasks.cancel(runtime_conn, tenants.a, task_id)
+        rearm = asyncio.create_task(
+            F.update_operation(
+                other_conn, tenants.a, op, state="reserved", attempts=2, state_version=2
+            )
+        )
+        await F.wait_until_blocked(admin_conn, other_conn.get_server_pid())
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await asyncio.wait_for(rearm, 20)
+    assert refused.value.sqlstate == "AG012"
+    state = await admin_conn.fetchval("SELECT state FROM agent_operations WHERE id = $1", op)
+    assert state == "failed"
