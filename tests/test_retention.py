@@ -286,6 +286,23 @@ async def _purge_tasks(admin: asyncpg.Connection, tenant: uuid.UUID, scope: str)
 
 
 @pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_a_finished_task_whose_audit_trail_is_retained_stays(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A cancelled task with nothing but its own events - no operation, message, artifact,
+    signal, step, child or budget - is older than a purge age of 0, but its audit trail is
+    still retained: the tasks purge leaves it; once the events purge has taken the trail,
+    it goes. Kills generated ``gen-0020.books_first-agentdb_purge_tasks-and-10`` (every
+    tenant's purge forgetting the events: the task taken from under its trail, which
+    agent_events_task_fkey refuses)."""
+    task = await tasks.create(pool, tenants.a, "t-trail")
+    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
+    await _trail_gone(admin_conn)
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
+
+
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purge(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
