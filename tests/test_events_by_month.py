@@ -712,3 +712,29 @@ async def test_G8_a_forged_operation_event_racing_the_move_it_copies_waits_and_i
     )
     state = await admin_conn.fetchval("SELECT state FROM agent_operations WHERE id = $1", op)
     assert (counted, state) == (1, "in_flight")
+
+
+async def test_G8_an_event_dated_at_the_cut_over_instant_moves_to_the_default_partition(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Converting an install moves each event dated from the cut-over (the first instant of
+    next month, UTC) on into the DEFAULT partition, the legacy one keeping what is older:
+    an event dated exactly at the cut-over is moved, not lost. One transaction, so the
+    cut-over the conversion computes is the one the event was dated with. Kills generated
+    ``gen-0011.retention-agentdb_partition_events-cmp-4`` (``>``: the event at the
+    cut-over deleted from the legacy partition and copied nowhere)."""
+    await admin_conn.execute("CALL agentdb_unpartition_events()")
+    task = await F.create_task(admin_conn, tenants.a)
+    async with admin_conn.transaction():
+        cutover = await admin_conn.fetchval(
+            "SELECT date_trunc('month', now(), 'UTC') + interval '1 month'"
+        )
+        before = await F.event(admin_conn, tenants.a, task,
+                               created_at=cutover - timedelta(microseconds=1))  # fmt: skip
+        at = await F.event(admin_conn, tenants.a, task, created_at=cutover)
+        await admin_conn.execute("CALL agentdb_partition_events()")
+    assert cutover == _month(1)
+    assert (await _where(admin_conn, before), await _where(admin_conn, at)) == (
+        "agent_events_legacy",
+        "agent_events_default",
+    )
