@@ -1191,3 +1191,21 @@ async def test_G19_a_window_that_ends_this_instant_counts_no_calls(
         )
         [limit] = await budgets.list_rate_limits(admin_conn, tenants.a, include_global=False)
         assert limit.used == 0
+
+
+async def test_G19_a_refusal_s_remaining_is_that_of_the_budgets_covering_its_own_task(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The tenant's budget (1 000 tokens) and the task's own (300) cover the task; a
+    sibling task's budget of 5 does not. A reservation of 301 on the task is refused with
+    300 remaining - the tighter of its own two, not the sibling's 5. Kills generated
+    ``gen-budgets-budget_left-and-3`` (every task budget of the tenant read as covering
+    the task)."""
+    task = await _task(pool, tenants.a)
+    sibling = await _task(pool, tenants.a)
+    await budgets.set_budget(pool, tenants.a, "tokens", 1_000)
+    await budgets.set_budget(pool, tenants.a, "tokens", 300, task_id=task)
+    await budgets.set_budget(pool, tenants.a, "tokens", 5, task_id=sibling)
+    with pytest.raises(BudgetExceeded) as refused:
+        await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 301})
+    assert refused.value.remaining == {"tokens": 300}
