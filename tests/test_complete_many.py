@@ -563,3 +563,25 @@ async def test_G12_finish_many_finishes_the_tenant_s_task_not_a_twin_s(
         tenants.a: "succeeded",
         tenants.b: "running",
     }
+
+
+async def test_G2_G8_complete_many_writes_one_event_though_another_tenant_has_the_task_id(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Task ids are the caller's: tenant b has a task of the id of a's. Completing a's
+    operation in a batch writes one success event, a's, with a's workflow version. Kills
+    generated ``gen-operations-operation_complete_many-tenant-7`` (the event's task joined
+    by id alone: an event for each tenant's task of that id, the second refused as a
+    second record of the operation's version)."""
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.b, "t-twin", task_id=shared, workflow_version="b-v9")
+    await tasks.create(pool, tenants.a, "t-mine", task_id=shared, workflow_version="a-v1")
+    op = (await operations.reserve(pool, tenants.a, shared, "k", "llm", {})).operation
+    [done] = await operations.complete_many(pool, [Completion(op, provider_reference="p")])
+    assert not isinstance(done, Exception), done
+    events = await admin_conn.fetch(
+        "SELECT tenant_id, policy_version FROM agent_events WHERE operation_id = $1"
+        " AND event_type = 'operation.succeeded'",
+        op.id,
+    )
+    assert [(r["tenant_id"], r["policy_version"]) for r in events] == [(tenants.a, "a-v1")]
