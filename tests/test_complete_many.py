@@ -585,3 +585,25 @@ async def test_G2_G8_complete_many_writes_one_event_though_another_tenant_has_th
         op.id,
     )
     assert [(r["tenant_id"], r["policy_version"]) for r in events] == [(tenants.a, "a-v1")]
+
+
+async def test_G7_complete_many_does_not_settle_a_succeeded_operation_again(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """An operation completed alone, then named in a batch at the version it reached -
+    the version matches, the state is settled: the batch refuses it and writes nothing,
+    its provider reference and its one success event stay. Kills generated
+    ``gen-operations-operation_complete_many-and-3`` (the unsettled test dropped: a
+    succeeded operation succeeded again, with a second event)."""
+    task = await tasks.create(pool, tenants.a, "t")
+    reserved = (await operations.reserve(pool, tenants.a, task.id, "k", "llm", {})).operation
+    done = await operations.complete(pool, reserved, provider_reference="p-1")
+    [again] = await operations.complete_many(pool, [Completion(done, provider_reference="p-2")])
+    assert isinstance(again, StaleVersion), again
+    row = await admin_conn.fetchrow(
+        "SELECT state, state_version, provider_reference FROM agent_operations WHERE id = $1",
+        done.id,
+    )
+    assert row is not None
+    assert tuple(row) == ("succeeded", done.state_version, "p-1")
+    assert await _events(admin_conn, task.id, "operation.succeeded") == 1
