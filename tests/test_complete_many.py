@@ -607,3 +607,27 @@ async def test_G7_complete_many_does_not_settle_a_succeeded_operation_again(
     assert row is not None
     assert tuple(row) == ("succeeded", done.state_version, "p-1")
     assert await _events(admin_conn, task.id, "operation.succeeded") == 1
+
+
+async def test_G12_reserve_many_fences_a_same_owner_stale_holder_by_its_token(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A worker restarted under the same id took its own expired lease over (token 1, then
+    2): a batch reservation under the stale lease is refused - the owner's name alone
+    fences nothing - and reserves nothing; under the current one it is taken. Kills
+    generated ``gen-operations-operation_reserve_many-and-3`` (the lease checked by its
+    owner alone)."""
+    await tasks.create(pool, tenants.a, "t")
+    [stale] = await leases.claim(pool, "w-host-1", lease_ttl=HOUR)
+    await F.expire_lease(admin_conn, stale.id)
+    [current] = await leases.claim(pool, "w-host-1", lease_ttl=HOUR)
+    assert stale.lease is not None
+    assert current.lease is not None
+    assert (stale.id, stale.lease.token, current.lease.token) == (current.id, 1, 2)
+    [lost] = await operations.reserve_many(pool, [ReserveRequest(stale.lease, "k", "llm", {})])
+    assert isinstance(lost, LeaseLost), lost
+    count = "SELECT count(*) FROM agent_operations WHERE task_id = $1"
+    assert await admin_conn.fetchval(count, current.id) == 0
+    [mine] = await operations.reserve_many(pool, [ReserveRequest(current.lease, "k", "llm", {})])
+    assert not isinstance(mine, Exception), mine
+    assert mine.fresh
