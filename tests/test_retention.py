@@ -484,6 +484,29 @@ async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", busy.id)
 
 
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_G19_a_task_s_budget_goes_with_it_though_another_task_keeps_its_trail(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A cancelled task's own budget goes with the task once the task's audit trail has,
+    though another task of the tenant, made since, still has its trail: that task's
+    events keep it, not the first one's budget. Kills generated
+    ``gen-0011.retention-agentdb_purge_books-cmp-20`` (``e.task_id <> k.id``: any other
+    task's event keeping the budget, and with it the task)."""
+    from agentdb import budgets
+
+    task = await tasks.create(pool, tenants.a, "t-budgeted")
+    await budgets.set_budget(pool, tenants.a, "usd", 100, task_id=task.id)
+    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    await _trail_gone(admin_conn)
+    kept = await tasks.create(pool, tenants.a, "t-kept")  # its trail is new: retained
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
+    budgets_left = "SELECT count(*) FROM agent_budgets WHERE tenant_id = $1"
+    assert await admin_conn.fetchval(budgets_left, tenants.a) == 0
+    left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [kept.id]
+
+
 async def test_G9_G19_the_books_of_what_stays_stay(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
