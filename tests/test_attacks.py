@@ -809,6 +809,24 @@ def _wait_at(isolation: str, *, on: str) -> Step:
     return step
 
 
+def _parent_ended_at(isolation: str) -> Step:
+    """A parent of tenant a waiting for its one open child, then cancelled - a raw write
+    that leaves wait_children as it was - in a transaction at ``isolation``: an end, not a
+    wait, so nothing is counted and any level will do. (Kills generated
+    ``gen-0006.control_flow-agent_tasks_children_guard-and-1``: the WHEN without
+    ``NEW.state = 'waiting'`` sends the end to the guard, which refuses it at RR, AG016.)"""
+
+    async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        parent = await F.create_task(conn, ctx.a)
+        await F.create_task(conn, ctx.a, parent_id=parent, child_key="c1")
+        await F.update_task(conn, ctx.a, parent, state="waiting", wake_at=INFINITY,
+                            wait_children=1, state_version=1)  # fmt: skip
+        async with conn.transaction(isolation=isolation):  # type: ignore[arg-type]
+            return await F.update_task(conn, ctx.a, parent, state="cancelled", state_version=2)
+
+    return step
+
+
 def _fan_in_at(isolation: str) -> Step:
     """A parent of tenant a waiting for its one child, which then finishes (cancelled) in a
     transaction at ``isolation``."""
@@ -2208,6 +2226,14 @@ CASES: list[Case] = [
         "AG016",
         _wait_at(RC, on="children"),
         _wait_at(RR, on="children"),
+    ),
+    # An end at RR is no wait: only a wait needs READ COMMITTED.
+    Case(
+        "agent_tasks_children_guard",
+        "AG016",
+        _parent_ended_at(RR),
+        _wait_at(RR, on="children"),
+        label="ended",
     ),
     Case(
         "agent_tasks_child_dedupe_reserved",

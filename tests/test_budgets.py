@@ -1220,3 +1220,38 @@ async def test_G19_a_reservation_holds_each_cost_on_its_own_unit_s_budget(
         tenants.a,
     )
     assert [(h["unit"], h["amount"]) for h in holds] == [("tokens", 300), ("usd", 2), ("usd", 5)]
+
+
+async def test_G19_a_refusal_s_remaining_is_that_of_the_budgets_covering_its_own_task(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The tenant's budget (1 000 tokens) and the task's own (300) cover the task; a
+    sibling task's budget of 5 does not. A reservation of 301 on the task is refused with
+    300 remaining - the tighter of its own two, not the sibling's 5. Kills generated
+    ``gen-budgets-budget_left-and-3`` (every task budget of the tenant read as covering
+    the task)."""
+    task = await _task(pool, tenants.a)
+    sibling = await _task(pool, tenants.a)
+    await budgets.set_budget(pool, tenants.a, "tokens", 1_000)
+    await budgets.set_budget(pool, tenants.a, "tokens", 300, task_id=task)
+    await budgets.set_budget(pool, tenants.a, "tokens", 5, task_id=sibling)
+    with pytest.raises(BudgetExceeded) as refused:
+        await operations.reserve(pool, tenants.a, task, "k", "llm", {}, cost={"tokens": 301})
+    assert refused.value.remaining == {"tokens": 300}
+
+
+@pytest.mark.plain_postgres("global rate limits are refused on Citus by design")
+async def test_G19_a_refusal_s_retry_after_skips_a_global_limit_of_one_with_room(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """The tenant's limit of the action is paused (0 calls a minute) and refuses; the
+    global limit of the action, one call a day, has its call still to make. retry_after
+    is the end of the tenant's minute - the global day, not used up, says nothing about
+    it. Kills generated ``gen-budgets-global_rate_window-int-1`` (``max_calls = 1``: a
+    global limit of one call read as shut)."""
+    await budgets.set_rate_limit(pool, tenants.a, "chat-1", 0, timedelta(minutes=1))
+    await budgets.set_global_rate_limit(pool, "chat-1", 1, timedelta(days=1))
+    with pytest.raises(RateLimited) as refused:
+        await operations.reserve(pool, tenants.a, await _task(pool, tenants.a), "k", "chat-1", {})
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)

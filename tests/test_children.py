@@ -636,3 +636,60 @@ async def test_G2_G23_a_parent_s_children_are_its_own_tenant_s(
     mine = await tasks.create(pool, tenants.a, "child", parent=parent.id, child_key="c")
     await tasks.create(pool, tenants.b, "child", parent=parent.id, child_key="c")
     assert [c.task.id for c in await children.children(pool, tenants.a, parent.id)] == [mine.id]
+
+
+async def test_G2_G23_a_wait_for_all_its_children_counts_its_own_not_a_twin_parent_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenant b's parent of the same id as a's has two children, a's has one: a's count is
+    one, so a wait for all of them waits for that one (a wait for two is refused), and its
+    finishing wakes a's parent. Kills generated ``gen-children-child_count-tenant-1``
+    (children counted by parent id alone: three)."""
+    twin = uuid.uuid4()
+    await tasks.create(pool, tenants.a, "c-all-a", task_id=twin)
+    await tasks.create(pool, tenants.b, "c-all-b", task_id=twin)
+    [a_held] = await leases.claim(pool, "w", task_types=["c-all-a"])
+    [b_held] = await leases.claim(pool, "w", task_types=["c-all-b"])
+    for i in range(2):
+        await children.spawn(pool, b_held, "c-all-b-line", f"l{i}")
+    await children.spawn(pool, a_held, "c-all-a-line", "only")
+    counts = [await children.count(pool, tenant, twin) for tenant in (tenants.a, tenants.b)]
+    assert counts == [1, 2]
+    with pytest.raises(ConfigurationError):
+        await children.wait_for(pool, a_held, lease=a_held.lease, finished=2)
+    await children.wait_for(pool, a_held, lease=a_held.lease)
+    assert (await tasks.get(pool, tenants.a, twin)).state == "waiting"
+    [line] = await leases.claim(pool, "w", task_types=["c-all-a-line"])
+    await _finish_claimed(pool, line, "succeeded")
+    assert (await tasks.get(pool, tenants.a, twin)).state == "pending"
+
+
+async def test_G2_G20_a_new_child_is_judged_by_its_own_tenant_s_parent_not_a_twin(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A parent id is unique per tenant only: for each tenant in turn, its open parent
+    takes a child though the other tenant's parent of that id (written first) is
+    cancelled, and its cancelled parent takes none though the other's is open. Kills
+    generated ``gen-0006.control_flow-agentdb_guard_child-tenant-1`` (the parent read by
+    id alone: the twin's state judged)."""
+    for mine, theirs in ((tenants.a, tenants.b), (tenants.b, tenants.a)):
+        for open_mine in (True, False):
+            shared = uuid.uuid4()
+            kind = f"c-judged-{uuid.uuid4().hex[:8]}"
+            for tenant, is_open in ((theirs, not open_mine), (mine, open_mine)):
+                await tasks.create(
+                    pool, tenant, kind if tenant == mine else "c-twin", task_id=shared
+                )
+                if not is_open:
+                    await tasks.transition(pool, tenant, shared, expected_version=0,
+                                           to_state="cancelled")  # fmt: skip
+            if open_mine:
+                [held] = await leases.claim(pool, "w", task_types=[kind])
+                child = await children.spawn(pool, held, "c-line", "only")
+                assert child.tenant_id == mine
+                assert [c.task.id for c in await children.children(pool, mine, shared)] == [
+                    child.id
+                ]
+            else:
+                with pytest.raises(TaskFinished):
+                    await tasks.create(pool, mine, "c-line", parent=shared, child_key="only")

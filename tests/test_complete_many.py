@@ -622,3 +622,71 @@ async def test_G19_complete_many_spends_a_re_armed_operation_s_own_attempt_once(
     )
     assert book is not None
     assert (book["spent"], book["held"]) == (5, 0)
+
+
+async def test_G2_G8_complete_many_writes_one_event_though_another_tenant_has_the_task_id(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Task ids are the caller's: tenant b has a task of the id of a's. Completing a's
+    operation in a batch writes one success event, a's, with a's workflow version. Kills
+    generated ``gen-operations-operation_complete_many-tenant-7`` (the event's task joined
+    by id alone: an event for each tenant's task of that id, the second refused as a
+    second record of the operation's version)."""
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.b, "t-twin", task_id=shared, workflow_version="b-v9")
+    await tasks.create(pool, tenants.a, "t-mine", task_id=shared, workflow_version="a-v1")
+    op = (await operations.reserve(pool, tenants.a, shared, "k", "llm", {})).operation
+    [done] = await operations.complete_many(pool, [Completion(op, provider_reference="p")])
+    assert not isinstance(done, Exception), done
+    events = await admin_conn.fetch(
+        "SELECT tenant_id, policy_version FROM agent_events WHERE operation_id = $1"
+        " AND event_type = 'operation.succeeded'",
+        op.id,
+    )
+    assert [(r["tenant_id"], r["policy_version"]) for r in events] == [(tenants.a, "a-v1")]
+
+
+async def test_G7_complete_many_does_not_settle_a_succeeded_operation_again(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """An operation completed alone, then named in a batch at the version it reached -
+    the version matches, the state is settled: the batch refuses it and writes nothing,
+    its provider reference and its one success event stay. Kills generated
+    ``gen-operations-operation_complete_many-and-3`` (the unsettled test dropped: a
+    succeeded operation succeeded again, with a second event)."""
+    task = await tasks.create(pool, tenants.a, "t")
+    reserved = (await operations.reserve(pool, tenants.a, task.id, "k", "llm", {})).operation
+    done = await operations.complete(pool, reserved, provider_reference="p-1")
+    [again] = await operations.complete_many(pool, [Completion(done, provider_reference="p-2")])
+    assert isinstance(again, StaleVersion), again
+    row = await admin_conn.fetchrow(
+        "SELECT state, state_version, provider_reference FROM agent_operations WHERE id = $1",
+        done.id,
+    )
+    assert row is not None
+    assert tuple(row) == ("succeeded", done.state_version, "p-1")
+    assert await _events(admin_conn, task.id, "operation.succeeded") == 1
+
+
+async def test_G12_reserve_many_fences_a_same_owner_stale_holder_by_its_token(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A worker restarted under the same id took its own expired lease over (token 1, then
+    2): a batch reservation under the stale lease is refused - the owner's name alone
+    fences nothing - and reserves nothing; under the current one it is taken. Kills
+    generated ``gen-operations-operation_reserve_many-and-3`` (the lease checked by its
+    owner alone)."""
+    await tasks.create(pool, tenants.a, "t")
+    [stale] = await leases.claim(pool, "w-host-1", lease_ttl=HOUR)
+    await F.expire_lease(admin_conn, stale.id)
+    [current] = await leases.claim(pool, "w-host-1", lease_ttl=HOUR)
+    assert stale.lease is not None
+    assert current.lease is not None
+    assert (stale.id, stale.lease.token, current.lease.token) == (current.id, 1, 2)
+    [lost] = await operations.reserve_many(pool, [ReserveRequest(stale.lease, "k", "llm", {})])
+    assert isinstance(lost, LeaseLost), lost
+    count = "SELECT count(*) FROM agent_operations WHERE task_id = $1"
+    assert await admin_conn.fetchval(count, current.id) == 0
+    [mine] = await operations.reserve_many(pool, [ReserveRequest(current.lease, "k", "llm", {})])
+    assert not isinstance(mine, Exception), mine
+    assert mine.fresh

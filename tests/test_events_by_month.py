@@ -676,3 +676,65 @@ async def test_G8_an_event_exactly_a_day_older_than_its_task_records_its_version
         await admin_conn.execute(_NEXT_VERSION, task)
     reached = await admin_conn.fetchval("SELECT state_version FROM agent_tasks WHERE id = $1", task)
     assert reached == 1
+
+
+async def test_G8_a_forged_operation_event_racing_the_move_it_copies_waits_and_is_refused(
+    admin_conn: asyncpg.Connection, other_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Two connections at READ COMMITTED: one moves an operation to version 1 with its
+    event, the other inserts a second event for version 1 while the first is open and
+    commits first. The forger's check takes the operation's row, which the mover holds:
+    it waits, and once the mover commits it counts both events and is refused as the
+    second record of the version; the mover's change stands. Kills generated
+    ``gen-0011.retention-agentdb_event_records_once-lock-2`` (the operation read without
+    FOR NO KEY UPDATE: no wait, the forger judged on the version before the move)."""
+    task = await F.create_task(admin_conn, tenants.a)
+    op = await F.create_operation(admin_conn, tenants.a, task)
+    mover = admin_conn.transaction()
+    forger = other_conn.transaction()
+    await mover.start()
+    await forger.start()
+    await admin_conn.execute(
+        "UPDATE agent_operations SET state = 'in_flight', state_version = 1 WHERE id = $1", op
+    )
+    await F.event(admin_conn, tenants.a, task, operation_id=op, operation_state_version=1)
+    await F.event(other_conn, tenants.a, task, operation_id=op, operation_state_version=1)
+    pending = asyncio.ensure_future(forger.commit())
+    await F.wait_until_blocked(admin_conn, other_conn.get_server_pid())
+    await mover.commit()
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await pending
+    _refused_by(caught.value, "agent_events_operation_version_key", in_transaction=True)
+    assert isinstance(caught.value, asyncpg.UniqueViolationError)  # two, not one ahead
+    counted = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_events WHERE operation_id = $1 AND operation_state_version = 1",
+        op,
+    )
+    state = await admin_conn.fetchval("SELECT state FROM agent_operations WHERE id = $1", op)
+    assert (counted, state) == (1, "in_flight")
+
+
+async def test_G8_an_event_dated_at_the_cut_over_instant_moves_to_the_default_partition(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """Converting an install moves each event dated from the cut-over (the first instant of
+    next month, UTC) on into the DEFAULT partition, the legacy one keeping what is older:
+    an event dated exactly at the cut-over is moved, not lost. One transaction, so the
+    cut-over the conversion computes is the one the event was dated with. Kills generated
+    ``gen-0011.retention-agentdb_partition_events-cmp-4`` (``>``: the event at the
+    cut-over deleted from the legacy partition and copied nowhere)."""
+    await admin_conn.execute("CALL agentdb_unpartition_events()")
+    task = await F.create_task(admin_conn, tenants.a)
+    async with admin_conn.transaction():
+        cutover = await admin_conn.fetchval(
+            "SELECT date_trunc('month', now(), 'UTC') + interval '1 month'"
+        )
+        before = await F.event(admin_conn, tenants.a, task,
+                               created_at=cutover - timedelta(microseconds=1))  # fmt: skip
+        at = await F.event(admin_conn, tenants.a, task, created_at=cutover)
+        await admin_conn.execute("CALL agentdb_partition_events()")
+    assert cutover == _month(1)
+    assert (await _where(admin_conn, before), await _where(admin_conn, at)) == (
+        "agent_events_legacy",
+        "agent_events_default",
+    )

@@ -979,3 +979,77 @@ async def test_G22_the_signal_wake_touches_only_a_waiting_task(
     )
     assert row is not None
     assert (row["state"], row["wake_at"]) == ("pending", later)
+
+
+async def test_G20_a_reserved_operation_of_a_finished_task_may_still_be_written_as_reserved(
+    tenants: Tenants, runtime_conn: asyncpg.Connection
+) -> None:
+    """The retry guard judges a re-arm only - a failed operation moved back to reserved: an
+    operation still reserved when its task was cancelled may be written with its state
+    named and unchanged (its provider reference recorded, at a version with its event),
+    while the task's failed operation re-armed is refused. Kills generated
+    ``gen-0006.control_flow-agent_operations_for_open_task_retry-and-1`` (the WHEN without
+    ``OLD.state = 'failed'``: any write naming reserved judged a re-arm, AG012)."""
+    task_id = await F.create_task(runtime_conn, tenants.a)
+    reserved = await F.create_operation(runtime_conn, tenants.a, task_id)
+    failed = await F.create_operation(runtime_conn, tenants.a, task_id)
+    await F.update_operation(runtime_conn, tenants.a, failed, state="failed", state_version=1)
+    await F.update_task(runtime_conn, tenants.a, task_id, state="cancelled", state_version=1)
+    version = await F.update_operation(runtime_conn, tenants.a, reserved, state="reserved",
+                                       provider_reference="p-1", state_version=1)  # fmt: skip
+    assert version == 1
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await F.update_operation(runtime_conn, tenants.a, failed, state="reserved", attempts=2,
+                                 state_version=2)  # fmt: skip
+    assert refused.value.sqlstate == "AG012"
+
+
+async def test_G2_G22_a_signal_wakes_its_own_tenant_s_task_not_a_twin_waiting_for_it(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant a's task and tenant b's task of the same id both wait for "approval": a's
+    signal wakes a's task and leaves b's asleep, until b's own signal wakes it. Kills
+    generated ``gen-0006.control_flow-agentdb_deliver_signal-tenant-2`` (the wake-up by task
+    id alone: both twins woken, the signal refused)."""
+    shared = await _twins(pool, tenants, b_state="pending")
+    for kind in ("twin-b", "twin-a"):
+        [held] = await leases.claim(pool, "w", task_types=[kind])
+        asleep = await tasks.wait_for_signal(pool, held, "approval", lease=_lease(held))
+        assert asleep.state == "waiting"
+    states = "SELECT tenant_id, state FROM agent_tasks WHERE id = $1"
+    await tasks.signal(pool, tenants.a, shared, "approval")
+    woken = {r["tenant_id"]: r["state"] for r in await admin_conn.fetch(states, shared)}
+    assert woken == {tenants.a: "pending", tenants.b: "waiting"}
+    await tasks.signal(pool, tenants.b, shared, "approval")
+    woken = {r["tenant_id"]: r["state"] for r in await admin_conn.fetch(states, shared)}
+    assert woken == {tenants.a: "pending", tenants.b: "pending"}
+
+
+async def test_G20_a_re_arm_racing_a_cancel_waits_for_it_and_is_refused(
+    tenants: Tenants,
+    admin_conn: asyncpg.Connection,
+    runtime_conn: asyncpg.Connection,
+    other_conn: asyncpg.Connection,
+) -> None:
+    """Two connections: one cancels the task and holds its transaction open; the other
+    re-arms the task's failed operation meanwhile. The open-task guard reads the task
+    under a row lock, so the re-arm waits for the cancel and, once it commits, is refused
+    (a re-arm that read the task before the cancel committed would otherwise slip in after
+    it). Kills generated ``gen-0006.control_flow-agentdb_guard_open_task-lock-1`` (the
+    task read without FOR SHARE: the re-arm lands)."""
+    task_id = await F.create_task(runtime_conn, tenants.a)
+    op = await F.create_operation(runtime_conn, tenants.a, task_id)
+    await F.update_operation(runtime_conn, tenants.a, op, state="failed", state_version=1)
+    async with runtime_conn.transaction():
+        await tasks.cancel(runtime_conn, tenants.a, task_id)
+        rearm = asyncio.create_task(
+            F.update_operation(
+                other_conn, tenants.a, op, state="reserved", attempts=2, state_version=2
+            )
+        )
+        await F.wait_until_blocked(admin_conn, other_conn.get_server_pid())
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await asyncio.wait_for(rearm, 20)
+    assert refused.value.sqlstate == "AG012"
+    state = await admin_conn.fetchval("SELECT state FROM agent_operations WHERE id = $1", op)
+    assert state == "failed"

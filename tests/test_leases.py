@@ -338,3 +338,32 @@ async def test_G12_a_lease_that_ends_this_very_instant_is_taken_over(
     assert [(t.id, t.attempts) for t in taken] == [(task.id, 2)]
     assert taken[0].lease is not None
     assert (taken[0].lease.owner, taken[0].lease.token) == ("w2", 2)
+
+
+async def test_G6_an_exhausted_task_due_at_this_very_instant_is_buried(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A pending task whose attempts are used up is buried once it is due, and it is due
+    at its wake_at itself (``wake_at <= now()``, as a claim takes it). In one transaction,
+    rolled back, whose now() is the task's wake_at, the bury takes it; a second later than
+    now() it does not. Kills generated ``gen-leases-lease_bury_exhausted-cmp-4`` (``<``:
+    a task due this instant left for later)."""
+    await tasks.create(pool, tenants.a, "due-now", max_attempts=1)
+    [held] = await leases.claim(pool, "w", task_types=["due-now"])
+    later = datetime.now(UTC) + timedelta(hours=1)
+    await tasks.transition(pool, tenants.a, held.id, expected_version=held.state_version,
+                           to_state="pending", wake_at=later, lease=held.lease)  # fmt: skip
+    # A bare wake_at write is no transition (agent_tasks_event_required would refuse it at
+    # commit): the bury in between sees the instant.
+    wake = (
+        "UPDATE agent_tasks SET wake_at = now() + $2, state_version = state_version + 1"
+        " WHERE tenant_id = $1 AND id = $3"
+    )
+    for ahead, buried in ((timedelta(seconds=1), []), (timedelta(0), [(tenants.a, held.id)])):
+        tx = admin_conn.transaction()
+        await tx.start()
+        try:
+            await admin_conn.execute(wake, tenants.a, ahead, held.id)
+            assert await leases.bury_exhausted(admin_conn) == buried, ahead
+        finally:
+            await tx.rollback()

@@ -343,3 +343,20 @@ async def test_G10_G22_the_outbox_page_lists_its_state_and_a_timeline_its_own_si
         await tasks.signal(pool, tenant, task.id, name)
     page = await overview.timeline(pool, tenants.a, task.id)
     assert [s["name"] for s in page.signals] == ["mine"]
+
+
+async def test_G2_the_task_list_is_its_tenant_s_tasks_only(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenant a's list shows a's two tasks, in any state and in the state asked for; b's
+    task is b's list alone. Kills generated ``gen-overview-overview_task_list-cmp-1`` (the
+    tenant compared with ``<>``: every other tenant's tasks listed)."""
+    mine = [str((await tasks.create(pool, tenants.a, "job", params={"n": n})).id) for n in range(2)]
+    await tasks.transition(
+        pool, tenants.a, uuid.UUID(mine[1]), expected_version=0, to_state="cancelled"
+    )
+    theirs = str((await tasks.create(pool, tenants.b, "job", params={"n": "b"})).id)
+    assert sorted(r["id"] for r in await overview.task_list(pool, tenants.a)) == sorted(mine)
+    cancelled = await overview.task_list(pool, tenants.a, state="cancelled")
+    assert [r["id"] for r in cancelled] == [mine[1]]
+    assert [r["id"] for r in await overview.task_list(pool, tenants.b)] == [theirs]

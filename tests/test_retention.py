@@ -286,6 +286,23 @@ async def _purge_tasks(admin: asyncpg.Connection, tenant: uuid.UUID, scope: str)
 
 
 @pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_a_finished_task_whose_audit_trail_is_retained_stays(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A cancelled task with nothing but its own events - no operation, message, artifact,
+    signal, step, child or budget - is older than a purge age of 0, but its audit trail is
+    still retained: the tasks purge leaves it; once the events purge has taken the trail,
+    it goes. Kills generated ``gen-0020.books_first-agentdb_purge_tasks-and-10`` (every
+    tenant's purge forgetting the events: the task taken from under its trail, which
+    agent_events_task_fkey refuses)."""
+    task = await tasks.create(pool, tenants.a, "t-trail")
+    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 0
+    await _trail_gone(admin_conn)
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
+
+
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_a_task_id_another_tenant_also_uses_does_not_hold_back_the_purge(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
@@ -465,6 +482,29 @@ async def test_G9_G19_a_purged_task_takes_its_own_budget_with_it(
     # The tenant's own and the busy task's, not the purged task's.
     assert sorted(str(r["task_id"]) for r in left) == sorted(["None", str(busy.id)])
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_tasks WHERE id = $1", busy.id)
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_G19_a_task_s_budget_goes_with_it_though_another_task_keeps_its_trail(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A cancelled task's own budget goes with the task once the task's audit trail has,
+    though another task of the tenant, made since, still has its trail: that task's
+    events keep it, not the first one's budget. Kills generated
+    ``gen-0011.retention-agentdb_purge_books-cmp-20`` (``e.task_id <> k.id``: any other
+    task's event keeping the budget, and with it the task)."""
+    from agentdb import budgets
+
+    task = await tasks.create(pool, tenants.a, "t-budgeted")
+    await budgets.set_budget(pool, tenants.a, "usd", 100, task_id=task.id)
+    await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    await _trail_gone(admin_conn)
+    kept = await tasks.create(pool, tenants.a, "t-kept")  # its trail is new: retained
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
+    budgets_left = "SELECT count(*) FROM agent_budgets WHERE tenant_id = $1"
+    assert await admin_conn.fetchval(budgets_left, tenants.a) == 0
+    left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [kept.id]
 
 
 async def test_G9_G19_the_books_of_what_stays_stay(

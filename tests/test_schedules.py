@@ -317,6 +317,27 @@ _AT = st.datetimes(datetime(2026, 1, 1), datetime(2030, 12, 31)).map(
 )
 
 
+async def test_G24_a_day_of_month_and_a_day_of_week_both_restricted_fire_on_either_only(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """Cron's rule when both day fields are restricted: a day matches on either - here
+    "0 0 13 * 5", the 13th or a Friday - and on no other day. January 2026: Friday the
+    9th, Tuesday the 13th, Friday the 16th. Kills generated
+    ``gen-0007.schedules-agentdb_cron_tick-cmp-3`` (the weekday compared with ``<>``: every
+    day but a Friday matching)."""
+    cron = "0 0 13 * 5"
+    tick = "SELECT agentdb_cron_tick($1, $2, $3)"
+    cases = [
+        (datetime(2026, 1, 10, 12, tzinfo=UTC), True, datetime(2026, 1, 13, tzinfo=UTC)),
+        (datetime(2026, 1, 13, tzinfo=UTC), True, datetime(2026, 1, 16, tzinfo=UTC)),
+        (datetime(2026, 1, 12, 12, tzinfo=UTC), False, datetime(2026, 1, 9, tzinfo=UTC)),
+        (datetime(2026, 1, 15, 12, tzinfo=UTC), False, datetime(2026, 1, 13, tzinfo=UTC)),
+    ]
+    for at, forward, expected in cases:
+        assert await admin_conn.fetchval(tick, cron, at, forward) == expected, (at, forward)
+        assert _matches(cron, expected)
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

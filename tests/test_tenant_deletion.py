@@ -511,3 +511,26 @@ async def test_G17_a_deletion_takes_the_tenant_s_own_signals_and_counts_its_own_
     assert {s.object: s.affected for s in real.steps}["agent_signals"] == 1
     left = await admin_conn.fetch("SELECT tenant_id FROM agent_signals")
     assert [r["tenant_id"] for r in left] == [tenants.b]
+
+
+async def test_G2_G17_another_tenant_s_task_whose_trail_was_purged_stays(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant b's cancelled task whose whole audit trail the events purge took has no event
+    at all - what the deletion of a tenant judges its own tasks by - yet deleting tenant a
+    leaves it: only a's tasks are a's to delete. Kills generated
+    ``gen-0011.retention-agentdb_delete_tenant-tenant-44`` (step 13 deleting every tenant's
+    tasks that no event refers to)."""
+    gone = await tasks.create(pool, tenants.a, "t-gone")
+    kept = await tasks.create(pool, tenants.b, "t-kept")
+    for tenant, task in ((tenants.a, gone), (tenants.b, kept)):
+        await tasks.transition(pool, tenant, task.id, expected_version=0, to_state="cancelled")
+    await _retention_passes(admin_conn, tenants.b)
+    purge = "SELECT agentdb_purge_tenant($1, 'events', 100, interval '0')"
+    assert await admin_conn.fetchval(purge, tenants.b) == 2
+    real = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert {s.step: s.affected for s in real.steps}[13] == 0  # a's task keeps its trail
+    left = await admin_conn.fetch("SELECT tenant_id, id FROM agent_tasks")
+    assert sorted((r["tenant_id"] == tenants.a, r["id"]) for r in left) == sorted(
+        [(False, kept.id), (True, gone.id)]
+    )
