@@ -126,8 +126,8 @@ async def create_pool(
     statement time (docs/benchmarks.md, "Planning"). agentdb's statements do
     not depend on a custom plan for their guarantees or for their reads under
     a held snapshot (each names its index in its form, see
-    ``agentdb/queries/leases.sql``); the test suite passes with every session
-    forced generic. Left as it was where Citus is installed (it cannot plan a
+    ``agentdb/queries/leases.sql``); the test suite was run with every session
+    forced generic (docs/benchmarks.md). Left as it was where Citus is installed (it cannot plan a
     multi-shard statement with parameters generically) and behind a
     transaction pooler (a session setting would leak to other clients, and
     there every statement is unnamed, planned at each execution anyway).
