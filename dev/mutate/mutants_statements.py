@@ -278,8 +278,8 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "leases-claim-live-lease",
         LEASES_SQL,
-        "    WHERE state = 'running' AND lease_expires_at <= now() AND attempts < max_attempts",
-        "    WHERE state = 'running' AND attempts < max_attempts",
+        "    WHERE lease_expires_at <= now() AND attempts < max_attempts",
+        "    WHERE lease_expires_at IS NOT NULL AND attempts < max_attempts",
         (FENCES, T + "test_leases.py"),
         "lease_claim: take over leases that have not expired",
         within="lease_claim",
