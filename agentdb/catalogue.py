@@ -175,8 +175,7 @@ CATALOGUE: Final[tuple[Entry, ...]] = (
     *_entries(
         "G9",
         "agent_events_retention_order",
-        "agent_events_retain_until_idx",
-        "agent_events_payload_expiry_idx",
+        "agent_events_expiry_idx",
         "agent_operations_settled_idx",
         "agent_tasks_finished_idx",
     ),

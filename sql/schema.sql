@@ -10,7 +10,7 @@
 -- then every routine. CURRENT_USER is the role that ran the migrations (the
 -- owner); <schema> the schema they ran in.
 --
--- Migrations: 0001.foundation ... 0022.lease_expiry (22).
+-- Migrations: 0001.foundation ... 0023.event_expiry (23).
 
 -- ==== sequences ====================================================================
 
@@ -189,9 +189,12 @@ CREATE TABLE agent_events (
     CONSTRAINT agent_events_state_valid CHECK (((length(from_state) <= 50) AND (length(to_state) <= 50))),
     CONSTRAINT agent_events_trace_id_format CHECK (((trace_id ~ '^[0-9a-f]{32}$'::text) AND (trace_id <> '00000000000000000000000000000000'::text)))
 );
+CREATE INDEX agent_events_expiry_idx ON agent_events USING btree ((
+CASE
+    WHEN (payload IS NULL) THEN retain_until
+    ELSE payload_expires_at
+END));
 CREATE UNIQUE INDEX agent_events_operation_version_key ON agent_events USING btree (tenant_id, operation_id, operation_state_version) WHERE (operation_id IS NOT NULL);
-CREATE INDEX agent_events_payload_expiry_idx ON agent_events USING btree (payload_expires_at) WHERE (payload IS NOT NULL);
-CREATE INDEX agent_events_retain_until_idx ON agent_events USING btree (retain_until);
 CREATE UNIQUE INDEX agent_events_task_version_key ON agent_events USING btree (tenant_id, task_id, task_state_version);
 CREATE TRIGGER agent_events_append_only BEFORE DELETE OR UPDATE ON agent_events FOR EACH ROW EXECUTE FUNCTION agentdb_guard_append_only();
 CREATE TRIGGER agent_events_no_truncate BEFORE TRUNCATE ON agent_events FOR EACH STATEMENT EXECUTE FUNCTION agentdb_guard_append_only();
@@ -2558,8 +2561,7 @@ BEGIN
     END IF;
     -- The old table, renamed; its name comes back as the partitioned table.
     ALTER TABLE agent_events RENAME TO agent_events_legacy;
-    ALTER INDEX agent_events_retain_until_idx RENAME TO agent_events_legacy_retain_until_idx;
-    ALTER INDEX agent_events_payload_expiry_idx RENAME TO agent_events_legacy_payload_expiry_idx;
+    ALTER INDEX agent_events_expiry_idx RENAME TO agent_events_legacy_expiry_idx;
     ALTER TABLE agent_events_legacy DROP CONSTRAINT agent_events_pkey;
     DROP INDEX agent_events_task_version_key;
     DROP INDEX agent_events_operation_version_key;
@@ -2603,10 +2605,9 @@ BEGIN
     CREATE INDEX agent_events_operation_version_key
         ON agent_events (tenant_id, operation_id, operation_state_version)
         WHERE operation_id IS NOT NULL;
-    -- G9: the retention paths.
-    CREATE INDEX agent_events_retain_until_idx ON agent_events (retain_until);
-    CREATE INDEX agent_events_payload_expiry_idx ON agent_events (payload_expires_at)
-        WHERE payload IS NOT NULL;
+    -- G9: the retention paths (0023.event_expiry).
+    CREATE INDEX agent_events_expiry_idx ON agent_events
+        ((CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END));
 
     -- G8: append-only, as one table is - the row triggers are cloned onto every partition.
     CREATE TRIGGER agent_events_append_only
@@ -2731,12 +2732,15 @@ BEGIN
     WHEN 'event_payloads' THEN
         UPDATE agent_events e SET payload = NULL
         FROM (SELECT tenant_id, id, created_at FROM agent_events
-              WHERE payload IS NOT NULL AND payload_expires_at <= now()
+              WHERE (CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END) <= now()
+                AND payload IS NOT NULL
               LIMIT p_batch FOR UPDATE SKIP LOCKED) v
         WHERE e.tenant_id = v.tenant_id AND e.id = v.id AND e.created_at = v.created_at;
     WHEN 'events' THEN
         DELETE FROM agent_events e
-        USING (SELECT tenant_id, id, created_at FROM agent_events WHERE retain_until <= now()
+        USING (SELECT tenant_id, id, created_at FROM agent_events
+               WHERE (CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END) <= now()
+                 AND retain_until <= now()
                LIMIT p_batch FOR UPDATE SKIP LOCKED) v
         WHERE e.tenant_id = v.tenant_id AND e.id = v.id AND e.created_at = v.created_at;
     WHEN 'outbox_delivered' THEN
@@ -2968,14 +2972,18 @@ BEGIN
     WHEN 'event_payloads' THEN
         WITH v AS MATERIALIZED (
             SELECT id, created_at FROM agent_events
-            WHERE tenant_id = p_tenant AND payload IS NOT NULL AND payload_expires_at <= now()
+            WHERE tenant_id = p_tenant
+              AND (CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END) <= now()
+              AND payload IS NOT NULL
             LIMIT p_batch FOR UPDATE SKIP LOCKED)
         UPDATE agent_events e SET payload = NULL FROM v
         WHERE e.tenant_id = p_tenant AND e.id = v.id AND e.created_at = v.created_at;
     WHEN 'events' THEN
         WITH v AS MATERIALIZED (
             SELECT id, created_at FROM agent_events
-            WHERE tenant_id = p_tenant AND retain_until <= now()
+            WHERE tenant_id = p_tenant
+              AND (CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END) <= now()
+              AND retain_until <= now()
             LIMIT p_batch FOR UPDATE SKIP LOCKED)
         DELETE FROM agent_events e USING v
         WHERE e.tenant_id = p_tenant AND e.id = v.id AND e.created_at = v.created_at;
@@ -3380,7 +3388,7 @@ CREATE OR REPLACE FUNCTION agentdb_schema_version()
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
  SET search_path TO <schema>, pg_temp
-AS $function$ SELECT '0022.lease_expiry'::text $function$;
+AS $function$ SELECT '0023.event_expiry'::text $function$;
 
 CREATE OR REPLACE FUNCTION agentdb_scope_tenant(p_tenant uuid)
  RETURNS uuid
@@ -3435,8 +3443,7 @@ BEGIN
         PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
     END IF;
     ALTER TABLE agent_events RENAME TO agent_events_by_month;
-    ALTER INDEX agent_events_retain_until_idx RENAME TO agent_events_by_month_retain_until_idx;
-    ALTER INDEX agent_events_payload_expiry_idx RENAME TO agent_events_by_month_payload_expiry_idx;
+    ALTER INDEX agent_events_expiry_idx RENAME TO agent_events_by_month_expiry_idx;
     -- (Dropped, not renamed: Citus cannot rename a distributed table's constraint.)
     ALTER TABLE agent_events_by_month DROP CONSTRAINT agent_events_pkey;
 
@@ -3469,9 +3476,8 @@ BEGIN
     CREATE UNIQUE INDEX agent_events_operation_version_key
         ON agent_events (tenant_id, operation_id, operation_state_version)
         WHERE operation_id IS NOT NULL;
-    CREATE INDEX agent_events_retain_until_idx ON agent_events (retain_until);
-    CREATE INDEX agent_events_payload_expiry_idx ON agent_events (payload_expires_at)
-        WHERE payload IS NOT NULL;
+    CREATE INDEX agent_events_expiry_idx ON agent_events
+        ((CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END));
     CREATE TRIGGER agent_events_append_only
         BEFORE UPDATE OR DELETE ON agent_events
         FOR EACH ROW EXECUTE FUNCTION agentdb_guard_append_only();

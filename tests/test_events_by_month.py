@@ -476,7 +476,7 @@ async def test_G9_the_row_purge_takes_an_expired_event_not_a_copy_of_its_id(
     the reason a purge batch fails on the append-only guard - nor has its payload erased
     with the expired one's. Both ways a purge runs: every tenant's (agentdb_purge) and
     one tenant's (agentdb_purge_tenant, as on Citus). The one-tenant way kills generated
-    ``gen-0020.books_first-agentdb_purge_tenant-and-4`` (the payload erasure matching the
+    ``gen-0023.event_expiry-agentdb_purge_tenant-and-3`` (the payload erasure matching the
     id alone)."""
     task = await F.create_task(admin_conn, tenants.a)
     past = datetime.now(UTC) - timedelta(days=1)
@@ -721,7 +721,7 @@ async def test_G8_an_event_dated_at_the_cut_over_instant_moves_to_the_default_pa
     next month, UTC) on into the DEFAULT partition, the legacy one keeping what is older:
     an event dated exactly at the cut-over is moved, not lost. One transaction, so the
     cut-over the conversion computes is the one the event was dated with. Kills generated
-    ``gen-0011.retention-agentdb_partition_events-cmp-4`` (``>``: the event at the
+    ``gen-0023.event_expiry-agentdb_partition_events-cmp-4`` (``>``: the event at the
     cut-over deleted from the legacy partition and copied nowhere)."""
     await admin_conn.execute("CALL agentdb_unpartition_events()")
     task = await F.create_task(admin_conn, tenants.a)

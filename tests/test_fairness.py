@@ -262,7 +262,7 @@ async def test_G18_a_type_s_cap_counts_that_type_s_running_tasks_only_at_any_ste
     """One "email" task of tenant a runs; its "llm" cap of one has its slot free, so a
     claim takes an llm task - whether llm is the walk's first step (a's only due type) or
     a later one (after a's "batch" type). Kills ``gen-leases-lease_claim-and-10``,
-    ``-cmp-25`` and ``-cmp-26`` (the walk's later steps counting the tenant's running tasks
+    ``-cmp-26`` and ``-cmp-27`` (the walk's later steps counting the tenant's running tasks
     of every type, or of the others, against a type's cap: llm looks full and is passed
     over) and their first-step twins."""
     await _seed(admin_conn, tenants.a, 1, kind="email")

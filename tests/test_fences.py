@@ -439,7 +439,7 @@ async def test_G12_a_claim_takes_over_only_expired_leases_of_the_types_it_asked_
     """Blind class of issue 35: reclaim-then-act. A take-over is a claim like any other: a
     worker that runs only type 't' must not rescue an expired 'other' it has no handler
     for (it could only give it back, an attempt spent). Nothing else is due, so only the
-    expired lease's own type filter can refuse it. Kills gen-leases-lease_claim-and-27."""
+    expired lease's own type filter can refuse it. Kills gen-leases-lease_claim-and-28."""
     await tasks.create(pool, tenants.a, "other")
     [stalled] = await leases.claim(pool, "w-other", task_types=["other"])
     await F.expire_lease(admin_conn, stalled.id)
@@ -803,7 +803,7 @@ async def test_G21_a_task_at_its_deadline_instant_is_neither_claimed_nor_walked_
     """At the instant of its deadline a task has passed it: the claim neither takes it over
     from an expired lease nor lets it take the first tenant's turn in the walk - a claim of
     one, in the transaction whose now() is both deadlines, gives the next tenant's due task.
-    Kills generated ``gen-leases-lease_claim-cmp-46`` (``>=``: the expired lease taken over,
+    Kills generated ``gen-leases-lease_claim-cmp-48`` (``>=``: the expired lease taken over,
     which the deadline guard then refuses) and ``-cmp-2`` (the late task counted: the batch
     spent on a tenant with nothing to give)."""
     first, second = sorted((tenants.a, tenants.b))
@@ -943,7 +943,7 @@ async def test_G18_the_walk_finishes_the_last_tenant_s_task_types(
 ) -> None:
     """A claim of two walks to tenant a, then b - enough tenants - and goes on through b's
     other task types before it stops: b offers its oldest due task, whatever its type.
-    Kills generated ``gen-leases-lease_claim-cmp-28`` (the walk stopping at b's next type
+    Kills generated ``gen-leases-lease_claim-cmp-29`` (the walk stopping at b's next type
     instead: b's newer task of its first type claimed)."""
     first, second = sorted((tenants.a, tenants.b))
     await tasks.create(pool, first, "t1")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -79,12 +80,13 @@ INDEX_QUERIES: dict[str, str] = {
         " WHERE tenant_id = '00000000-0000-4000-8000-000000000001'"
         " AND operation_id = '00000000-0000-4000-8000-000000000001'"
     ),
-    "agent_events_retain_until_idx": (
-        "SELECT id FROM agent_events WHERE retain_until < now() LIMIT 100"
-    ),
-    "agent_events_payload_expiry_idx": (
-        "SELECT id FROM agent_events WHERE payload IS NOT NULL AND payload_expires_at < now()"
-        " LIMIT 100"
+    # Both retention classes of the audit trail read one range (0023.event_expiry);
+    # test_G9_both_event_purges_and_their_backlog_read_the_expiry_index reads the
+    # real statements.
+    "agent_events_expiry_idx": (
+        "SELECT id FROM agent_events"
+        " WHERE (CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END) <= now()"
+        " AND retain_until <= now() LIMIT 100"
     ),
     # The tasks' unique keys are partial (0016.partial_keys): a parent's children,
     # keyed or not, are still read from the child key's index.
@@ -287,3 +289,50 @@ async def test_G12_the_claim_reads_expired_leases_by_expiry_whatever_the_statist
     expired = _subplan(json.loads(raw), "CTE expired")
     assert expired is not None
     assert _index_names(expired) == {"agent_tasks_lease_expiry_idx"}
+
+
+async def test_G9_both_event_purges_and_their_backlog_read_the_expiry_index(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """The statements retention runs on the audit trail - agentdb_purge's 'event_payloads'
+    and 'events' steps, and status_purge_backlog's two counts - each read
+    agent_events_expiry_idx (0023.event_expiry): one entry per event serves both classes.
+    Each names the index's expression beside its own predicate; without it (a mutant that
+    drops that conjunct) no index answers and the planner scans the table. The purge is
+    counted by the index scans its transaction made, the counts by their plan."""
+    from agentdb import _db
+
+    await admin_conn.execute("SET enable_seqscan = off")
+    # By month, the scans are the partitions' indexes' (pg_partition_tree lists them; it
+    # lists nothing for an index of one table).
+    scans = (
+        "SELECT sum(pg_stat_get_xact_numscans(r)) FROM ("
+        " SELECT relid AS r FROM pg_partition_tree('agent_events_expiry_idx'::regclass)"
+        " UNION SELECT 'agent_events_expiry_idx'::regclass) i"
+    )
+    for kind in ("event_payloads", "events"):
+        async with admin_conn.transaction():
+            before = await admin_conn.fetchval(scans)
+            await admin_conn.fetchval("SELECT agentdb_purge($1, 10, interval '0')", kind)
+            assert await admin_conn.fetchval(scans) > before, kind
+    backlog = _db.QUERIES["status_purge_backlog"]
+    args = backlog.bind({"outbox_delivered": timedelta(days=7), "inbox": timedelta(days=7)})
+    raw = await admin_conn.fetchval("EXPLAIN (FORMAT JSON) " + backlog.sql, *args)
+    roots = [
+        await admin_conn.fetchval(
+            "SELECT coalesce(pg_partition_root($1::regclass), $1::regclass)::text", name
+        )
+        for name in _index_list(json.loads(raw))
+    ]
+    # Both counts; by month, each reads the index of every partition.
+    assert roots.count("agent_events_expiry_idx") >= 2
+    assert {r for r in roots if r.startswith("agent_events")} == {"agent_events_expiry_idx"}
+
+
+def _index_list(plan: object) -> list[str]:
+    if isinstance(plan, dict):
+        here = [str(plan["Index Name"])] if "Index Name" in plan else []
+        return here + [n for v in plan.values() for n in _index_list(v)]
+    if isinstance(plan, list):
+        return [n for v in plan for n in _index_list(v)]
+    return []

@@ -324,7 +324,7 @@ async def test_G12_a_lease_that_ends_this_very_instant_is_taken_over(
     """A lease is live until its expiry, not at it: a claim at the very instant a lease
     ends takes the task over (its attempt counted again, its token bumped). In one
     transaction, where now() stands still. Kills generated
-    ``gen-leases-lease_claim-cmp-42`` (the expired step's ``<=`` made ``<``)."""
+    ``gen-leases-lease_claim-cmp-44`` (the expired step's ``<=`` made ``<``)."""
     task = await tasks.create(pool, tenants.a, "ending", lease_ttl=timedelta(hours=1))
     [held] = await leases.claim(pool, "w1")
     assert held.id == task.id

@@ -287,6 +287,24 @@ async def test_G2_a_timeline_shows_only_its_tenants_events_of_a_shared_task_id(
     assert [e["to_state"] for e in b.events] == ["pending", "cancelled"]
 
 
+async def test_G2_a_timeline_shows_only_its_tenants_steps_of_a_shared_task_id(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Both tenants' tasks of one id recorded steps: each tenant's timeline of it shows its
+    own, in order. Kills generated ``gen-overview-overview_task_steps-tenant-1`` (every
+    tenant's steps of that id read)."""
+    shared = await _asleep_with(
+        pool, tenants.a, "st-a", "w-a", (("plan", "step", '{"n": 1}'), ("act", "step", "{}"))
+    )
+    await _asleep_with(
+        pool, tenants.b, "st-b", "w-b", (("fetch", "step", '{"n": 2}'),), task_id=shared
+    )
+    a = await overview.timeline(pool, tenants.a, shared)
+    assert [s["name"] for s in a.steps] == ["plan", "act"]
+    b = await overview.timeline(pool, tenants.b, shared)
+    assert [s["name"] for s in b.steps] == ["fetch"]
+
+
 async def test_G2_a_task_s_timeline_shows_its_own_effects(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

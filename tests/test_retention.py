@@ -148,6 +148,41 @@ async def test_G9_purge_of_100k_expired_events_is_batched_and_spares_the_rest(
     }  # nothing left: resumable, idempotent
 
 
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_an_events_purge_alone_spares_a_retained_event_whose_payload_expired(
+    tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """The events class deletes what is past ``retain_until``, and only that. An event whose
+    payload expired but whose skeleton is retained sits in the range of
+    agent_events_expiry_idx the events step reads (its payload is not erased yet: the
+    payloads class has not run), and is left there - deleting it would be refused by the
+    append-only guard (G8), and the purge with it. The expired one beside it goes. Kills
+    generated ``gen-0023.event_expiry-agentdb_purge-and-4`` and
+    ``agentdb_purge_tenant-and-4`` (the events step without its ``retain_until``)."""
+    task = F.task_row(tenants.a)
+    day, year = timedelta(days=1), timedelta(days=365)
+    async with admin_conn.transaction():
+        await F.insert(admin_conn, "agent_tasks", task)
+        await F.event(admin_conn, tenants.a, task["id"], task_state_version=0)
+        for payload, until in (('{"keep": 1}', year), ('{"go": 1}', -day)):
+            await admin_conn.execute(
+                "INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id,"
+                " policy_version, payload, payload_expires_at, retain_until)"
+                " VALUES ($1, $2, 'step', 'w', 'p', $3::jsonb, now() - $4::interval,"
+                " now() + $5::interval)",
+                tenants.a,
+                task["id"],
+                payload,
+                day,
+                until,
+            )
+    assert await _purge(admin_conn, tenants.a, "events", scope) == 1
+    left = await admin_conn.fetch(
+        "SELECT payload FROM agent_events WHERE task_id = $1 AND event_type = 'step'", task["id"]
+    )
+    assert [json.loads(r["payload"]) for r in left] == [{"keep": 1}]
+
+
 async def _audit_trail_passes(admin_conn: asyncpg.Connection) -> None:
     """Every event's payload and retention ran out a day ago: time passes, which only a
     superuser can fake (the append-only guard refuses any other change to them)."""
@@ -245,7 +280,7 @@ async def test_G9_an_unsettled_operation_is_never_purged(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
     """Kills the class "the operations purge forgets the operation's state" (generated
-    ``gen-0020.books_first-agentdb_purge-and-12`` and ``agentdb_purge_tenant-and-14``:
+    ``gen-0023.event_expiry-agentdb_purge-and-12`` and ``agentdb_purge_tenant-and-13``:
     ``op.state IN ('succeeded', 'failed')`` replaced by true): an old operation still
     reserved, in flight or unknown is not history - it is what stops a retry from running
     the side effect again - so no purge takes it, even once its audit trail has gone."""
@@ -425,7 +460,7 @@ async def test_G9_a_purge_takes_batches_of_one_and_what_reached_its_age_this_ins
     """The bounds of the purge: a batch of 1 is a batch (the floor is 1, not 2), and an
     inbox row processed exactly ``older_than`` ago has reached its age (``<=``, as the
     other classes). In one transaction, where now() stands still. Kills generated
-    ``gen-0020.books_first-agentdb_purge-cmp-3`` and ``-cmp-17``."""
+    ``gen-0023.event_expiry-agentdb_purge-cmp-3`` and ``-cmp-18``."""
     async with admin_conn.transaction():
         await admin_conn.execute(
             "INSERT INTO agent_inbox (tenant_id, consumer, message_id, processed_at)"
@@ -516,9 +551,9 @@ async def test_G9_G19_the_books_of_what_stays_stay(
     attempt's hold released), one settled within the purge's age, and one an artifact
     refers to; tenant a's tasks purge keeps the budget of a's task that still has an
     outbox message and of b's task (another tenant's purge). Kills generated
-    ``gen-0020.books_first-agentdb_purge-list-2`` (a failed operation never purged) and
+    ``gen-0023.event_expiry-agentdb_purge-list-2`` (a failed operation never purged) and
     ``agentdb_purge_books-and-4`` (the books of an unsettled operation taken), ``-and-5``
-    (of one too young), ``-cmp-10`` (of one an artifact keeps), ``-cmp-23`` (of a task an
+    (of one too young), ``-cmp-11`` (of one an artifact keeps), ``-cmp-24`` (of a task an
     outbox message keeps) and ``-and-12`` (another tenant's task budgets taken)."""
     from agentdb import budgets, operations
 
@@ -672,7 +707,7 @@ async def test_G9_a_tenant_s_events_purge_leaves_another_tenant_s_event_of_the_s
     """Event ids are unique per tenant only: tenant b's retained event may carry the id and
     created_at of a's expired one. a's purge takes a's and leaves b's - it does not fail
     on b's append-only guard either. Kills generated
-    ``gen-0020.books_first-agentdb_purge_tenant-tenant-4`` (the delete matching id and
+    ``gen-0023.event_expiry-agentdb_purge_tenant-tenant-4`` (the delete matching id and
     created_at alone)."""
     past = datetime.now(UTC) - timedelta(days=1)
     a_task, b_task = (
@@ -695,8 +730,8 @@ async def test_G9_a_tenant_s_purge_judges_each_operation_and_message_by_its_own_
     artifact refers to stays and the other goes - while another task of a's still has
     retained events; a's delivered message goes, and b's pending message of the same id
     (ids are unique per tenant only) stays. Kills generated
-    ``gen-0020.books_first-agentdb_purge_tenant-and-17`` (any event of the tenant keeping
-    every operation), ``-cmp-30`` (another operation's artifact: the one with its own is
+    ``gen-0023.event_expiry-agentdb_purge_tenant-and-16`` (any event of the tenant keeping
+    every operation), ``-cmp-31`` (another operation's artifact: the one with its own is
     deleted, and the foreign key fails the run) and ``-tenant-6`` (the delivered message
     deleted by id alone, b's with it)."""
     from agentdb import operations
@@ -797,8 +832,9 @@ async def test_G9_a_purge_skips_a_row_another_transaction_holds_and_takes_the_re
     """Two purges at once (an overlapping cron, two operators) split the work: a row one
     transaction holds is skipped by the other, which takes the rest and never waits (a
     lock_timeout would say it did). Kills the generated mutants that drop a purge's
-    ``FOR UPDATE SKIP LOCKED`` or its ``SKIP LOCKED`` (``gen-0020.books_first-agentdb_purge
-    -lock-*``, ``agentdb_purge_tenant-lock-*``, ``agentdb_purge_tasks-lock-*``)."""
+    ``FOR UPDATE SKIP LOCKED`` or its ``SKIP LOCKED`` (``gen-0023.event_expiry-agentdb_purge
+    -lock-*``, ``agentdb_purge_tenant-lock-*``, ``gen-0020.books_first-agentdb_purge_tasks
+    -lock-*``)."""
     due = await _two_due(admin_conn, tenants.a, kind)
     key = "message_id" if kind == "inbox" else "id"
     await admin_conn.execute("SET lock_timeout = '2s'")
@@ -882,8 +918,9 @@ async def test_G9_a_purge_takes_batches_up_to_100000_and_no_more(
     hands to a function of their own there, the rest in agentdb_purge and
     agentdb_purge_tenant; a batch of 0 is refused too. Kills generated
     ``gen-0011.retention-agentdb_purge_task_signals-int-4``,
-    ``gen-0020.books_first-agentdb_purge_tasks-int-4`` and ``agentdb_purge_tenant-int-4``
-    (the ceiling moved to 99,999) and ``agentdb_purge_tasks-int-2`` (the floor to 0)."""
+    ``gen-0020.books_first-agentdb_purge_tasks-int-4`` and
+    ``gen-0023.event_expiry-agentdb_purge_tenant-int-4`` (the ceiling moved to 99,999) and
+    ``gen-0020.books_first-agentdb_purge_tasks-int-2`` (the floor to 0)."""
     args: tuple[uuid.UUID, ...] = ()
     if scope == "every tenant":
         purge = f"SELECT agentdb_purge('{kind}', $1, interval '1 day')"
@@ -938,8 +975,8 @@ async def test_G9_a_tenant_s_purge_strips_each_payload_once_and_keeps_audited_op
     """The per-tenant purge (Citus runs it for each tenant; plain Postgres has it too):
     a payload past its expiry is stripped once - a second run finds nothing - and an
     operation whose events are still retained stays. Kills generated
-    ``gen-0020.books_first-agentdb_purge_tenant-and-1`` (stripped payloads counted again)
-    and ``-and-16`` / ``-cmp-27`` (an operation taken whatever its audit trail)."""
+    ``gen-0023.event_expiry-agentdb_purge_tenant-and-1`` (stripped payloads counted again)
+    and ``-and-15`` / ``-cmp-28`` (an operation taken whatever its audit trail)."""
     from agentdb import operations
 
     task = await tasks.create(pool, tenants.a, "t-tenant-purge")
@@ -1014,7 +1051,7 @@ async def test_G9_a_tenant_s_delivered_messages_purge_takes_its_own_in_a_batch_o
 ) -> None:
     """Tenant b's delivered messages, older and first in the table, are not tenant a's
     purge's to pick: each batch of one takes one of a's. Kills generated
-    ``gen-0020.books_first-agentdb_purge_tenant-tenant-5`` (every tenant's delivered
+    ``gen-0023.event_expiry-agentdb_purge_tenant-tenant-5`` (every tenant's delivered
     messages picked: the batch spent on b's rows, which the DELETE then leaves)."""
     async with pool.acquire() as conn:
         for tenant in (tenants.b, tenants.b, tenants.a):
@@ -1037,7 +1074,7 @@ async def test_G9_G19_an_operation_is_kept_by_its_own_budget_hold_only(
     """A settled operation goes once its trail has, whatever else holds budget: tenant a's
     other operation, still holding credits, keeps only itself; tenant b's operation of the
     same id (ids are the caller's: reserve_many's ``operation_id``), holding credits too,
-    keeps only b's. Kills generated ``gen-0020.books_first-agentdb_purge_tenant-and-21``
+    keeps only b's. Kills generated ``gen-0023.event_expiry-agentdb_purge_tenant-and-20``
     (any hold of the tenant keeping every operation), ``-tenant-12`` and
     ``agentdb_purge-tenant-7`` (b's hold of the same id keeping a's)."""
     from agentdb import budgets, operations
@@ -1116,7 +1153,7 @@ async def test_G2_G9_a_purge_takes_its_tenant_s_rows_not_a_twin_s_of_the_same_ke
     """Keys are the caller's (enqueue's ``message_id``, an inbox's message id): tenant b
     may have a delivered message and an inbox row of the keys of a's. a's, past their age,
     go; b's, processed and delivered this instant, stay. Kills generated
-    ``gen-0020.books_first-agentdb_purge-tenant-3`` (every tenant's outbox DELETE by id
+    ``gen-0023.event_expiry-agentdb_purge-tenant-3`` (every tenant's outbox DELETE by id
     alone) and ``agentdb_purge_tenant-tenant-8`` (one tenant's inbox DELETE by key alone)."""
     shared = uuid.uuid4()
     async with pool.acquire() as conn:
@@ -1150,7 +1187,7 @@ async def test_G9_a_tenant_s_payload_purge_takes_its_own_in_a_batch_of_one(
 ) -> None:
     """Tenant b's expired payloads, first in the table, are not tenant a's purge's to
     pick: each batch of one strips one of a's. Kills generated
-    ``gen-0020.books_first-agentdb_purge_tenant-tenant-1`` (every tenant's payloads picked:
+    ``gen-0023.event_expiry-agentdb_purge_tenant-tenant-1`` (every tenant's payloads picked:
     the batch spent on b's rows, which the UPDATE then leaves)."""
     for tenant in (tenants.b, tenants.b, tenants.a):
         await tasks.create(pool, tenant, "t", params={"n": 1})
@@ -1163,8 +1200,30 @@ async def test_G9_a_tenant_s_payload_purge_takes_its_own_in_a_batch_of_one(
     assert await admin_conn.fetchval(with_payload, tenants.b) > 0
 
 
+async def test_G9_a_tenant_s_events_purge_takes_its_own_in_a_batch_of_one(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The same for the events themselves: tenant b's expired events, first in the table,
+    are not tenant a's purge's to pick, and stay. Kills generated
+    ``gen-0023.event_expiry-agentdb_purge_tenant-tenant-3`` (every tenant's events picked:
+    the batch spent on b's rows, which the DELETE then leaves)."""
+    for tenant in (tenants.b, tenants.b, tenants.a):
+        await tasks.create(pool, tenant, "t", params={"n": 1})
+    await _time_passes(admin_conn)
+    events = "SELECT count(*) FROM agent_events WHERE tenant_id = $1"
+    mine, theirs = (
+        await admin_conn.fetchval(events, tenants.a),
+        await admin_conn.fetchval(events, tenants.b),
+    )
+    assert mine >= 1
+    one = "SELECT agentdb_purge_tenant($1, 'events', 1, interval '0')"
+    assert [await admin_conn.fetchval(one, tenants.a) for _ in range(mine + 1)] == [1] * mine + [0]
+    assert await admin_conn.fetchval(events, tenants.a) == 0
+    assert await admin_conn.fetchval(events, tenants.b) == theirs
+
+
 async def test_G9_an_unknown_retention_class_is_refused(admin_conn: asyncpg.Connection) -> None:
-    """Kills generated ``gen-0020.books_first-agentdb_purge-raise-2`` (an unknown class
+    """Kills generated ``gen-0023.event_expiry-agentdb_purge-raise-2`` (an unknown class
     purging nothing, silently)."""
     with pytest.raises(asyncpg.PostgresError) as refused:
         await admin_conn.fetchval("SELECT agentdb_purge('bogus', 100, interval '0')")
@@ -1219,8 +1278,8 @@ async def test_G9_G19_an_operation_goes_though_another_of_its_tenant_keeps_its_t
     """A settled operation whose trail has gone goes, with its budget hold, though another
     operation of the tenant still has a retained event and an artifact. Kills generated
     ``gen-0011.retention-agentdb_purge_books-cmp-8`` (another operation's event keeping the
-    hold, and so the operation), ``gen-0020.books_first-agentdb_purge-and-15`` (any event
-    of the tenant keeping every operation) and ``-cmp-24`` (another operation's artifact)."""
+    hold, and so the operation), ``gen-0023.event_expiry-agentdb_purge-and-15`` (any event
+    of the tenant keeping every operation) and ``-cmp-25`` (another operation's artifact)."""
     from agentdb import budgets, operations
 
     await budgets.set_budget(pool, tenants.a, "credits", 100)
@@ -1287,8 +1346,8 @@ async def test_G9_every_class_takes_what_reached_its_age_this_instant(
 ) -> None:
     """A payload or event whose time ends now, and a message delivered or an inbox row
     processed exactly the purge's age ago, have reached it (``<=``). In one transaction,
-    where now() stands still. Kills generated ``gen-0020.books_first-agentdb_purge_tenant-
-    cmp-6``, ``-cmp-11`` and ``-cmp-17`` (one tenant's ``<``)."""
+    where now() stands still. Kills generated ``gen-0023.event_expiry-agentdb_purge_tenant-
+    cmp-6``, ``-cmp-12`` and ``-cmp-18`` (one tenant's ``<``)."""
     task = await tasks.create(pool, tenants.a, "t", params={"n": 1})
     async with pool.acquire() as conn:
         await outbox.enqueue(conn, tenants.a, "t.done", {})
@@ -1360,7 +1419,7 @@ async def test_G9_a_settled_operation_younger_than_the_age_stays(
 ) -> None:
     """An operation settled just now, its audit trail gone, is younger than a purge age of
     a day: it stays; at age 0 it goes. Kills generated
-    ``gen-0020.books_first-agentdb_purge_tenant-and-15`` (the one-tenant purge forgetting
+    ``gen-0023.event_expiry-agentdb_purge_tenant-and-14`` (the one-tenant purge forgetting
     the age: every settled operation taken)."""
     task = await tasks.create(pool, tenants.a, "t-young")
     res = await operations.reserve(pool, tenants.a, task.id, "k", "llm", {})
@@ -1405,7 +1464,7 @@ async def test_G2_G9_a_payload_purge_strips_its_tenant_s_event_not_a_twin_key_s(
     """An event's key is its tenant's (agent_events_pkey leads with tenant_id): tenant b may
     hold an event of the id and instant of one of a's - restored from a backup, say - whose
     payload is still to be kept. a's expired payload is stripped; b's stays. Kills
-    generated ``gen-0020.books_first-agentdb_purge-tenant-1`` (every tenant's UPDATE by id
+    generated ``gen-0023.event_expiry-agentdb_purge-tenant-1`` (every tenant's UPDATE by id
     and instant alone) and ``agentdb_purge_tenant-tenant-2`` (one tenant's)."""
     task_a = await tasks.create(pool, tenants.a, "t", params={"n": 1})
     task_b = await tasks.create(pool, tenants.b, "t")

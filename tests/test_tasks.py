@@ -405,3 +405,26 @@ async def test_G6_an_operator_retries_a_failed_task(pool: asyncpg.Pool, tenants:
                            to_state="failed", lease=held.lease)  # fmt: skip
     again = await tasks.retry(pool, tenants.a, task.id, actor="carol", reason="fixed upstream")
     assert (again.state, again.attempts) == ("pending", 0)
+
+
+async def test_G8_a_retry_s_event_tells_the_state_and_attempts_of_the_task_it_retried(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """task.retried records the state the task left and the attempts it had used - read
+    from that task, not from another of its tenant's (older ones first in the table).
+    Kills generated ``gen-tasks-task_retry-and-1`` (the prior reading without its id)."""
+    await tasks.create(pool, tenants.a, "t-other")  # pending, no attempt used
+    task = await tasks.create(pool, tenants.a, "t-dies")
+    [held] = await leases.claim(pool, "w", task_types=["t-dies"])
+    await tasks.transition(pool, tenants.a, task.id, expected_version=held.state_version,
+                           to_state="dead", lease=held.lease)  # fmt: skip
+    await tasks.create(pool, tenants.a, "t-later")
+    await tasks.retry(pool, tenants.a, task.id, actor="carol")
+    row = await admin_conn.fetchrow(
+        "SELECT from_state, to_state, payload FROM agent_events"
+        " WHERE task_id = $1 AND event_type = 'task.retried'",
+        task.id,
+    )
+    assert row is not None
+    assert (row["from_state"], row["to_state"]) == ("dead", "pending")
+    assert json.loads(row["payload"])["attempts"] == 1

@@ -11,7 +11,11 @@
 -- entries of the rows that left the state, and that scan walks all of them -
 -- per row, per statement. A primary key holds one entry per version of the
 -- row it looks for. tests/test_held_snapshot.py counts what each holder's
--- statement reads.
+-- statement reads. The claim cannot do without the due index: its walk must
+-- find each tenant's first due task, and under a held snapshot that read
+-- passes the entries of every task claimed since. It passes them once: the
+-- batch's own read starts where the walk found that task, and a walk that
+-- wrapped around looks only at the tenants it has not seen (lease_claim).
 
 -- name: lease_bury_exhausted :many
 -- Move tasks that used up their attempts and are not held by a live lease to
@@ -67,10 +71,12 @@ SELECT tenant_id, id FROM buried;
 -- guarantee: G18, G12, G7, G8
 -- zero rows: nothing is due that this worker may take (or all of it is locked by other claimers).
 -- params: $1 lease_owner text, $2 batch int4, $3 lease_ttl interval, $4 task_types text[], $5 after_tenant uuid
-WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_due) AS (
+WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_due,
+                     first_wake) AS (
     SELECT 1, f.tenant_id, f.task_type, f.takeable, f.wrapped,
            CASE WHEN f.takeable THEN 1 ELSE 0 END,
-           CASE WHEN f.takeable THEN f.tenant_id END
+           CASE WHEN f.takeable THEN f.tenant_id END,
+           f.wake_at
     FROM ((SELECT t.tenant_id, t.task_type, t.wake_at, false AS wrapped
            FROM agent_tasks t
            WHERE t.state IN ('pending', 'waiting') AND t.attempts < t.max_attempts
@@ -101,7 +107,8 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
     SELECT w.step + 1, f.tenant_id, f.task_type, f.takeable, f.wrapped,
            w.found + CASE WHEN f.takeable AND f.tenant_id IS DISTINCT FROM w.last_due
                           THEN 1 ELSE 0 END,
-           CASE WHEN f.takeable THEN f.tenant_id ELSE w.last_due END
+           CASE WHEN f.takeable THEN f.tenant_id ELSE w.last_due END,
+           f.wake_at
     FROM walk w
     CROSS JOIN LATERAL (
         (SELECT t.tenant_id, t.task_type, t.wake_at, w.wrapped AS wrapped
@@ -116,6 +123,12 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
          FROM agent_tasks t
          WHERE NOT w.wrapped AND t.state IN ('pending', 'waiting')
            AND t.attempts < t.max_attempts AND (t.deadline_at IS NULL OR t.deadline_at > now())
+           -- Back at the start, only a tenant up to $5 may go on (the WHERE below
+           -- stops at any other): one further from it is not looked for at all,
+           -- so a walk that found every tenant before it wrapped does not read a
+           -- tenant's head of the queue a second time (under a held snapshot,
+           -- the entries of every task claimed since).
+           AND t.tenant_id <= coalesce($5, '00000000-0000-0000-0000-000000000000'::uuid)
          ORDER BY t.tenant_id, t.task_type, t.wake_at
          LIMIT 1)
         LIMIT 1
@@ -136,7 +149,7 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
     WHERE (w.found < $2 OR n.tenant_id = w.tenant_id)
       AND NOT (n.wrapped AND n.tenant_id > coalesce($5, '00000000-0000-0000-0000-000000000000'::uuid))
 ), due_pairs AS (
-    SELECT tenant_id, task_type, step FROM walk WHERE takeable
+    SELECT tenant_id, task_type, step, first_wake FROM walk WHERE takeable
 ), due AS (
     SELECT tenant_id, min(step) AS step
     FROM due_pairs
@@ -178,6 +191,13 @@ WITH RECURSIVE walk (step, tenant_id, task_type, takeable, wrapped, found, last_
           AND t.attempts < t.max_attempts
           -- G21: past its deadline a task is never claimed (the sweep ends it).
           AND (t.deadline_at IS NULL OR t.deadline_at > now())
+          -- From where the walk found the pair's first task, in this statement's
+          -- snapshot and by these same tests: none of the pair's tasks comes
+          -- before it, so this takes what it took without it, but its range
+          -- starts there. Under a held snapshot the index keeps an entry for
+          -- every task claimed since, ahead of the live ones; the walk has
+          -- read past them once, and this read does not again.
+          AND t.wake_at >= p.first_wake
         ORDER BY t.wake_at
         LIMIT least(s.n, (SELECT greatest(0, f.slots) FROM free f
                           WHERE f.tenant_id = p.tenant_id AND f.task_type = p.task_type))

@@ -99,14 +99,18 @@ GROUP BY a.application_name, n.nodename, n.nodeport
 ORDER BY a.application_name, n.nodename, n.nodeport;
 
 -- name: status_purge_backlog :one
--- What `agentdb purge` would remove now, per retention class.
+-- What `agentdb purge` would remove now, per retention class (the events'
+-- counts read agent_events_expiry_idx's range, as the purge does).
 -- guarantee: none
 -- zero rows: never (an aggregate without GROUP BY returns one row).
 -- params: $1 outbox_delivered interval, $2 inbox interval
 SELECT
-    (SELECT count(*) FROM agent_events WHERE payload IS NOT NULL AND payload_expires_at <= now())
-        AS event_payloads,
-    (SELECT count(*) FROM agent_events WHERE retain_until <= now()) AS events,
+    (SELECT count(*) FROM agent_events
+     WHERE (CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END) <= now()
+       AND payload IS NOT NULL) AS event_payloads,
+    (SELECT count(*) FROM agent_events
+     WHERE (CASE WHEN payload IS NULL THEN retain_until ELSE payload_expires_at END) <= now()
+       AND retain_until <= now()) AS events,
     (SELECT count(*) FROM agent_outbox WHERE state = 'delivered' AND delivered_at <= now() - $1::interval)
         AS outbox_delivered,
     (SELECT count(*) FROM agent_inbox WHERE processed_at <= now() - $2::interval) AS inbox;

@@ -130,7 +130,13 @@ _MODULE_TESTS: dict[str, tuple[str, ...]] = {
 _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     # The fences (a take-over, a stale holder's write) and the deadlines (a late task
     # under an expired lease) are proven apart from the statements' module tests.
-    "lease_claim": ("tests/test_fairness.py", FENCES, "tests/test_deadlines.py"),
+    # The claim's reads under a held snapshot (the walk's bounds) are counted apart.
+    "lease_claim": (
+        "tests/test_fairness.py",
+        FENCES,
+        "tests/test_deadlines.py",
+        "tests/test_held_snapshot.py",
+    ),
     "lease_release": (FENCES,),
     "lease_renew": (FENCES,),
     "task_transition": (FENCES,),
@@ -153,6 +159,11 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     "agentdb_guard_signal_cursor": ("tests/test_signals.py",),
     # The pool's session setting: the worker's process and the pool tests read it back.
     "pool_generic_plans": ("tests/test_worker.py",),
+    # The retention steps of the audit trail read agent_events_expiry_idx (0023.event_expiry):
+    # tests/test_indexes.py counts the purge's index scans and reads the backlog's plan.
+    "agentdb_purge": ("tests/test_indexes.py",),
+    "agentdb_purge_tenant": ("tests/test_indexes.py",),
+    "status_purge_backlog": ("tests/test_indexes.py",),
 }
 # routed_<word>_...: the plain statements' module whose twin it is.
 _ROUTED_TESTS: dict[str, str] = {

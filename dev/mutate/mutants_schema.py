@@ -243,10 +243,10 @@ MUTANTS: tuple[Mutant, ...] = (
     m(
         "sql-purge-events-by-id",
         MIGRATIONS,
-        "        USING (SELECT tenant_id, id, created_at FROM agent_events WHERE retain_until <= now()\n"
+        "                 AND retain_until <= now()\n"
         "               LIMIT p_batch FOR UPDATE SKIP LOCKED) v\n"
         "        WHERE e.tenant_id = v.tenant_id AND e.id = v.id AND e.created_at = v.created_at;",
-        "        USING (SELECT tenant_id, id, created_at FROM agent_events WHERE retain_until <= now()\n"
+        "                 AND retain_until <= now()\n"
         "               LIMIT p_batch FOR UPDATE SKIP LOCKED) v\n"
         "        WHERE e.tenant_id = v.tenant_id AND e.id = v.id;",
         (T + "test_events_by_month.py", T + "test_retention.py"),
