@@ -917,12 +917,14 @@ def _step_row(
     deadline: datetime | None = None,
     claimed: bool = True,
     signals: int = 0,
+    others: int = 0,
     on: str = "fresh",
     then: dict[str, Any] | None = None,
     **row: Any,
 ) -> Step:
     """A raw step (``row`` overrides its columns) of a fresh task of tenant a, claimed under
-    lease token 1 (unless not ``claimed``), sent ``signals`` signals first, or moved to
+    lease token 1 (unless not ``claimed``), sent ``signals`` signals first (and tenant a's
+    other task, ``ctx.task_a``, sent ``others``), or moved to
     ``task_state`` (after its claim is given back), given ``deadline``; ``on="b"`` aims it at
     tenant b's task while the row says tenant a. ``then``: an UPDATE of the step after it."""
 
@@ -930,6 +932,8 @@ def _step_row(
         task_id = await F.create_task(conn, ctx.a, deadline_at=deadline)
         for _ in range(signals):
             await F.signal(conn, ctx.a, task_id)
+        for _ in range(others):
+            await F.signal(conn, ctx.a, ctx.task_a)
         if claimed:
             await F.claim_task(conn, ctx.a, task_id)
         if task_state:
@@ -2430,6 +2434,15 @@ CASES: list[Case] = [
         _step_row(signals=1, kind="signal", signal_seq=1),
         _step_row(signals=1, kind="signal", signal_seq=2),
         label="no-signal",
+    ),
+    # The signal taken must be its own task's: another task of the tenant sent one at that
+    # place is no signal of this one (kills gen-0008.steps-agentdb_guard_step-and-6).
+    Case(
+        "agent_steps_guard",
+        "AG018",
+        _step_row(signals=1, kind="signal", signal_seq=1),
+        _step_row(others=1, kind="signal", signal_seq=1),
+        label="another-task-s-signal",
     ),
     Case("agent_steps_guard", "AG012", _step_row(), _step_row(task_state="cancelled")),
     # Every finished state, dead too (kills gen-0008.steps-agentdb_guard_step-list-4).

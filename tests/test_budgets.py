@@ -711,6 +711,41 @@ async def test_G19_two_reservers_racing_for_the_last_call_of_a_rate_limit(
     assert (limit.used, counted) == (room, room)
 
 
+@pytest.mark.plain_postgres("global rate limits are refused on Citus by design")
+async def test_G19_a_call_its_tenant_s_limit_refuses_does_not_wait_for_the_global_one(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenant a has paused the action (0 calls); the provider's global limit has room,
+    and b's reservation of the action holds its row lock, its transaction open. a's
+    reservation is refused by a's own limit at once: it never queues behind b for a
+    limit it will not be counted in (the second session's locks wait at most 5 s).
+    Kills generated ``gen-0009.budgets-agentdb_count_call-and-6`` (the global limit
+    read, under its row lock, after the tenant's had refused the call)."""
+    action = f"provider-{uuid.uuid4().hex[:8]}"
+    await budgets.set_global_rate_limit(pool, action, 10, _LONG)
+    await budgets.set_rate_limit(pool, tenants.a, action, 0, _LONG)
+    task_a, task_b = await _task(pool, tenants.a), await _task(pool, tenants.b)
+    first, second = await db.connect(RUNTIME), await db.connect(RUNTIME)
+    try:
+        held = first.transaction()
+        await held.start()
+        assert (await operations.reserve(first, tenants.b, task_b, "kb", action, {})).fresh
+        await second.execute("SET lock_timeout = '5s'")
+        with pytest.raises(RateLimited) as refused:
+            await operations.reserve(second, tenants.a, task_a, "ka", action, {})
+        assert refused.value.action == action
+        await held.commit()
+    finally:
+        for c in (first, second):
+            await c.close()
+    limits = await budgets.list_rate_limits(pool, None)
+    # The global limit counted b's call alone; a's paused limit, nothing.
+    assert {(rl.tenant_id, rl.used) for rl in limits if rl.action == action} == {
+        (None, 1),
+        (tenants.a, 0),
+    }
+
+
 @pytest.mark.parametrize(
     "scope",
     [

@@ -346,6 +346,36 @@ async def test_G23_a_child_that_only_starts_leaves_its_waiting_parent_alone(
     assert await _wakes(admin_conn, parent.id) == []
 
 
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled", "dead"])
+async def test_G23_a_finished_child_written_again_leaves_its_waiting_parent_alone(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, end: str
+) -> None:
+    """A child counts for its parent once, when it finishes: a later write that keeps it
+    in its end state (progress recorded on the finished task, ``to_state`` its own state)
+    is no finish. Seen on a parent due by its own wait (its quorum had finished before it
+    waited), which the fan-in would otherwise wake with a children_done naming the child
+    as the last to finish. Kills generated
+    ``gen-0006.control_flow-agent_tasks_fan_in-list-5`` .. ``-list-8`` (the fan-in's WHEN
+    not excluding an OLD state of 'succeeded', 'failed', 'cancelled' or 'dead')."""
+    parent, lease = await _held(pool, tenants.a, "c-again")
+    await children.spawn(pool, parent, "c-again-done", "done")
+    await children.spawn(pool, parent, "c-again-open", "open")
+    [done] = await leases.claim(pool, "w", task_types=["c-again-done"])
+    await _finish_claimed(pool, done, end)
+    waiting = await children.wait_for(pool, parent, lease=lease, finished=1)
+    assert waiting.wake_at is not None
+    assert waiting.wake_at <= datetime.now(UTC)  # due at once, not woken
+    finished = await tasks.get(pool, tenants.a, done.id)
+    again = await tasks.transition(
+        pool, tenants.a, done.id, expected_version=finished.state_version,
+        to_state=end, step="noted", actor="operator",
+    )  # fmt: skip
+    assert (again.state, again.current_step) == (end, "noted")
+    still = await tasks.get(pool, tenants.a, parent.id)
+    assert (still.state, still.state_version) == ("waiting", waiting.state_version)
+    assert await _wakes(admin_conn, parent.id) == []
+
+
 async def test_G23_a_quorum_wakes_the_parent_once_and_later_finishes_do_nothing(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

@@ -138,6 +138,30 @@ async def test_G18_the_walk_comes_back_to_the_tenant_it_started_after(
     assert sorted(t.tenant_id for t in got) == [a, b]
 
 
+async def test_G18_the_walk_wraps_past_a_tenant_whose_tasks_used_up_their_attempts(
+    pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    """The walk starts after y, takes z, and wraps to the first tenant with due work: y,
+    not x, whose one pending task used up its attempts (lease_bury_exhausted's, never
+    claimed). A batch of two gives one task of z and one of y. Kills generated
+    ``gen-leases-lease_claim-cmp-17`` (``attempts <= max_attempts`` where the walk wraps:
+    x counted as a tenant with due work, its share of the batch empty, y's turn lost)."""
+    x, y, z = sorted([await _tenant(admin_conn, n) for n in ("x", "y", "z")])
+    for t in (y, z):
+        await _seed(admin_conn, t, 2)
+    await admin_conn.execute(
+        "WITH t AS (INSERT INTO agent_tasks (tenant_id, task_type, workflow_version, wake_at,"
+        " attempts, max_attempts) VALUES ($1, 't', 'v1', now() - interval '2 hours', 3, 3)"
+        " RETURNING tenant_id, id, workflow_version)"
+        " INSERT INTO agent_events (tenant_id, task_id, event_type, actor_id, policy_version,"
+        " to_state, task_state_version)"
+        " SELECT tenant_id, id, 'task.created', 'test', workflow_version, 'pending', 0 FROM t",
+        x,
+    )
+    got = await leases.claim(pool, "w", batch=2, after_tenant=y)
+    assert [t.tenant_id for t in got] == [z, y]
+
+
 async def test_G18_one_claim_shares_its_batch_between_the_tenants(
     pool: asyncpg.Pool, admin_conn: asyncpg.Connection
 ) -> None:

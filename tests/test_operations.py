@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import timedelta
 
@@ -98,6 +99,61 @@ async def test_G19_a_failed_operation_releases_what_it_held(
     await operations.fail(pool, res.operation, "503")
     [after] = await budgets.list_budgets(pool, tenants.a)
     assert (after.held, after.spent) == (0, 0)
+
+
+async def test_G2_G19_settling_an_operation_leaves_another_tenant_s_twin_s_holds_held(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """An operation id is unique per tenant only (agent_operations_pkey is (tenant_id,
+    id)) and reserve takes the caller's: tenant a's operation may share the id of b's.
+    a's failure releases a's holds alone: b's hold stays held, and b's own success
+    later spends it from b's budget. Kills generated
+    ``gen-operations-operation_settle-tenant-3`` (the holds found by operation id alone:
+    a's failure released b's hold, b's budget kept it held for ever and b's success
+    spent nothing)."""
+    from agentdb import budgets
+
+    for tenant in (tenants.a, tenants.b):
+        await budgets.set_budget(pool, tenant, "credits", 100)
+    b_op = (
+        await operations.reserve(
+            pool, tenants.b, await _task(pool, tenants.b), "kb", "llm", {}, cost={"credits": 30}
+        )
+    ).operation
+    a_op = (
+        await operations.reserve(
+            pool,
+            tenants.a,
+            await _task(pool, tenants.a),
+            "ka",
+            "llm",
+            {},
+            cost={"credits": 5},
+            operation_id=b_op.id,
+        )
+    ).operation
+    assert (a_op.tenant_id, a_op.id) == (tenants.a, b_op.id)
+    await operations.fail(pool, a_op, "503")
+    holds = await admin_conn.fetch(
+        "SELECT tenant_id, state FROM agent_budget_holds WHERE operation_id = $1", b_op.id
+    )
+    assert {r["tenant_id"]: r["state"] for r in holds} == {
+        tenants.a: "released",
+        tenants.b: "held",
+    }
+    [payload] = await admin_conn.fetch(
+        "SELECT payload FROM agent_events WHERE tenant_id = $1 AND operation_id = $2"
+        " AND event_type = 'operation.failed'",
+        tenants.a,
+        a_op.id,
+    )
+    assert json.loads(payload["payload"])["released"] == {"credits": 5}
+    await operations.complete(pool, b_op, result={})
+    books = await admin_conn.fetch("SELECT tenant_id, spent, held FROM agent_budgets")
+    assert {r["tenant_id"]: (r["spent"], r["held"]) for r in books} == {
+        tenants.a: (0, 0),
+        tenants.b: (30, 0),
+    }
 
 
 async def test_G2_G8_reserve_many_writes_one_event_though_another_tenant_has_the_task_id(

@@ -67,6 +67,26 @@ async def test_G10_a_relay_that_lost_its_claim_marks_nothing(
     assert await outbox.mark_delivered(pool, [fast]) == {mid}
 
 
+async def test_G10_a_delivered_message_is_marked_delivered_once(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A relay that marks a message again under the same lease token (its first mark
+    committed, the answer was lost) is told it no longer holds it, and the message keeps
+    the instant it was delivered at. Kills generated
+    ``gen-outbox-outbox_mark_delivered-list-1`` (only a dead message left alone: a
+    delivered one marked again, its delivered_at moved to the second mark)."""
+    async with pool.acquire() as conn:
+        mid = await outbox.enqueue(conn, tenants.a, "t", {})
+    [m] = await outbox.claim(pool, "relay-1")
+    assert await outbox.mark_delivered(pool, [m]) == {mid}
+    query = "SELECT state, delivered_at FROM agent_outbox WHERE id = $1"
+    first = await admin_conn.fetchrow(query, mid)
+    assert first is not None
+    assert first["state"] == "delivered"
+    assert await outbox.mark_delivered(pool, [m]) == set()
+    assert await admin_conn.fetchrow(query, mid) == first
+
+
 async def test_G11_inbox_processes_a_redelivered_message_once(
     db: Database, tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
 ) -> None:

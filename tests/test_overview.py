@@ -233,6 +233,30 @@ async def test_G13_unsettled_pairs_each_effect_with_its_own_tasks_lease(
     assert [(r["task_id"], r["idempotency_key"]) for r in listed] == [(str(idle.id), "k-idle")]
 
 
+async def test_G13_unsettled_lists_an_effect_in_every_unsettled_state(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Reserved, in flight and unknown are each an effect whose outcome the operator must
+    find out (nothing holds the task); a succeeded one is settled and not listed. Kills
+    generated ``gen-overview-overview_unsettled-list-2`` (an effect in flight left out:
+    the call that crashed mid-flight, the likeliest to have happened, never shown)."""
+    idle = await tasks.create(pool, tenants.a, "idle")
+    ops = {
+        key: (await operations.reserve(pool, tenants.a, idle.id, key, "psp.charge", {})).operation
+        for key in ("k-reserved", "k-in-flight", "k-unknown", "k-succeeded")
+    }
+    await operations.start(pool, ops["k-in-flight"])
+    await operations.mark_unknown(pool, ops["k-unknown"], error="timeout")
+    await operations.complete(pool, ops["k-succeeded"], result={})
+
+    listed = await overview.unsettled(pool, tenants.a)
+    assert {r["idempotency_key"]: r["state"] for r in listed} == {
+        "k-reserved": "reserved",
+        "k-in-flight": "in_flight",
+        "k-unknown": "unknown",
+    }
+
+
 async def test_G2_G13_an_effect_is_judged_by_its_own_tenant_s_task_not_a_twin_s(
     pool: asyncpg.Pool, tenants: Tenants
 ) -> None:

@@ -1341,6 +1341,38 @@ async def test_G9_G25_each_task_s_steps_are_judged_by_its_own_age_and_trail(
 
 
 @pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_a_finished_task_with_nothing_left_goes_at_its_age_not_before(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """Two cancelled tasks of a, their trails gone and nothing else referring to them (no
+    step, which the steps purge would judge by its own age first): the one finished two
+    hours ago goes under a purge of what is over an hour old, the one finished just now
+    stays. Kills generated ``gen-0020.books_first-agentdb_purge_tasks-and-35`` (one
+    tenant's tasks purge ignoring the age) and ``-and-9`` (every tenant's)."""
+    done = {}
+    for name in ("old", "young"):
+        task = await tasks.create(pool, tenants.a, f"t-{name}")
+        await tasks.transition(pool, tenants.a, task.id, expected_version=0,
+                               to_state="cancelled")  # fmt: skip
+        done[name] = task.id
+    await _trail_gone(admin_conn)
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET updated_at = now() - interval '2 hours' WHERE id = $1",
+            done["old"],
+        )
+    if scope == "one tenant":
+        one = "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '1 hour')"
+        gone = await admin_conn.fetchval(one, tenants.a)
+    else:
+        gone = await F.purge_every(admin_conn, "tasks", 100, timedelta(hours=1))
+    assert gone == 1
+    left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [done["young"]]
+
+
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_every_class_takes_what_reached_its_age_this_instant(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:

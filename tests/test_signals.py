@@ -336,3 +336,22 @@ async def test_G22_signals_are_read_after_a_place_and_per_task(
     assert [s.name for s in await signals.received(pool, tenants.a, mine.id, after=1)] == ["two"]
     assert [s.name for s in await signals.received(pool, tenants.a, mine.id)] == ["one", "two"]
     assert [s.name for s in await signals.unread(pool, tenants.a, mine.id)] == ["one", "two"]
+
+
+async def test_G2_G22_a_task_s_signals_are_its_own_tenant_s_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Task ids are the caller's: tenants a and b each have a task of one id, each sent
+    signals. a's history of it is a's alone. Kills generated
+    ``gen-signals-signal_list-tenant-1`` (the signals read by task id alone: b's in a's
+    history, at the same places)."""
+    shared = uuid.uuid4()
+    for tenant, names in ((tenants.a, ("one", "two")), (tenants.b, ("theirs",))):
+        await tasks.create(pool, tenant, "s-twin", task_id=shared)
+        for name in names:
+            await tasks.signal(pool, tenant, shared, name)
+    got = await signals.received(pool, tenants.a, shared)
+    assert [(s.tenant_id, s.seq, s.name) for s in got] == [
+        (tenants.a, 1, "one"),
+        (tenants.a, 2, "two"),
+    ]

@@ -158,3 +158,31 @@ async def test_G25_a_sleep_is_over_at_its_end_instant(
         assert step is not None
         assert step.due
         assert (await steps.ledger(admin_conn, tenants.a, task.id)).steps["nap"].due
+
+
+async def test_G2_G12_G25_a_step_under_a_twin_task_s_lease_of_another_tenant_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Task ids are the caller's: tenants a and b each have a task of one id, held by w-a
+    and w-b at the same token. A step recorded on a's task under w-b's lease - b's, pointed
+    at a's task - is refused: a's fence is a's holder. (The steps guard checks the token
+    alone, which matches.) a's holder then records it. Kills generated
+    ``gen-steps-step_insert-tenant-1`` (the fence looking for a task of that id, owner and
+    token in any tenant: b's lease let a step onto a's task)."""
+    shared = uuid.uuid4()
+    held = {}
+    for tenant, owner in ((tenants.a, "w-a"), (tenants.b, "w-b")):
+        await tasks.create(pool, tenant, f"twin-{owner}", task_id=shared)
+        [task] = await leases.claim(pool, owner, task_types=[f"twin-{owner}"])
+        assert (task.tenant_id, task.id) == (tenant, shared)
+        assert task.lease is not None
+        held[owner] = task.lease
+    assert held["w-a"].token == held["w-b"].token
+    pointed = dataclasses.replace(held["w-b"], tenant_id=tenants.a)
+    with pytest.raises(LeaseLost):
+        await steps.record(pool, tenants.a, shared, "plan", kind="step", input_hash=F.HASH,
+                           result='{"by": "w-b"}', lease=pointed)  # fmt: skip
+    assert await steps.get(pool, tenants.a, shared, "plan") is None
+    mine = await steps.record(pool, tenants.a, shared, "plan", kind="step", input_hash=F.HASH,
+                              result='{"by": "w-a"}', lease=held["w-a"])  # fmt: skip
+    assert mine.result == {"by": "w-a"}

@@ -157,6 +157,10 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     # Which signal a wait finds already sent (and which it has read) is shown by the
     # signal tests, not by the guard's refusals.
     "agentdb_guard_signal_cursor": ("tests/test_signals.py",),
+    # Which of a child's writes wake its waiting parent (a finish, once; not a claim, not a
+    # write that keeps it finished) is shown by the fan-in tests: the trigger's attack case
+    # only shows that a child's finish reaches its parent.
+    "agent_tasks_fan_in": ("tests/test_children.py",),
     # The pool's session setting: the worker's process and the pool tests read it back.
     "pool_generic_plans": ("tests/test_worker.py",),
     # The retention steps of the audit trail read agent_events_expiry_idx (0023.event_expiry):

@@ -20,9 +20,9 @@ DURABLE = "agentdb/worker/durable.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # The generated twins of the next two (gen-0006.control_flow-agent_tasks_fan_in-list-2
-    # and -list-4) run only the fan-in's attack case and tests/test_fences.py (a trigger's
+    # and -list-4) ran only the fan-in's attack case and tests/test_fences.py (a trigger's
     # WHEN is not mapped to the files that name it), which end no child by failing it or
-    # by the sweep.
+    # by the sweep; generate.py's _STATEMENT_TESTS now adds tests/test_children.py.
     m(
         "children-fan-in-skips-a-failed-child",
         M_CONTROL_FLOW,
