@@ -410,3 +410,25 @@ async def test_G21_a_task_finished_in_time_is_still_anonymised_after_its_deadlin
         done.state_version + 1,
         {},
     )
+
+
+async def test_G21_a_claim_passes_over_a_late_task_behind_a_due_one(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task past its deadline queued after the walk's first due task is inside the
+    batch's range (lease_claim reads from ``first_wake`` on): the batch's own deadline
+    test must refuse it. Kills the hand mutant ``deadline-claim-takes-late``."""
+    due = await tasks.create(pool, tenants.a, "late-behind")
+    late = await tasks.create(pool, tenants.a, "late-behind")
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes: the deadline guard is off
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET deadline_at = now() - interval '1 s',"
+            " wake_at = now() - interval '1 s' WHERE id = $1",
+            late.id,
+        )
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET wake_at = now() - interval '2 s' WHERE id = $1", due.id
+        )
+    got = await leases.claim(pool, "w", batch=2, task_types=["late-behind"])
+    assert [t.id for t in got] == [due.id]

@@ -367,3 +367,26 @@ async def test_G6_an_exhausted_task_due_at_this_very_instant_is_buried(
             assert await leases.bury_exhausted(admin_conn) == buried, ahead
         finally:
             await tx.rollback()
+
+
+async def test_G12_a_claim_passes_over_a_task_that_used_up_its_attempts_behind_a_due_one(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The batch's own read starts at the first task the walk found (lease_claim's
+    ``first_wake``), so a task that used up its attempts *before* that one is out of its
+    range anyway; one queued *after* it must still be refused by the batch's own test.
+    Kills the hand mutant ``leases-claim-exhausted`` (that test dropped)."""
+    due = await tasks.create(pool, tenants.a, "ex")
+    spent = await tasks.create(pool, tenants.a, "ex")
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # attempts used up elsewhere: the guards are off
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET attempts = max_attempts, wake_at = now() - interval '1 s'"
+            " WHERE id = $1",
+            spent.id,
+        )
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET wake_at = now() - interval '2 s' WHERE id = $1", due.id
+        )
+    got = await leases.claim(pool, "w", batch=2, task_types=["ex"])
+    assert [t.id for t in got] == [due.id]
