@@ -26,6 +26,13 @@ _TAG = re.compile(r"^(\s*)-- (G\d+(?:, G\d+)*)(?::|$)")
 _OBJECT = re.compile(
     r"^\s*(?:CONSTRAINT (\w+)|CREATE (?:UNIQUE )?INDEX (\w+)|CREATE (?:CONSTRAINT )?TRIGGER (\w+))"
 )
+# A migration's own top-level drop retires an object an earlier file tagged
+# (0023 drops the two event indexes 0004 created); a later CREATE of the same
+# name tags it again. Drops inside function bodies are indented and do not count.
+_DROP = re.compile(
+    r"^(?:DROP (?:INDEX|TRIGGER) (?:IF EXISTS )?(\w+)"
+    r"|ALTER TABLE \w+ DROP CONSTRAINT (?:IF EXISTS )?(\w+))"
+)
 
 
 def sql_comment_tags() -> dict[str, tuple[set[str], str]]:
@@ -34,7 +41,8 @@ def sql_comment_tags() -> dict[str, tuple[set[str], str]]:
     A tag comment governs the object lines that follow it at the same
     indentation (continuation lines are indented deeper); a blank line or any
     other line at that indentation ends it, and a top-level CREATE takes only
-    the tag right above it.
+    the tag right above it. Files are read in migration order, so an object a
+    later migration drops for good is not expected in the catalogue.
     """
     found: dict[str, tuple[set[str], str]] = {}
     for path in sorted((ROOT / "sql" / "migrations").glob("0*.sql")):
@@ -46,6 +54,9 @@ def sql_comment_tags() -> dict[str, tuple[set[str], str]]:
             if not line.strip():
                 tags = None
                 continue
+            dropped = _DROP.match(line)
+            if dropped:
+                found.pop(next(g for g in dropped.groups() if g), None)
             tagged = _TAG.match(line)
             if tagged:
                 tags = set(re.findall(r"G\d+", tagged.group(2)))
