@@ -1903,8 +1903,16 @@ CASES: list[Case] = [
         "agent_budgets_guard",
         "AG010",
         budget_change({}, period="day"),
-        budget_change({"spent": 5}, period="day"),
+        # One unit spent is enough (gen-0009.budgets-agentdb_guard_budget-int-1: `spent > 1`).
+        budget_change({"spent": 1}, period="day"),
         label="period-switch-refunds",
+    ),
+    Case(
+        "agent_budgets_guard",
+        "AG010",
+        budget_change({}, period="day"),
+        budget_change({"held": 1}, period="day"),
+        label="period-switch-releases",
     ),
     Case("agent_budget_holds_pkey", "23505", hold(), seq(hold(attempt=3), hold(attempt=3))),
     Case(

@@ -1142,6 +1142,36 @@ async def test_G19_a_global_refusal_s_retry_after_is_its_own_action_s_window(
     assert retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
 
 
+@pytest.mark.plain_postgres("global rate limits are refused on Citus by design")
+async def test_G19_a_used_up_limit_whose_window_passed_says_nothing_of_a_global_refusal(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant a's limit of the action, 1 call a day, was used up in a window that has
+    passed: the next call opens a new day. The action's global limit, shut after that
+    call, refuses it (and the refusal undoes the tenant's new window, so its row still
+    reads used up). retry_after is the end of the global minute, not of the tenant's new
+    day. Kills generated ``gen-budgets-rate_window-and-4`` (a used-up limit read as
+    refusing whatever its window)."""
+    await budgets.set_rate_limit(pool, tenants.a, "chat-day", 1, timedelta(days=1))
+    task = await _task(pool, tenants.a)
+    await operations.reserve(pool, tenants.a, task, "k", "chat-day", {})
+    await admin_conn.execute(
+        "UPDATE agent_rate_limits SET window_start = window_start - interval '2 days'"
+        " WHERE tenant_id = $1 AND action = 'chat-day'",
+        tenants.a,
+    )
+    await budgets.set_global_rate_limit(pool, "chat-day", 0, timedelta(minutes=1))
+    with pytest.raises(RateLimited) as refused:
+        await operations.reserve(pool, tenants.a, task, "k2", "chat-day", {})
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
+    used = await admin_conn.fetchval(
+        "SELECT used FROM agent_rate_limits WHERE tenant_id = $1 AND action = 'chat-day'",
+        tenants.a,
+    )
+    assert used == 1  # still used up, in its past window: what the mutant reads as shut
+
+
 async def test_G19_a_re_armed_operation_holds_on_its_own_task_s_budget_not_another_s(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

@@ -517,3 +517,23 @@ async def test_G13_an_operation_whose_task_s_lease_ends_this_instant_is_unsettle
         )
         listed = await operations.list_unsettled(admin_conn)
     assert [o.idempotency_key for o in listed] == ["k-end"]
+
+
+async def test_G8_a_settled_operation_writes_one_event_though_another_tenant_has_its_task_id(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Task ids are the caller's: tenants a and b each have a task of one id. Settling a's
+    operation writes one event, with a's task's workflow version - not one more for b's
+    namesake task. Kills generated ``gen-operations-operation_settle-tenant-5`` (the event's
+    task looked up by id alone: an event per tenant that has the id)."""
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.b, "t-b", task_id=shared, workflow_version="b-2")
+    await tasks.create(pool, tenants.a, "t-a", task_id=shared, workflow_version="a-1")
+    res = await operations.reserve(pool, tenants.a, shared, "k", "llm", {})
+    await operations.complete(pool, res.operation, result={"ok": True})
+    settled = await admin_conn.fetch(
+        "SELECT tenant_id, policy_version FROM agent_events"
+        " WHERE operation_id = $1 AND to_state = 'succeeded'",
+        res.operation.id,
+    )
+    assert [(r["tenant_id"], r["policy_version"]) for r in settled] == [(tenants.a, "a-1")]

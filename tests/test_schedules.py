@@ -548,3 +548,27 @@ async def test_G24_firing_a_schedule_moves_only_its_own_tenant_s_row(
     assert (b.last_tick_at, b.next_tick_at) == (None, start)  # untouched by a's firing
     fired_b = await admin_conn.fetch("SELECT * FROM agentdb_fire_schedule($1, $2)", tenants.b, a.id)
     assert [r["fired_tick"] for r in fired_b] == [start + timedelta(minutes=i) for i in range(3)]
+
+
+@pytest.mark.plain_postgres("counts calls of a function on the coordinator's session")
+async def test_G24_a_pass_tries_to_fire_only_the_schedules_that_are_due(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """One schedule is due, three tick only in an hour: a pass of the scheduler fires the
+    due one and calls the firing function for it alone - a thousand idle schedules cost a
+    pass nothing. Kills generated ``gen-schedules-schedule_due-and-2`` (every schedule not
+    paused read as due: each tried, and let go by the function's own check)."""
+    await schedules.create(pool, tenants.a, "due", "s-due", every=timedelta(hours=1),
+                           start_at=_ago(seconds=5))  # fmt: skip
+    for n in range(3):
+        await schedules.create(pool, tenants.a, f"later-{n}", "s-later", every=timedelta(hours=1),
+                               start_at=datetime.now(UTC) + timedelta(hours=1))  # fmt: skip
+    await admin_conn.execute("SET track_functions = 'pl'")
+    async with admin_conn.transaction():
+        fired = await schedules.fire_due(admin_conn)
+        calls = await admin_conn.fetchval(
+            "SELECT pg_stat_get_xact_function_calls("
+            "'agentdb_fire_schedule(uuid, uuid)'::regprocedure)"
+        )
+    assert [f.schedule_id for f in fired] == [(await schedules.get(pool, tenants.a, "due")).id]
+    assert calls == 1

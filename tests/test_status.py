@@ -196,6 +196,35 @@ async def test_status_names_the_oldest_open_transaction_that_holds_back_cleanup(
         await holder.close()
 
 
+async def test_status_as_the_runtime_role_passes_over_another_login_s_hidden_transaction(
+    db: Database, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    """The runtime role has no pg_read_all_stats: a superuser's REPEATABLE READ transaction
+    shows to it with its snapshot (backend_xmin) but not its start (xact_start NULL). Its
+    status names no oldest transaction - it cannot say how old - and does not fail on the
+    age it cannot read; the admin's names it (the positive control). Kills generated
+    ``gen-status-status_oldest_transaction-and-3`` (the hidden row read, its NULL age)."""
+    holder = await db.connect()
+    try:
+        await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await holder.fetchval("SELECT count(*) FROM agent_tasks")  # the snapshot is taken
+        pid = await holder.fetchval("SELECT pg_backend_pid()")
+        async with pool.acquire() as runtime:
+            hidden = await runtime.fetchrow(
+                "SELECT xact_start, backend_xmin FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            assert hidden is not None
+            assert hidden["xact_start"] is None
+            assert hidden["backend_xmin"] is not None
+            assert (await snapshot(runtime)).oldest_transaction is None
+        old = (await snapshot(admin_conn)).oldest_transaction
+        assert old is not None
+        assert old.pid == pid
+        await holder.execute("ROLLBACK")
+    finally:
+        await holder.close()
+
+
 def test_the_docs_show_the_tables_status_prints() -> None:
     """The docs' `agentdb status` example (Operating) has each table's title and head line
     as to_table prints them (it once showed one wide table where three are printed)."""

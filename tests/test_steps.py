@@ -186,3 +186,32 @@ async def test_G2_G12_G25_a_step_under_a_twin_task_s_lease_of_another_tenant_is_
     mine = await steps.record(pool, tenants.a, shared, "plan", kind="step", input_hash=F.HASH,
                               result='{"by": "w-a"}', lease=held["w-a"])  # fmt: skip
     assert mine.result == {"by": "w-a"}
+
+
+async def test_G12_G25_a_step_finished_under_its_owner_s_lost_lease_leaves_the_transaction_usable(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Worker w recorded a sleep under token 1; its lease ran out and w claimed the task
+    again (token 2). Finishing the sleep under the first lease - the same owner, the old
+    token - inside the caller's transaction writes nothing and raises LeaseLost, and the
+    transaction goes on: the fence found no row, the guard was never reached (its refusal
+    would have aborted the transaction). The second lease finishes it. Kills generated
+    ``gen-steps-step_finish-and-6`` (the fence asking for the owner alone)."""
+    task = await tasks.create(pool, tenants.a, "t-nap")
+    [first] = await leases.claim(pool, "w", task_types=["t-nap"])
+    assert first.lease is not None
+    await steps.record(pool, tenants.a, task.id, "nap", kind="sleep", input_hash=F.HASH,
+                       result=None, lease=first.lease, waiting=True,
+                       wait=timedelta(hours=1))  # fmt: skip
+    await F.expire_lease(admin_conn, task.id)
+    [second] = await leases.claim(pool, "w", task_types=["t-nap"])
+    assert second.lease is not None
+    assert (first.lease.owner, first.lease.token + 1) == (second.lease.owner, second.lease.token)
+    async with pool.acquire() as conn, conn.transaction():
+        with pytest.raises(LeaseLost):
+            await steps.finish(conn, tenants.a, task.id, "nap", result="null", lease=first.lease)
+        assert await conn.fetchval("SELECT state FROM agent_steps WHERE task_id = $1", task.id) == (
+            "waiting"
+        )
+    done = await steps.finish(pool, tenants.a, task.id, "nap", result="null", lease=second.lease)
+    assert done.state == "done"

@@ -534,3 +534,26 @@ async def test_G2_G17_another_tenant_s_task_whose_trail_was_purged_stays(
     assert sorted((r["tenant_id"] == tenants.a, r["id"]) for r in left) == sorted(
         [(False, kept.id), (True, gone.id)]
     )
+
+
+async def test_G17_a_dry_run_after_the_deletion_plans_no_task_the_rerun_leaves_alone(
+    tenants: Tenants, pool: asyncpg.Pool, admin_conn: asyncpg.Connection
+) -> None:
+    """Once the deletion has cancelled and anonymised the tenant's tasks - their audit
+    trails still retained - a second dry run plans what a second real run does: nothing
+    for the tasks. Kills generated ``gen-0011.retention-agentdb_delete_tenant-and-5`` (the
+    dry run counting every task with a retained trail, anonymised already or not)."""
+    await _populate(pool, admin_conn, tenants.a)
+    await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    dry = await delete_tenant(admin_conn, tenants.a, dry_run=True)
+    again = await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    assert _affected(dry) == _affected(again)
+    planned = {(s.object, s.action): s.affected for s in dry.steps}
+    assert planned["agent_tasks", "cancel and anonymise"] == 0
+    retained = await admin_conn.fetchval(
+        "SELECT count(*) FROM agent_tasks t WHERE t.tenant_id = $1 AND EXISTS ("
+        " SELECT 1 FROM agent_events e WHERE e.tenant_id = t.tenant_id AND e.task_id = t.id"
+        " AND e.retain_until > now())",
+        tenants.a,
+    )
+    assert retained > 0  # tasks the mutant's count would take: their trails are kept
