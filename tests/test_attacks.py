@@ -731,10 +731,15 @@ def _sig(
     return step
 
 
-def _cursor(moves: tuple[int, ...]) -> Step:
-    """A fresh task of tenant a with one signal, its cursor then moved to each of ``moves``."""
+def _cursor(moves: tuple[int, ...], *, sibling_signals: int = 0) -> Step:
+    """A fresh task of tenant a with one signal, its cursor then moved to each of ``moves``;
+    first, another task of tenant a sent ``sibling_signals`` signals."""
 
     async def step(conn: asyncpg.Connection, ctx: Ctx) -> Any:
+        if sibling_signals:
+            sibling = await F.create_task(conn, ctx.a)
+            for _ in range(sibling_signals):
+                await F.signal(conn, ctx.a, sibling)
         task_id = await F.create_task(conn, ctx.a)
         await F.signal(conn, ctx.a, task_id)
         for version, to in enumerate(moves, start=1):
@@ -2115,6 +2120,15 @@ CASES: list[Case] = [
     Case("agent_signals_immutable", "AG003", _sig(), _signal_changed(), role="admin"),
     Case("agent_tasks_signal_guard", "AG014", _cursor((1,)), _cursor((1, 0)), label="back"),
     Case("agent_tasks_signal_guard", "AG014", _cursor((1,)), _cursor((2,)), label="past"),
+    # Another task's signal 2 is not this task's (gen-0006.control_flow-agentdb_guard_signal_
+    # cursor-and-3: the signal looked for in every task of the tenant).
+    Case(
+        "agent_tasks_signal_guard",
+        "AG014",
+        _cursor((1,), sibling_signals=2),
+        _cursor((2,), sibling_signals=2),
+        label="past-to-another-task-s-signal",
+    ),
     Case(
         "agent_signals_seq_key",
         "23505",

@@ -723,3 +723,22 @@ async def test_G2_G20_a_new_child_is_judged_by_its_own_tenant_s_parent_not_a_twi
             else:
                 with pytest.raises(TaskFinished):
                     await tasks.create(pool, mine, "c-line", parent=shared, child_key="only")
+
+
+async def test_G23_an_unfinished_child_has_no_result_yet(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """A child still pending and a child running are listed without a result: a child's
+    result is its finishing event's payload, not that of the event of the state it is in
+    (its creation, its claim). Kills generated ``gen-children-child_list-and-3`` (the event
+    of the child's current version read as its result, finished or not)."""
+    parent, _ = await _held(pool, tenants.a, "p-unfinished")
+    await children.spawn(pool, parent, "c-queued", "queued", params={"line": 1})
+    await children.spawn(pool, parent, "c-running", "running", params={"line": 2})
+    [running] = await leases.claim(pool, "w", task_types=["c-running"])
+    assert running.state == "running"
+    got = await children.children(pool, tenants.a, parent.id)
+    assert [(c.key, c.task.state, c.result) for c in got] == [
+        ("queued", "pending", None),
+        ("running", "running", None),
+    ]

@@ -14,7 +14,7 @@ from agentdb import inbox, outbox, tasks
 from agentdb.errors import ConfigurationError, LeaseLost, NotFound
 from agentdb.models import OutboxMessage
 from agentdb.relay import Relay
-from tests.conftest import Database, Tenants
+from tests.conftest import RUNTIME, Database, Tenants
 
 
 async def test_G10_enqueue_commits_and_rolls_back_with_the_callers_transaction(
@@ -383,3 +383,27 @@ async def test_G2_G10_a_failure_is_marked_on_its_own_tenant_s_message_not_a_twin
     await outbox.mark_failed(pool, claimed[tenants.a], "503", backoff=timedelta(0))
     b_row = await outbox.get(pool, tenants.b, shared)
     assert (b_row.attempts, b_row.last_error) == (1, None)
+
+
+async def test_G10_a_relay_claims_past_the_messages_another_relay_is_claiming(
+    db: Database, pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Relay a's claim of the oldest message has not committed; relay b's claim meanwhile
+    takes the next message at once - it never waits for a's row (its lock timeout would end
+    it if it did). Kills generated ``gen-outbox-outbox_claim-lock-2`` (SKIP LOCKED removed:
+    b waits on a's row)."""
+    async with pool.acquire() as conn:
+        first = await outbox.enqueue(conn, tenants.a, "t", {"n": 1})
+        second = await outbox.enqueue(conn, tenants.a, "t", {"n": 2})
+    relay_a = await db.connect(RUNTIME)
+    relay_b = await db.connect(RUNTIME)
+    try:
+        await relay_b.execute("SET lock_timeout = '2s'")  # it would rather fail than wait
+        tx = relay_a.transaction()
+        await tx.start()
+        assert [m.id for m in await outbox.claim(relay_a, "relay-a", batch=1)] == [first]
+        assert [m.id for m in await outbox.claim(relay_b, "relay-b", batch=10)] == [second]
+        await tx.commit()
+    finally:
+        await relay_a.close()
+        await relay_b.close()

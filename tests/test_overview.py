@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import asyncpg
 
-from agentdb import budgets, leases, operations, overview, steps, tasks, tenancy
+from agentdb import budgets, leases, operations, outbox, overview, steps, tasks, tenancy
 from agentdb.tools.console.pages import budget_bar, chart
 from tests import factories as F
 from tests.conftest import OPERATOR, Database, Tenants
@@ -402,3 +402,20 @@ async def test_G2_the_task_list_is_its_tenant_s_tasks_only(
     cancelled = await overview.task_list(pool, tenants.a, state="cancelled")
     assert [r["id"] for r in cancelled] == [mine[1]]
     assert [r["id"] for r in await overview.task_list(pool, tenants.b)] == [theirs]
+
+
+async def test_G2_a_timeline_shows_only_its_tenants_messages_of_a_shared_task_id(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Both tenants' tasks of one id sent a message: each tenant's timeline of it shows its
+    own. Kills generated ``gen-overview-overview_task_outbox-tenant-1`` (every tenant's
+    messages of that id read)."""
+    shared = uuid.uuid4()
+    for tenant, topic in ((tenants.a, "a.sent"), (tenants.b, "b.sent")):
+        await tasks.create(pool, tenant, "job", task_id=shared)
+        async with pool.acquire() as conn:
+            await outbox.enqueue(conn, tenant, topic, {}, task_id=shared)
+    a = await overview.timeline(pool, tenants.a, shared)
+    assert [m["topic"] for m in a.messages] == ["a.sent"]
+    b = await overview.timeline(pool, tenants.b, shared)
+    assert [m["topic"] for m in b.messages] == ["b.sent"]

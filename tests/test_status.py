@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import asyncpg
 
 from agentdb import _db, budgets, leases, operations, outbox, tasks, tenancy
+from agentdb.retention import DEFAULT_AGES
 from agentdb.status import Snapshot, TenantStatus, snapshot
 from agentdb.tools.status import to_json, to_table
 from tests import factories as F
@@ -321,3 +323,48 @@ async def test_G18_a_task_due_this_instant_is_counted_due(
         await tasks.create(admin_conn, tenants.a, "t")
         mine = [t for t in (await snapshot(admin_conn)).tenants if t.tenant_id == tenants.a]
         assert [t.due for t in mine] == [1]
+
+
+async def test_G9_G10_G11_the_purge_backlog_counts_each_class_from_its_own_instant(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """In one transaction, whose now() stands still, rows at each class's boundary: an event
+    whose payload expires now but whose trail is kept a day, one whose trail ends now, one
+    with no payload whose trail ends now; a message delivered exactly the outbox age ago,
+    one delivered now, one pending; an inbox row processed exactly the inbox age ago, one
+    processed now. The backlog counts what each purge takes (``<=``), class by class. Kills
+    generated ``gen-status-status_purge_backlog-cmp-1`` (a payload counted only after its
+    instant), ``-and-1`` (an event with no payload counted as one to strip), ``-and-2`` (an
+    event whose trail is kept counted in the events), ``-cmp-4``, ``-cmp-5`` and ``-and-4``
+    (the delivered messages: every other state, only after the age, or whatever their age)
+    and ``-cmp-6`` (the inbox row counted only after its age)."""
+    made = [await tasks.create(pool, tenants.a, "t-backlog") for _ in range(3)]
+    async with admin_conn.transaction():
+        before = (await snapshot(admin_conn)).purge_backlog
+        await F.replica_mode(admin_conn)  # time passes: the append-only guard is off
+        for task, (payload, retain) in zip(
+            made,
+            (('{"n": 1}', timedelta(days=1)), ('{"n": 2}', timedelta(0)), (None, timedelta(0))),
+            strict=True,
+        ):
+            await admin_conn.execute(
+                "UPDATE agent_events SET payload = $2::jsonb, payload_expires_at = now(),"
+                " retain_until = now() + $3::interval WHERE tenant_id = $1 AND task_id = $4",
+                tenants.a, payload, retain, task.id,
+            )  # fmt: skip
+        for state, ago in (("delivered", DEFAULT_AGES["outbox_delivered"]),
+                           ("delivered", timedelta(0)), ("pending", None)):  # fmt: skip
+            await admin_conn.execute(
+                "INSERT INTO agent_outbox (tenant_id, topic, state, delivered_at)"
+                " VALUES ($1, 'backlog', $2, now() - $3::interval)",
+                tenants.a, state, ago,
+            )  # fmt: skip
+        for ago in (DEFAULT_AGES["inbox"], timedelta(0)):
+            await admin_conn.execute(
+                "INSERT INTO agent_inbox (tenant_id, consumer, message_id, processed_at)"
+                " VALUES ($1, 'backlog', $2, now() - $3::interval)",
+                tenants.a, uuid.uuid4(), ago,
+            )  # fmt: skip
+        after = (await snapshot(admin_conn)).purge_backlog
+    grown = {k: after[k] - before[k] for k in after}
+    assert grown == {"event_payloads": 2, "events": 2, "outbox_delivered": 1, "inbox": 1}

@@ -12,6 +12,7 @@ import pytest
 
 from agentdb import leases, steps, tasks
 from agentdb.errors import LeaseLost
+from agentdb.models import Lease
 from tests import factories as F
 from tests.conftest import Tenants
 
@@ -215,3 +216,29 @@ async def test_G12_G25_a_step_finished_under_its_owner_s_lost_lease_leaves_the_t
         )
     done = await steps.finish(pool, tenants.a, task.id, "nap", result="null", lease=second.lease)
     assert done.state == "done"
+
+
+async def test_G2_G25_a_step_finished_in_one_tenant_leaves_its_twin_s_step_waiting(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenants a and b each have a task of one id (task ids are the caller's), each running
+    under token 1 and asleep in a step "nap". Finishing a's nap leaves b's waiting. Kills
+    generated ``gen-steps-step_finish-tenant-1`` (the step looked for by task id and name
+    in every tenant: b's finished under a's lease, whose token the guard finds b's too)."""
+    shared = uuid.uuid4()
+    held: dict[uuid.UUID, Lease] = {}
+    for tenant, kind in ((tenants.a, "nap-a"), (tenants.b, "nap-b")):
+        await tasks.create(pool, tenant, kind, task_id=shared)
+        [claimed] = await leases.claim(pool, f"w-{kind}", task_types=[kind])
+        assert claimed.lease is not None
+        held[tenant] = claimed.lease
+        await steps.record(pool, tenant, shared, "nap", kind="sleep", input_hash=F.HASH,
+                           result=None, lease=claimed.lease, waiting=True,
+                           wait=timedelta(hours=1))  # fmt: skip
+    assert held[tenants.a].token == held[tenants.b].token
+    done = await steps.finish(pool, tenants.a, shared, "nap", result='{"woke": true}',
+                              lease=held[tenants.a])  # fmt: skip
+    assert done.state == "done"
+    twin = await steps.get(pool, tenants.b, shared, "nap")
+    assert twin is not None
+    assert (twin.state, twin.result) == ("waiting", None)

@@ -343,14 +343,15 @@ async def test_G17_an_operation_whose_events_retention_ends_now_is_not_anonymise
 async def test_G17_each_operation_is_judged_by_its_own_events(
     tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:
-    """Three operations of one task: two settled, retained for different spans, and one
+    """Three settled operations of one task: two retained for different spans, and one
     whose events are all past their retention - and whose id tenant b's operation shares
     (an operation id is unique per tenant only). Each anonymised operation's event is kept
-    as long as that operation's own events; the third goes, and the dry run says so. Kills
-    generated ``gen-0011.retention-agentdb_delete_tenant-cmp-49`` (the anonymisation event
-    kept as long as *another* operation's events), ``-cmp-60`` (the dry run's count of
-    operations with no retained event looking at other operations' events) and
-    ``-tenant-39`` (that count looking at another tenant's events)."""
+    as long as that operation's own events; the third goes, not anonymised, and the dry
+    run says so. Kills generated ``gen-0011.retention-agentdb_delete_tenant-cmp-49`` (the
+    anonymisation event kept as long as *another* operation's events), ``-cmp-60`` (the
+    dry run's count of operations with no retained event looking at other operations'
+    events), ``-tenant-39`` (that count looking at another tenant's events) and ``-and-19``
+    (the anonymisation taking an operation for any operation's retained events)."""
     task = await F.create_task(admin_conn, tenants.a)
     settled = [await F.create_operation(admin_conn, tenants.a, task) for _ in range(2)]
     for op in settled:
@@ -358,6 +359,9 @@ async def test_G17_each_operation_is_judged_by_its_own_events(
             admin_conn, tenants.a, op, state="succeeded", result='{"n": 1}', state_version=1
         )
     gone = await F.create_operation(admin_conn, tenants.a, task)
+    await F.update_operation(
+        admin_conn, tenants.a, gone, state="succeeded", result='{"n": 2}', state_version=1
+    )
     await F.create_operation(admin_conn, tenants.b, await F.create_task(admin_conn, tenants.b),
                              id=gone)  # fmt: skip
     now = await admin_conn.fetchval("SELECT now()")
@@ -557,3 +561,33 @@ async def test_G17_a_dry_run_after_the_deletion_plans_no_task_the_rerun_leaves_a
         tenants.a,
     )
     assert retained > 0  # tasks the mutant's count would take: their trails are kept
+
+
+async def test_G2_G17_a_task_s_anonymisation_is_kept_as_long_as_its_own_trail_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenants a and b each have a task of one id (task ids are the caller's), a's audit
+    trail kept 10 days, b's 20. Deleting tenant a anonymises its task with an event kept
+    as long as a's own trail - 10 days, not b's 20. Kills generated
+    ``gen-0011.retention-agentdb_delete_tenant-tenant-27`` (the trail's end read over every
+    tenant's events of that task id)."""
+    shared = uuid.uuid4()
+    now = await admin_conn.fetchval("SELECT now()")
+    keep = {tenants.a: now + timedelta(days=10), tenants.b: now + timedelta(days=20)}
+    for tenant in keep:
+        await tasks.create(pool, tenant, "t-twin", params={"customer": "Ada"}, task_id=shared)
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # each tenant's retention, as a policy would set it
+        for tenant, until in keep.items():
+            await admin_conn.execute(
+                "UPDATE agent_events SET payload_expires_at = $2, retain_until = $2"
+                " WHERE tenant_id = $1",
+                tenant, until,
+            )  # fmt: skip
+    await delete_tenant(admin_conn, tenants.a, dry_run=False)
+    kept = await admin_conn.fetch(
+        "SELECT retain_until FROM agent_events"
+        " WHERE tenant_id = $1 AND task_id = $2 AND event_type = 'task.anonymised'",
+        tenants.a, shared,
+    )  # fmt: skip
+    assert [r["retain_until"] for r in kept] == [keep[tenants.a]]

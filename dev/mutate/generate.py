@@ -139,7 +139,8 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "lease_release": (FENCES,),
     "lease_renew": (FENCES,),
-    "task_transition": (FENCES,),
+    # A wait for children is a transition to waiting with a count: the fan-in tests wait.
+    "task_transition": (FENCES, "tests/test_children.py"),
     "operation_settle": (FENCES,),  # test_operations settles without a lease
     "operation_complete_many": ("tests/test_complete_many.py",),
     "operation_reserve_many": ("tests/test_complete_many.py", "tests/test_tenant_isolation.py"),
@@ -157,6 +158,9 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     # Which signal a wait finds already sent (and which it has read) is shown by the
     # signal tests, not by the guard's refusals.
     "agentdb_guard_signal_cursor": ("tests/test_signals.py",),
+    # What a signal writes (its event, the wake) is read back by the signal tests; the
+    # fences' and access tests only send one.
+    "agentdb_deliver_signal": ("tests/test_signals.py",),
     # Which of a child's writes wake its waiting parent (a finish, once; not a claim, not a
     # write that keeps it finished) is shown by the fan-in tests: the trigger's attack case
     # only shows that a child's finish reaches its parent.
