@@ -1172,6 +1172,34 @@ async def test_G19_a_used_up_limit_whose_window_passed_says_nothing_of_a_global_
     assert used == 1  # still used up, in its past window: what the mutant reads as shut
 
 
+@pytest.mark.plain_postgres("global rate limits are refused on Citus by design")
+async def test_G19_a_used_up_global_limit_whose_window_passed_says_nothing_of_a_refusal(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """The global limit of the action, 1 call a day, was used up in a window that has
+    passed. The tenant's own limit, shut after that call, refuses the next one (and the
+    refusal undoes the global limit's new window, so its row still reads used up).
+    retry_after is the end of the tenant's minute, not of the global limit's new day.
+    Kills generated ``gen-budgets-global_rate_window-and-4`` (a used-up global limit read
+    as refusing whatever its window)."""
+    await budgets.set_global_rate_limit(pool, "chat-gday", 1, timedelta(days=1))
+    task = await _task(pool, tenants.a)
+    await operations.reserve(pool, tenants.a, task, "k", "chat-gday", {})
+    await admin_conn.execute(
+        "UPDATE agent_global_rate_limits SET window_start = window_start - interval '2 days'"
+        " WHERE action = 'chat-gday'"
+    )
+    await budgets.set_rate_limit(pool, tenants.a, "chat-gday", 0, timedelta(minutes=1))
+    with pytest.raises(RateLimited) as refused:
+        await operations.reserve(pool, tenants.a, task, "k2", "chat-gday", {})
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after <= datetime.now(UTC) + timedelta(minutes=1, seconds=5)
+    used = await admin_conn.fetchval(
+        "SELECT used FROM agent_global_rate_limits WHERE action = 'chat-gday'"
+    )
+    assert used == 1  # still used up, in its past window: what the mutant reads as shut
+
+
 async def test_G19_a_re_armed_operation_holds_on_its_own_task_s_budget_not_another_s(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

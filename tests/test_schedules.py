@@ -572,3 +572,14 @@ async def test_G24_a_pass_tries_to_fire_only_the_schedules_that_are_due(
         )
     assert [f.schedule_id for f in fired] == [(await schedules.get(pool, tenants.a, "due")).id]
     assert calls == 1
+
+
+async def test_G2_G24_a_tenant_s_schedules_are_listed_without_another_tenant_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenants a and b each have a schedule: each tenant's list holds its own only. Kills
+    generated ``gen-schedules-schedule_list-tenant-1`` (every tenant's schedules listed)."""
+    for tenant, name in ((tenants.a, "a-nightly"), (tenants.b, "b-nightly")):
+        await schedules.create(pool, tenant, name, "s-list", every=timedelta(hours=1))
+    assert [s.name for s in await schedules.of_tenant(pool, tenants.a)] == ["a-nightly"]
+    assert [s.name for s in await schedules.of_tenant(pool, tenants.b)] == ["b-nightly"]

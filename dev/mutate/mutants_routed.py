@@ -7,7 +7,7 @@ lists them as not run there.
 
 from __future__ import annotations
 
-from dev.mutate.catalogue import FENCES, M_CITUS, MIGRATIONS, Mutant, T, m
+from dev.mutate.catalogue import FENCES, MIGRATIONS, Mutant, T, m
 
 ROUTED_SQL = "agentdb/_citus/queries/routed.sql"
 TASKS = T + "test_tasks.py"
@@ -118,7 +118,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "citus-distribute-triggers-on",
-        M_CITUS,
+        MIGRATIONS,
         "        EXECUTE format('ALTER TABLE %s DISABLE TRIGGER %I', r.rel, r.tgname);\n",
         "        PERFORM r.rel;\n",
         (

@@ -46,7 +46,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-agent-writes-transitions",
-        M_ACCESS,
+        MIGRATIONS,
         "        GRANT EXECUTE ON FUNCTION agentdb_current_tenant() TO agentdb_agent;",
         "        GRANT EXECUTE ON FUNCTION agentdb_current_tenant() TO agentdb_agent;\n"
         "        GRANT INSERT ON agent_transitions TO agentdb_agent;",
@@ -56,7 +56,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-runtime-deletes-events",
-        M_ACCESS,
+        MIGRATIONS,
         "        GRANT SELECT, INSERT ON agent_events, agent_inbox, agent_artifacts TO agentdb_runtime;",
         "        GRANT SELECT, INSERT, DELETE ON agent_events, agent_inbox, agent_artifacts TO agentdb_runtime;",
         (T + "test_access.py",),
@@ -65,7 +65,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "sql-agent-sees-every-task",
-        M_ACCESS,
+        MIGRATIONS,
         "FOR SELECT TO agentdb_agent USING (tenant_id = %s)',",
         "FOR SELECT TO agentdb_agent USING (true OR tenant_id = %s)',",
         (T + "test_access.py",),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dev.mutate.catalogue import (
     ATTACKS,
-    M_ACCESS,
     M_CONTROL_FLOW,
     M_TASKS,
     MIGRATIONS,
@@ -141,7 +140,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-agent-approves",
-        M_ACCESS,
+        MIGRATIONS,
         "            WITH CHECK (tenant_id = agentdb_current_tenant() AND kind = 'signal');",
         "            WITH CHECK (tenant_id = agentdb_current_tenant());",
         (T + "test_access.py",),
@@ -150,7 +149,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     m(
         "signal-agent-any-tenant",
-        M_ACCESS,
+        MIGRATIONS,
         "            WITH CHECK (tenant_id = agentdb_current_tenant() AND kind = 'signal');",
         "            WITH CHECK (kind = 'signal');",
         (T + "test_access.py",),
