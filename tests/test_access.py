@@ -758,3 +758,20 @@ async def test_G15_operator_sees_and_writes_only_the_tenant_it_scopes_to(
         assert refused.value.sqlstate == "42501"
     finally:
         await conn.close()
+
+
+async def test_G15_a_scope_without_a_tenant_is_refused_as_a_missing_value(
+    admin_conn: asyncpg.Connection, tenants: Tenants
+) -> None:
+    """agentdb_scope_tenant(NULL) is refused with SQLSTATE 22004 - a scope needs a tenant
+    id - before it sets anything; with a tenant it scopes the transaction (the control).
+    Kills generated ``gen-0001.foundation-agentdb_scope_tenant-raise-1`` (its RAISE removed:
+    the SET fails on its own, as a syntax error naming no missing value)."""
+    async with admin_conn.transaction():
+        with pytest.raises(asyncpg.NullValueNotAllowedError):
+            await admin_conn.execute("SELECT agentdb_scope_tenant(NULL)")
+    async with admin_conn.transaction():
+        await admin_conn.execute("SELECT agentdb_scope_tenant($1)", tenants.a)
+        assert await admin_conn.fetchval("SELECT current_setting('agentdb.tenant_id')") == str(
+            tenants.a
+        )

@@ -863,3 +863,20 @@ async def test_G18_a_cap_met_past_the_walk_s_first_step_counts_its_own_tenant_on
     routed._RINGS.clear()
     got = await leases.claim(pool, "w", batch=2)
     assert Counter(t.tenant_id for t in got) == {first: 1, second: 1}
+
+
+async def test_G18_a_type_s_cap_lowered_below_its_running_tasks_stops_only_that_type(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Two tasks of type x run; then x's cap is lowered to 1 (allowed: they finish
+    normally). A task of type y, under no cap, still starts - x's cap, over-full, is x's
+    alone - and a third x does not. Kills generated
+    ``gen-0002.tasks-agentdb_guard_concurrency-and-1`` (every cap of the tenant checked
+    at any start: y refused for x's)."""
+    for _ in range(2):
+        await tasks.create(pool, tenants.a, "x")
+    assert len(await leases.claim(pool, "w", batch=2, task_types=["x"])) == 2
+    await tenancy.set_concurrency_limit(pool, tenants.a, 1, task_type="x")
+    await tasks.create(pool, tenants.a, "x")
+    y = await tasks.create(pool, tenants.a, "y")
+    assert [t.id for t in await leases.claim(pool, "w", batch=5, task_types=["x", "y"])] == [y.id]

@@ -1410,15 +1410,16 @@ async def test_G9_every_class_takes_what_reached_its_age_this_instant(
     assert all(n >= 1 for n in gone), dict(zip(kinds, gone, strict=True))
 
 
+@pytest.mark.parametrize("scope", SCOPES)
 async def test_G9_G19_G22_signals_and_a_hold_go_when_their_owner_reached_its_age_this_instant(
-    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
 ) -> None:
     """A finished task's signals, and a settled operation's budget hold, go with a task or
-    an operation last updated exactly the purge's age ago (``<=``). In one transaction,
-    where now() stands still. Kills generated
-    ``gen-0011.retention-agentdb_purge_task_signals-cmp-13`` and
-    ``gen-0011.retention-agentdb_purge_books-cmp-6`` (``<``: kept, and the operation with
-    its hold)."""
+    an operation last updated exactly the purge's age ago (``<=``), in a purge of the
+    tenant and in one of every tenant. In one transaction, where now() stands still. Kills
+    generated ``gen-0011.retention-agentdb_purge_task_signals-cmp-13`` (one tenant's) and
+    ``-cmp-5`` (every tenant's), and ``gen-0011.retention-agentdb_purge_books-cmp-6``
+    (``<``: kept, and the operation with its hold)."""
     from agentdb import budgets
 
     done = await tasks.create(pool, tenants.a, "t-done")
@@ -1439,8 +1440,12 @@ async def test_G9_G19_G22_signals_and_a_hold_go_when_their_owner_reached_its_age
             "UPDATE agent_operations SET updated_at = now() - interval '1 hour' WHERE id = $1",
             res.operation.id,
         )
-        one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '1 hour')"
-        gone = [await admin_conn.fetchval(one, tenants.a, k) for k in ("signals", "operations")]
+        if scope == "one tenant":
+            one = "SELECT agentdb_purge_tenant($1, $2, 100, interval '1 hour')"
+            gone = [await admin_conn.fetchval(one, tenants.a, k) for k in ("signals", "operations")]
+        else:
+            every = "SELECT agentdb_purge($1, 100, interval '1 hour')"
+            gone = [await admin_conn.fetchval(every, k) for k in ("signals", "operations")]
     assert gone == [1, 1]
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_budget_holds") == 0
 
@@ -1483,6 +1488,125 @@ async def test_G9_G19_a_task_an_artifact_keeps_keeps_its_budget(
     artifact = {"tenant_id": tenants.a, "task_id": task.id, "kind": "report", "uri": "s3://r"}
     await F.insert(admin_conn, "agent_artifacts", artifact)
     await tasks.transition(pool, tenants.a, task.id, expected_version=0, to_state="cancelled")
+    await _trail_gone(admin_conn)
+    assert await _purge_tasks(admin_conn, tenants.a, "every tenant") == 0
+    kept = "SELECT count(*) FROM agent_budgets WHERE task_id = $1"
+    assert await admin_conn.fetchval(kept, task.id) == 1
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_G22_a_live_task_s_signals_do_not_hold_back_a_finished_task_s_purge(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A live task's signals stay with it; they say nothing about another, finished task of
+    the tenant whose audit trail has gone: the tasks purge takes that one. Kills generated
+    ``gen-0020.books_first-agentdb_purge_tasks-and-45`` (one tenant's purge holding back
+    every task while any signal of the tenant is left)."""
+    live = await tasks.create(pool, tenants.a, "t-live")
+    await tasks.signal(pool, tenants.a, live.id, "note")
+    done = await tasks.create(pool, tenants.a, "t-done")
+    await tasks.transition(pool, tenants.a, done.id, expected_version=0, to_state="cancelled")
+    await _trail_gone(admin_conn)
+    assert await _purge_tasks(admin_conn, tenants.a, scope) == 1
+    left = await admin_conn.fetch("SELECT id FROM agent_tasks WHERE tenant_id = $1", tenants.a)
+    assert [r["id"] for r in left] == [live.id]
+    kept = "SELECT count(*) FROM agent_signals WHERE tenant_id = $1 AND task_id = $2"
+    assert await admin_conn.fetchval(kept, tenants.a, live.id) == 1
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_an_operation_an_artifact_refers_to_stays(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A settled operation whose audit trail has gone stays while its tenant's artifact
+    refers to it: the operations purge passes over it (and deletes it once the artifact is
+    gone, the control). Kills generated ``gen-0023.event_expiry-agentdb_purge-and-16``
+    (every tenant's purge forgetting the artifact: the delete refused by its foreign key)."""
+    task = await tasks.create(pool, tenants.a, "t-report")
+    res = await operations.reserve(pool, tenants.a, task.id, "k", "render", {})
+    await operations.complete(pool, res.operation, result={})
+    artifact = {"tenant_id": tenants.a, "kind": "report", "uri": "s3://a/1",
+                "operation_id": res.operation.id}  # fmt: skip
+    await F.insert(admin_conn, "agent_artifacts", artifact)
+    await _trail_gone(admin_conn)
+    assert await _purge(admin_conn, tenants.a, "operations", scope) == 0
+    await admin_conn.execute("DELETE FROM agent_artifacts WHERE tenant_id = $1", tenants.a)
+    assert await _purge(admin_conn, tenants.a, "operations", scope) == 1
+
+
+async def test_G2_G9_a_tenant_s_operations_purge_is_not_filled_by_another_tenant_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenant b's settled operations, written first, and then a's one are all ready to go.
+    One tenant's purge of a, in batches of one, takes a's operation: b's never take its
+    batch's place. Kills generated ``gen-0023.event_expiry-agentdb_purge_tenant-tenant-9``
+    (the batch picked from every tenant's operations, then deleted in a's alone)."""
+    for tenant, n in ((tenants.b, 3), (tenants.a, 1)):
+        task = await tasks.create(pool, tenant, "t-ops")
+        for i in range(n):
+            res = await operations.reserve(pool, tenant, task.id, f"k{i}", "send", {})
+            await operations.complete(pool, res.operation, result={})
+    await _trail_gone(admin_conn)
+    one = "SELECT agentdb_purge_tenant($1, 'operations', 1, interval '0')"
+    assert await admin_conn.fetchval(one, tenants.a) == 1
+    count = "SELECT count(*) FROM agent_operations WHERE tenant_id = $1"
+    assert (
+        await admin_conn.fetchval(count, tenants.a),
+        await admin_conn.fetchval(count, tenants.b),
+    ) == (0, 3)
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_G25_a_finished_task_s_steps_go_with_it_at_its_age_this_instant(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A finished task with a recorded step, last updated exactly the purge's age ago, goes
+    with its step (``<=``), in one tenant's purge and in every tenant's. In one transaction,
+    where now() stands still. Kills generated ``gen-0020.books_first-agentdb_purge_tasks-cmp-5``
+    (every tenant's steps delete at ``<``: the step kept, and with it the task)."""
+    from agentdb import steps
+
+    task = await tasks.create(pool, tenants.a, "t-stepped")
+    [held] = await leases.claim(pool, "w", task_types=["t-stepped"])
+    assert held.lease is not None
+    await steps.record(pool, tenants.a, task.id, "plan", kind="step", input_hash=F.HASH,
+                       result='{"n": 1}', lease=held.lease)  # fmt: skip
+    await tasks.transition(pool, tenants.a, task.id, lease=held.lease,
+                           expected_version=held.state_version, to_state="succeeded")  # fmt: skip
+    await _trail_gone(admin_conn)
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes: the version guard is off
+        await admin_conn.execute(
+            "UPDATE agent_tasks SET updated_at = now() - interval '1 hour' WHERE id = $1", task.id
+        )
+        await admin_conn.execute("SET LOCAL session_replication_role = origin")
+        if scope == "one tenant":
+            one = "SELECT agentdb_purge_tenant($1, 'tasks', 100, interval '1 hour')"
+            gone = await admin_conn.fetchval(one, tenants.a)
+        else:
+            gone = await admin_conn.fetchval(
+                "SELECT agentdb_purge('tasks', 100, interval '1 hour')"
+            )
+    assert gone == 1
+    assert await admin_conn.fetchval("SELECT count(*) FROM agent_steps") == 0
+
+
+async def test_G9_G19_a_task_an_operation_keeps_keeps_its_budget(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A finished task whose operation is still kept (operations have their own age)
+    stays, and so does its budget - the books go only with what they belong to. Kills
+    generated ``gen-0011.retention-agentdb_purge_books-and-18`` (the operation forgotten:
+    the budget taken from a task that stays)."""
+    from agentdb import budgets
+
+    task = await tasks.create(pool, tenants.a, "t-paid")
+    await budgets.set_budget(pool, tenants.a, "usd", 10, task_id=task.id)
+    res = await operations.reserve(pool, tenants.a, task.id, "k", "llm", {})
+    await operations.complete(pool, res.operation, result={})
+    version = (await tasks.get(pool, tenants.a, task.id)).state_version
+    await tasks.transition(pool, tenants.a, task.id, expected_version=version,
+                           to_state="cancelled")  # fmt: skip
     await _trail_gone(admin_conn)
     assert await _purge_tasks(admin_conn, tenants.a, "every tenant") == 0
     kept = "SELECT count(*) FROM agent_budgets WHERE task_id = $1"

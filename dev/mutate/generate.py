@@ -161,6 +161,12 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     # What a signal writes (its event, the wake) is read back by the signal tests; the
     # fences' and access tests only send one.
     "agentdb_deliver_signal": ("tests/test_signals.py",),
+    # The signal's two foreign keys are checked first by agentdb_signal_access, under the
+    # constraints' names: their attack cases read which one refused.
+    "agentdb_signal_access": (
+        "tests/test_attacks.py::test_attack_is_refused[G2-agent_signals_tenant_fkey]",
+        "tests/test_attacks.py::test_attack_is_refused[G2-agent_signals_task_fkey]",
+    ),
     # Which of a child's writes wake its waiting parent (a finish, once; not a claim, not a
     # write that keeps it finished) is shown by the fan-in tests: the trigger's attack case
     # only shows that a child's finish reaches its parent.
