@@ -742,3 +742,27 @@ async def test_G23_an_unfinished_child_has_no_result_yet(
         ("queued", "pending", None),
         ("running", "running", None),
     ]
+
+
+async def test_G2_G23_a_child_s_result_is_its_own_tenant_s_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenants a and b each have a parent with a child of one id (task ids are the
+    caller's), both cancelled at the same version, for different reasons. a's list of
+    children holds its one child, with a's finishing event as its result. Kills generated
+    ``gen-children-child_list-tenant-1`` (the finishing event looked for in every tenant:
+    the child listed twice, once with b's result)."""
+    shared = uuid.uuid4()
+    parents: dict[uuid.UUID, uuid.UUID] = {}
+    for tenant, reason in ((tenants.a, "a withdrew"), (tenants.b, "b withdrew")):
+        parent, _ = await _held(pool, tenant, f"p-{tenant.hex[:8]}")
+        await children.spawn(pool, parent, "c-twin", "only", task_id=shared)
+        await tasks.cancel(pool, tenant, shared, reason=reason)
+        parents[tenant] = parent.id
+    got = await children.children(pool, tenants.a, parents[tenants.a])
+    assert [(c.task.tenant_id, c.task.id, c.task.state) for c in got] == [
+        (tenants.a, shared, "cancelled")
+    ]
+    assert got[0].result is not None
+    assert "a withdrew" in json.dumps(got[0].result)
+    assert "b withdrew" not in json.dumps(got[0].result)

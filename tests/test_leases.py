@@ -390,3 +390,25 @@ async def test_G12_a_claim_passes_over_a_task_that_used_up_its_attempts_behind_a
         )
     got = await leases.claim(pool, "w", batch=2, task_types=["ex"])
     assert [t.id for t in got] == [due.id]
+
+
+async def test_G2_G12_a_renewal_extends_its_own_tenant_s_lease_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Tenants a and b each have a task of one id (task ids are the caller's), each held by
+    a worker named w at token 1. Renewing a's lease for an hour leaves b's as it was. Kills
+    generated ``gen-leases-lease_renew-tenant-1`` (the renewal matching the task id, owner
+    and token in every tenant)."""
+    shared = uuid.uuid4()
+    held = {}
+    for tenant, kind in ((tenants.a, "renew-a"), (tenants.b, "renew-b")):
+        await tasks.create(pool, tenant, kind, task_id=shared, lease_ttl=timedelta(minutes=1))
+        [claimed] = await leases.claim(pool, "w", task_types=[kind])
+        assert claimed.lease is not None
+        held[tenant] = claimed.lease
+    assert held[tenants.a].token == held[tenants.b].token
+    ends = "SELECT lease_expires_at FROM agent_tasks WHERE tenant_id = $1 AND id = $2"
+    b_before = await admin_conn.fetchval(ends, tenants.b, shared)
+    await leases.renew(pool, held[tenants.a], lease_ttl=timedelta(hours=1))
+    assert await admin_conn.fetchval(ends, tenants.b, shared) == b_before
+    assert await admin_conn.fetchval(ends, tenants.a, shared) > b_before

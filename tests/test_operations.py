@@ -537,3 +537,29 @@ async def test_G8_a_settled_operation_writes_one_event_though_another_tenant_has
         res.operation.id,
     )
     assert [(r["tenant_id"], r["policy_version"]) for r in settled] == [(tenants.a, "a-1")]
+
+
+async def test_G12_a_batch_reserve_under_another_owner_s_lease_of_the_same_token_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """w2 holds task y at token 1; worker w holds task x at token 1. A batch reserve on y
+    under a lease naming w with y's token - w's lease on x, pointed at y - is refused; under
+    y's own lease it is made. Kills generated ``gen-operations-operation_reserve_many-and-2``
+    (the fence matching the token alone)."""
+    import dataclasses
+
+    from agentdb.operations import ReserveRequest
+
+    y = await tasks.create(pool, tenants.a, "t-y")
+    [held_y] = await leases.claim(pool, "w2", task_types=["t-y"])
+    await tasks.create(pool, tenants.a, "t-x")
+    [held_x] = await leases.claim(pool, "w", task_types=["t-x"])
+    assert held_y.lease is not None
+    assert held_x.lease is not None
+    assert held_x.lease.token == held_y.lease.token
+    pointed = dataclasses.replace(held_x.lease, task_id=y.id)
+    [refused] = await operations.reserve_many(pool, [ReserveRequest(pointed, "k", "send", {})])
+    assert isinstance(refused, LeaseLost)
+    [made] = await operations.reserve_many(pool, [ReserveRequest(held_y.lease, "k", "send", {})])
+    assert not isinstance(made, Exception)
+    assert made.fresh

@@ -407,3 +407,21 @@ async def test_G10_a_relay_claims_past_the_messages_another_relay_is_claiming(
     finally:
         await relay_a.close()
         await relay_b.close()
+
+
+async def test_G10_a_late_delivery_leaves_a_buried_message_dead(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A relay claimed a message on its last attempt and stopped answering; the next claim
+    buried it as dead, keeping its lease token. The first relay's late mark_delivered,
+    under that token, marks nothing: a dead message stays dead. Kills generated
+    ``gen-outbox-outbox_mark_delivered-list-2`` ('dead' dropped from the states a mark
+    passes over: the buried message marked delivered)."""
+    async with pool.acquire() as conn:
+        mid = await outbox.enqueue(conn, tenants.a, "t", {}, max_attempts=1)
+    [late] = await outbox.claim(pool, "slow", batch=10, visibility=timedelta(milliseconds=1))
+    await admin_conn.execute("SELECT pg_sleep(0.01)")
+    assert await outbox.claim(pool, "next", batch=10) == []  # it is buried instead
+    assert (await outbox.get(pool, tenants.a, mid)).state == "dead"
+    assert await outbox.mark_delivered(pool, [late]) == set()
+    assert (await outbox.get(pool, tenants.a, mid)).state == "dead"

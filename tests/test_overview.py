@@ -419,3 +419,32 @@ async def test_G2_a_timeline_shows_only_its_tenants_messages_of_a_shared_task_id
     assert [m["topic"] for m in a.messages] == ["a.sent"]
     b = await overview.timeline(pool, tenants.b, shared)
     assert [m["topic"] for m in b.messages] == ["b.sent"]
+
+
+async def test_G2_activity_counts_an_event_made_at_the_instant_its_minute_starts(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """A task created at the very start of a minute counts in that minute (``>=``). Kills
+    generated ``gen-overview-overview_activity-cmp-3`` (``>``: counted in no minute)."""
+    task = await tasks.create(pool, tenants.a, "job")
+    async with admin_conn.transaction():
+        await F.replica_mode(admin_conn)  # time passes: the append-only guard is off
+        await admin_conn.execute(
+            "UPDATE agent_events SET created_at = date_trunc('minute', now())"
+            " - interval '2 minutes' WHERE task_id = $1",
+            task.id,
+        )
+    points = await overview.activity(pool, tenants.a, minutes=5)
+    assert sum(p.created for p in points) == 1
+
+
+async def test_G2_G13_the_unsettled_effects_are_the_tenant_s_own(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Both tenants have an effect left reserved: each tenant's page lists its own. Kills
+    generated ``gen-overview-overview_unsettled-tenant-2`` (every tenant's listed)."""
+    for tenant, action in ((tenants.a, "send-a"), (tenants.b, "send-b")):
+        task = await tasks.create(pool, tenant, "job")
+        await operations.reserve(pool, tenant, task.id, "k", action, {})
+    assert [r["action"] for r in await overview.unsettled(pool, tenants.a)] == ["send-a"]
+    assert [r["action"] for r in await overview.unsettled(pool, tenants.b)] == ["send-b"]

@@ -204,6 +204,9 @@ async def test_G24_create_is_idempotent_by_name_and_refuses_bad_rules(
         await schedules.create(pool, tenants.a, "bad", "s-bad", cron="0 0 31 2 *")
     for rule, constraint in (
         ({"cron": "61 * * * *"}, "agent_schedules_cron_valid"),
+        # A step of 0 is no rule (gen-0007.schedules-agentdb_cron_field-int-2: `step < 0`
+        # lets it reach generate_series, which raises instead of the constraint refusing).
+        ({"cron": "*/0 * * * *"}, "agent_schedules_cron_valid"),
         ({"every": timedelta(days=30, microseconds=5)}, "agent_schedules_every_valid"),
     ):
         with pytest.raises(InvariantViolation) as refused:

@@ -242,3 +242,28 @@ async def test_G2_G25_a_step_finished_in_one_tenant_leaves_its_twin_s_step_waiti
     twin = await steps.get(pool, tenants.b, shared, "nap")
     assert twin is not None
     assert (twin.state, twin.result) == ("waiting", None)
+
+
+async def test_G12_G25_a_step_under_another_task_s_lease_of_its_owner_is_refused(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """w2 holds task y at token 1; worker w holds task x at token 1. Recording a step of y
+    under a lease naming w with y's token - w's lease on x, pointed at y - is refused: y's
+    fence is y's holder. (The steps guard checks the token alone, which matches.) Under
+    y's own lease the step is recorded. Kills generated ``gen-steps-step_insert-and-1``
+    (the fence asking whether any task of the tenant is leased with that owner and token)."""
+    y = await tasks.create(pool, tenants.a, "t-y")
+    [held_y] = await leases.claim(pool, "w2", task_types=["t-y"])
+    await tasks.create(pool, tenants.a, "t-x")
+    [held_x] = await leases.claim(pool, "w", task_types=["t-x"])
+    assert held_y.lease is not None
+    assert held_x.lease is not None
+    assert held_x.lease.token == held_y.lease.token
+    pointed = dataclasses.replace(held_x.lease, task_id=y.id)
+    with pytest.raises(LeaseLost):
+        await steps.record(pool, tenants.a, y.id, "plan", kind="step", input_hash=F.HASH,
+                           result='{"n": 1}', lease=pointed)  # fmt: skip
+    assert await steps.get(pool, tenants.a, y.id, "plan") is None
+    done = await steps.record(pool, tenants.a, y.id, "plan", kind="step", input_hash=F.HASH,
+                              result='{"n": 1}', lease=held_y.lease)  # fmt: skip
+    assert done.state == "done"
