@@ -425,3 +425,21 @@ async def test_G10_a_late_delivery_leaves_a_buried_message_dead(
     assert (await outbox.get(pool, tenants.a, mid)).state == "dead"
     assert await outbox.mark_delivered(pool, [late]) == set()
     assert (await outbox.get(pool, tenants.a, mid)).state == "dead"
+
+
+async def test_G2_G10_a_relay_s_claim_takes_its_tenant_s_message_not_a_twin_of_its_id(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Message ids are the caller's: tenants a and b each enqueued a message of one id, a's
+    first. A relay's deliver-and-claim of one message takes a's, and leaves b's as it was:
+    no attempt counted. Kills generated
+    ``gen-outbox-outbox_deliver_and_claim-tenant-2`` (the claim's UPDATE by id alone: b's
+    twin claimed with it)."""
+    shared = uuid.uuid4()
+    for tenant in (tenants.a, tenants.b):
+        async with pool.acquire() as conn:
+            await outbox.enqueue(conn, tenant, "t", {}, message_id=shared)
+    _, claimed = await outbox.deliver_and_claim(pool, "relay", [], batch=1)
+    assert [(m.tenant_id, m.id) for m in claimed] == [(tenants.a, shared)]
+    twin = await outbox.get(pool, tenants.b, shared)
+    assert (twin.state, twin.attempts) == ("pending", 0)

@@ -1591,6 +1591,24 @@ async def test_G9_G25_a_finished_task_s_steps_go_with_it_at_its_age_this_instant
     assert await admin_conn.fetchval("SELECT count(*) FROM agent_steps") == 0
 
 
+@pytest.mark.parametrize("scope", SCOPES)
+async def test_G9_G22_a_finished_task_whose_trail_is_kept_keeps_its_signals(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection, scope: str
+) -> None:
+    """A task finished long ago whose audit trail is still retained keeps its signals (they
+    go with the task, once its trail has); the purge takes them once the trail is gone (the
+    control). Kills generated ``gen-0011.retention-agentdb_purge_task_signals-and-10`` (one
+    tenant's signals purge forgetting the trail)."""
+    task = await tasks.create(pool, tenants.a, "t-kept")
+    await tasks.signal(pool, tenants.a, task.id, "note")
+    version = (await tasks.get(pool, tenants.a, task.id)).state_version
+    await tasks.transition(pool, tenants.a, task.id, expected_version=version,
+                           to_state="cancelled")  # fmt: skip
+    assert await _purge(admin_conn, tenants.a, "signals", scope) == 0
+    await _trail_gone(admin_conn)
+    assert await _purge(admin_conn, tenants.a, "signals", scope) == 1
+
+
 async def test_G9_G19_a_task_an_operation_keeps_keeps_its_budget(
     pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
 ) -> None:

@@ -267,3 +267,59 @@ async def test_G12_G25_a_step_under_another_task_s_lease_of_its_owner_is_refused
     done = await steps.record(pool, tenants.a, y.id, "plan", kind="step", input_hash=F.HASH,
                               result='{"n": 1}', lease=held_y.lease)  # fmt: skip
     assert done.state == "done"
+
+
+async def test_G2_G22_G25_a_wait_takes_its_own_tenant_s_signal_not_an_earlier_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants
+) -> None:
+    """Tenants a and b each have a task of one id (task ids are the caller's). b's was sent
+    an "approval" first in its order (seq 1); a's a "note" (seq 1), then its "approval"
+    (seq 2). a's wait for "approval" takes a's own, seq 2. Kills generated
+    ``gen-steps-step_take_signal-tenant-2`` (the first unread signal of the name looked for
+    in every tenant's task of that id: b's seq 1 taken, and read back as a's note)."""
+    shared = uuid.uuid4()
+    await tasks.create(pool, tenants.b, "review-b", task_id=shared)
+    await tasks.signal(pool, tenants.b, shared, "approval", {"by": "bob"})
+    await tasks.create(pool, tenants.a, "review", task_id=shared)
+    await tasks.signal(pool, tenants.a, shared, "note", {"text": "fyi"})
+    await tasks.signal(pool, tenants.a, shared, "approval", {"by": "alice"})
+    [held] = await leases.claim(pool, "w-steps", task_types=["review"])
+    assert held.lease is not None
+    taken = await steps.take_signal(
+        pool, tenants.a, shared, "review", "approval", input_hash=F.HASH, lease=held.lease
+    )
+    assert taken.step is not None
+    assert taken.step.signal is not None
+    assert (taken.step.signal.seq, taken.step.signal.name, taken.step.signal.payload) == (
+        2,
+        "approval",
+        {"by": "alice"},
+    )
+
+
+async def test_G12_G25_a_wait_under_its_owner_s_lost_lease_leaves_the_transaction_usable(
+    pool: asyncpg.Pool, tenants: Tenants, admin_conn: asyncpg.Connection
+) -> None:
+    """Worker w's lease on a task ran out and w claimed it again (token 2). A wait under the
+    first lease - the same owner, the old token - inside the caller's transaction takes
+    nothing and raises LeaseLost, and the transaction goes on: the fence found no task, the
+    guard was never reached (its refusal would have aborted it). Kills generated
+    ``gen-steps-step_take_signal-and-3`` (the fence asking for the owner alone)."""
+    task = await tasks.create(pool, tenants.a, "t-wait")
+    await tasks.signal(pool, tenants.a, task.id, "approval", {"by": "alice"})
+    [first] = await leases.claim(pool, "w", task_types=["t-wait"])
+    await F.expire_lease(admin_conn, task.id)
+    [second] = await leases.claim(pool, "w", task_types=["t-wait"])
+    assert first.lease is not None
+    assert second.lease is not None
+    assert (first.lease.owner, first.lease.token + 1) == (second.lease.owner, second.lease.token)
+    async with pool.acquire() as conn, conn.transaction():
+        with pytest.raises(LeaseLost):
+            await steps.take_signal(conn, tenants.a, task.id, "review", "approval",
+                                    input_hash=F.HASH, lease=first.lease)  # fmt: skip
+        assert (
+            await conn.fetchval("SELECT count(*) FROM agent_steps WHERE task_id = $1", task.id) == 0
+        )
+    taken = await steps.take_signal(pool, tenants.a, task.id, "review", "approval",
+                                    input_hash=F.HASH, lease=second.lease)  # fmt: skip
+    assert taken.step is not None

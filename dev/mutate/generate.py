@@ -171,6 +171,11 @@ _STATEMENT_TESTS: dict[str, tuple[str, ...]] = {
     # write that keeps it finished) is shown by the fan-in tests: the trigger's attack case
     # only shows that a child's finish reaches its parent.
     "agent_tasks_fan_in": ("tests/test_children.py",),
+    # Whether a wait for children is due at once (its quorum already finished) is read by
+    # the fan-in tests; the guard's attack cases only refuse a wait it may not begin.
+    "agentdb_guard_children_wait": ("tests/test_children.py",),
+    # A retried operation counts a call: the budget tests retry under a rate limit.
+    "agent_operations_rate_limit_retry": ("tests/test_budgets.py",),
     # The pool's session setting: the worker's process and the pool tests read it back.
     "pool_generic_plans": ("tests/test_worker.py",),
     # The retention steps of the audit trail read agent_events_expiry_idx (0023.event_expiry):
