@@ -101,26 +101,42 @@ async def test_G12_G25_a_wait_under_another_owner_s_lease_takes_nothing(
     assert taken.step is not None
 
 
-async def test_G22_G25_a_wait_hands_back_its_own_task_s_signal_not_a_twin_s(
-    pool: asyncpg.Pool, tenants: Tenants
-) -> None:
+async def _twin_approvals(
+    pool: asyncpg.Pool, tenants: Tenants, *, note_first: bool
+) -> tuple[uuid.UUID, Lease]:
     """Tenants a and b each have a task of one id (task ids are the caller's), each sent an
-    "approval" - seq 1 in both. a's wait hands back a's approval, as it recorded it. Kills
-    generated ``gen-steps-step_take_signal-cmp-15`` (the signal taken read back from
-    another tenant: b's payload handed to a's handler)."""
+    "approval" - b's first; a's after a "note" when ``note_first``. a's task is claimed:
+    the id and its lease."""
     shared = uuid.uuid4()
     await tasks.create(pool, tenants.b, "review-b", task_id=shared)
     await tasks.signal(pool, tenants.b, shared, "approval", {"by": "bob"})
     await tasks.create(pool, tenants.a, "review", task_id=shared)
+    if note_first:
+        await tasks.signal(pool, tenants.a, shared, "note", {"text": "fyi"})
     await tasks.signal(pool, tenants.a, shared, "approval", {"by": "alice"})
     [held] = await leases.claim(pool, "w-steps", task_types=["review"])
     assert held.lease is not None
+    return shared, held.lease
+
+
+@pytest.mark.parametrize("note_first", [False, True], ids=["same-seq", "later-seq"])
+async def test_G22_G25_a_wait_hands_back_its_own_task_s_signal_not_a_twin_s(
+    pool: asyncpg.Pool, tenants: Tenants, note_first: bool
+) -> None:
+    """a's wait takes and hands back a's approval, as it recorded it - whether b's twin
+    approval has the same place in its order (seq 1) or an earlier one (a's is seq 2, after
+    a note). Kills generated ``gen-steps-step_take_signal-cmp-15`` (same-seq: the signal
+    taken read back from another tenant, b's payload handed to a's handler) and
+    ``-tenant-2`` (later-seq: the first unread signal of the name looked for in every
+    tenant's task of that id, b's seq 1 taken)."""
+    shared, lease = await _twin_approvals(pool, tenants, note_first=note_first)
     taken = await steps.take_signal(
-        pool, tenants.a, shared, "review", "approval", input_hash=F.HASH, lease=held.lease
+        pool, tenants.a, shared, "review", "approval", input_hash=F.HASH, lease=lease
     )
     assert taken.step is not None
     assert taken.step.signal is not None
-    assert (taken.step.signal.seq, taken.step.signal.payload) == (1, {"by": "alice"})
+    seq = 2 if note_first else 1
+    assert (taken.step.signal.seq, taken.step.signal.payload) == (seq, {"by": "alice"})
 
 
 async def test_G25_a_step_is_read_from_its_own_task(pool: asyncpg.Pool, tenants: Tenants) -> None:
@@ -267,34 +283,6 @@ async def test_G12_G25_a_step_under_another_task_s_lease_of_its_owner_is_refused
     done = await steps.record(pool, tenants.a, y.id, "plan", kind="step", input_hash=F.HASH,
                               result='{"n": 1}', lease=held_y.lease)  # fmt: skip
     assert done.state == "done"
-
-
-async def test_G2_G22_G25_a_wait_takes_its_own_tenant_s_signal_not_an_earlier_twin_s(
-    pool: asyncpg.Pool, tenants: Tenants
-) -> None:
-    """Tenants a and b each have a task of one id (task ids are the caller's). b's was sent
-    an "approval" first in its order (seq 1); a's a "note" (seq 1), then its "approval"
-    (seq 2). a's wait for "approval" takes a's own, seq 2. Kills generated
-    ``gen-steps-step_take_signal-tenant-2`` (the first unread signal of the name looked for
-    in every tenant's task of that id: b's seq 1 taken, and read back as a's note)."""
-    shared = uuid.uuid4()
-    await tasks.create(pool, tenants.b, "review-b", task_id=shared)
-    await tasks.signal(pool, tenants.b, shared, "approval", {"by": "bob"})
-    await tasks.create(pool, tenants.a, "review", task_id=shared)
-    await tasks.signal(pool, tenants.a, shared, "note", {"text": "fyi"})
-    await tasks.signal(pool, tenants.a, shared, "approval", {"by": "alice"})
-    [held] = await leases.claim(pool, "w-steps", task_types=["review"])
-    assert held.lease is not None
-    taken = await steps.take_signal(
-        pool, tenants.a, shared, "review", "approval", input_hash=F.HASH, lease=held.lease
-    )
-    assert taken.step is not None
-    assert taken.step.signal is not None
-    assert (taken.step.signal.seq, taken.step.signal.name, taken.step.signal.payload) == (
-        2,
-        "approval",
-        {"by": "alice"},
-    )
 
 
 async def test_G12_G25_a_wait_under_its_owner_s_lost_lease_leaves_the_transaction_usable(
